@@ -16,3 +16,7 @@ class XmemError(Exception):
 
 class TraceError(XmemError):
     """Raised when an allocation trace file is unreadable, malformed or inconsistent."""
+
+
+class UnknownGPUError(XmemError):
+    """Raised when a GPU name matches no model in the GPU catalogue (the message lists them)."""
