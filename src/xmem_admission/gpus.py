@@ -24,6 +24,7 @@ fits the smaller card fits the larger one, never the other way round.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import re
 from dataclasses import dataclass
@@ -154,8 +155,23 @@ def _gpu(
     hardware_source: str,
     mig: Tuple[MigProfile, ...] = (),
 ) -> GPU:
-    """Build a catalogue entry; the figures shared by all models are filled in here."""
+    """Build a catalogue entry; the figures shared by all models are filled in here.
+
+    A slice can never give a process more than the whole card does, yet `mig -lgip` lists the
+    full 7g slice a little above the card's non-MIG ``total_memory`` (H100: 79.25 GiB against
+    79.11): such a slice is capped at the card's capacity, and its source says so.
+    """
     workspace, workspace_source = _cublas(cc)
+    mig = tuple(
+        dataclasses.replace(
+            p,
+            memory_bytes=capacity_bytes,
+            memory_source=p.memory_source + "; capped at the whole GPU's capacity_bytes",
+        )
+        if p.memory_bytes > capacity_bytes
+        else p
+        for p in mig
+    )
     return GPU(
         key=key,
         cuda_name=cuda_name,
