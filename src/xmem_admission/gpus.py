@@ -42,13 +42,17 @@ def _reported_gib(value: float) -> int:
     """Lowest byte count that a two-decimal GiB display (OOM message, ``mig -lgip``) rounds to.
 
     Reading the rounded figure from below keeps every capacity on the safe side: the catalogue may
-    understate a card by up to 0.005 GiB (5 MiB), never overstate it.
+    understate a card by up to 0.005 GiB (about 5 MiB), never overstate it.
     """
     return int((value - 0.005) * GiB)
 
 
 def _nominal_gb(value: float) -> int:
-    """A datasheet "N GB" read as N * 10**9 bytes: below every ``total_memory`` seen for such cards."""
+    """A datasheet "N GB" read as N * 10**9 bytes, the reading furthest below the real card.
+
+    Usually an understatement (HBM cards report N GiB minus a little), but ECC GDDR cards can
+    report less than N * 10**9: a nominal figure is a placeholder until measured.
+    """
     return int(value * 10**9)
 
 
@@ -221,42 +225,51 @@ _H100_MIG = (
     MigProfile("7g.80gb", _reported_gib(79.25), 1, _H100_LGIP),
 )
 
-_A100_80_NOM = _mig_nominal(MIG_DOC + " (A100 80GB)")
+# A100 80GB: lgip transcript (driver 515.86.01) in a public MIG walkthrough found by code search;
+# it predates 1g.20gb, which has the same memory fraction as 2g.20gb (2/8, MIG user guide table).
+_A100_80_LGIP = _mig_lgip("an A100 80GB transcript (driver 515.86.01) found by GitHub code search")
 _A100_80_MIG = (
-    MigProfile("1g.10gb", _nominal_gb(10), 7, _A100_80_NOM),
-    MigProfile("1g.20gb", _nominal_gb(20), 4, _A100_80_NOM),
-    MigProfile("2g.20gb", _nominal_gb(20), 3, _A100_80_NOM),
-    MigProfile("3g.40gb", _nominal_gb(40), 2, _A100_80_NOM),
-    MigProfile("4g.40gb", _nominal_gb(40), 1, _A100_80_NOM),
-    MigProfile("7g.80gb", _nominal_gb(80), 1, _A100_80_NOM),
+    MigProfile("1g.10gb", _reported_gib(9.50), 7, _A100_80_LGIP),
+    MigProfile("1g.20gb", _reported_gib(19.50), 4,
+               _A100_80_LGIP + "; 1g.20gb taken from 2g.20gb, same 2/8 memory fraction"),
+    MigProfile("2g.20gb", _reported_gib(19.50), 3, _A100_80_LGIP),
+    MigProfile("3g.40gb", _reported_gib(39.25), 2, _A100_80_LGIP),
+    MigProfile("4g.40gb", _reported_gib(39.25), 1, _A100_80_LGIP),
+    MigProfile("7g.80gb", _reported_gib(79.00), 1, _A100_80_LGIP),
 )
 
-_A100_40_NOM = _mig_nominal(MIG_DOC + " (A100 40GB)")
+# A100 40GB: the A100-SXM4-40GB example of the MIG user guide's "Getting Started" section, as
+# quoted in public notes (other drivers list up to 19.62 and 39.50 GiB: the smaller is kept).
+_A100_40_LGIP = _mig_lgip("NVIDIA MIG user guide 'List GPU Instance Profiles' example (A100 40GB)")
 _A100_40_MIG = (
-    MigProfile("1g.5gb", _nominal_gb(5), 7, _A100_40_NOM),
-    MigProfile("1g.10gb", _nominal_gb(10), 4, _A100_40_NOM),
-    MigProfile("2g.10gb", _nominal_gb(10), 3, _A100_40_NOM),
-    MigProfile("3g.20gb", _nominal_gb(20), 2, _A100_40_NOM),
-    MigProfile("4g.20gb", _nominal_gb(20), 1, _A100_40_NOM),
-    MigProfile("7g.40gb", _nominal_gb(40), 1, _A100_40_NOM),
+    MigProfile("1g.5gb", _reported_gib(4.75), 7, _A100_40_LGIP),
+    MigProfile("1g.10gb", _reported_gib(9.62), 4, _A100_40_LGIP),
+    MigProfile("2g.10gb", _reported_gib(9.62), 3, _A100_40_LGIP),
+    MigProfile("3g.20gb", _reported_gib(19.50), 2, _A100_40_LGIP),
+    MigProfile("4g.20gb", _reported_gib(19.50), 1, _A100_40_LGIP),
+    MigProfile("7g.40gb", _reported_gib(39.25), 1, _A100_40_LGIP),
 )
 
-_A30_NOM = _mig_nominal(MIG_DOC + " (A30 24GB)")
+# A30: the smallest of the lgip transcripts found by code search (5.75/11.62/23.37 GiB; others
+# show 5.81/11.69/23.50).
+_A30_LGIP = _mig_lgip("A30 transcripts found by GitHub code search, smallest figures")
 _A30_MIG = (
-    MigProfile("1g.6gb", _nominal_gb(6), 4, _A30_NOM),
-    MigProfile("2g.12gb", _nominal_gb(12), 2, _A30_NOM),
-    MigProfile("4g.24gb", _nominal_gb(24), 1, _A30_NOM),
+    MigProfile("1g.6gb", _reported_gib(5.75), 4, _A30_LGIP),
+    MigProfile("2g.12gb", _reported_gib(11.62), 2, _A30_LGIP),
+    MigProfile("4g.24gb", _reported_gib(23.37), 1, _A30_LGIP),
 )
 
-_NVL_LGIP = _mig_lgip("github.com/NVIDIA/gpu-operator/pull/903 and NVIDIA/mig-parted/pull/101")
-_NVL_NOM = _mig_nominal(MIG_DOC + " (H100 NVL 94GB)")
+# H100 NVL: OpenNebula's documentation ("H100 94GB") lists 10.62/21.50/46.12/92.62 GiB; NVIDIA's
+# gpu-operator PR 903 lists 10.75/21.62/46.38 with another driver: the smaller are kept.
+_NVL_LGIP = _mig_lgip("OpenNebula NVIDIA vGPU/MIG documentation (H100 94GB); cf. NVIDIA/gpu-operator"
+                      " PR 903")
 _H100_NVL_MIG = (
-    MigProfile("1g.12gb", _reported_gib(10.75), 7, _NVL_LGIP),
-    MigProfile("1g.24gb", _reported_gib(21.62), 4, _NVL_LGIP),
-    MigProfile("2g.24gb", _reported_gib(21.62), 3, _NVL_LGIP),
-    MigProfile("3g.47gb", _reported_gib(46.38), 2, _NVL_LGIP),
-    MigProfile("4g.47gb", _nominal_gb(47), 1, _NVL_NOM),
-    MigProfile("7g.94gb", _nominal_gb(94), 1, _NVL_NOM),
+    MigProfile("1g.12gb", _reported_gib(10.62), 7, _NVL_LGIP),
+    MigProfile("1g.24gb", _reported_gib(21.50), 4, _NVL_LGIP),
+    MigProfile("2g.24gb", _reported_gib(21.50), 3, _NVL_LGIP),
+    MigProfile("3g.47gb", _reported_gib(46.12), 2, _NVL_LGIP),
+    MigProfile("4g.47gb", _reported_gib(46.12), 1, _NVL_LGIP),
+    MigProfile("7g.94gb", _reported_gib(92.62), 1, _NVL_LGIP),
 )
 
 _H200_LGIP = _mig_lgip("github.com/NVIDIA/mig-parted/issues/120 (H200)")
