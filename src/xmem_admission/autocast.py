@@ -1,0 +1,153 @@
+"""CUDA autocast's casting policy, applied by the probe on CPU tensors.
+
+Without a GPU ``torch.autocast("cuda")`` does nothing to CPU tensors, and CPU autocast has other
+op lists (under CPU bf16 autocast ``softmax`` returns bf16; CUDA autocast runs it in fp32, see
+``reference/fake-mode-pitfalls.md``). What a CUDA run allocates depends on CUDA's lists, so the
+probe applies them itself, at the torch-function level (above autograd, where the real autocast
+casts too, so the casts are recorded by autograd and their memory is what a GPU run holds).
+
+The lists follow ``aten/src/ATen/autocast_mode.cpp`` (``AT_FORALL_LOWER_PRECISION_FP``,
+``AT_FORALL_FP32``, ``AT_FORALL_FP32_SET_OPT_DTYPE``, ``AT_FORALL_PROMOTE``, the CUDA
+registrations ``TORCH_LIBRARY_IMPL(aten, AutocastCUDA, m)``), mapped to the Python entry points
+that reach those ATen ops. Like the real cast cache (``autocast_mode.cpp``, ``cached_cast``),
+casts of leaf tensors that require grad (the weights) are cached until the outermost autocast
+region exits.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch.utils.weak import WeakIdKeyDictionary
+
+LOWER = "lower"      # run in the autocast dtype (fp16/bf16)
+FP32 = "fp32"        # run in float32
+FP32_OPT = "fp32_opt_dtype"  # output float32 through the op's dtype argument
+PROMOTE = "promote"  # run in the widest input dtype
+
+
+def _entries() -> Dict[Callable[..., Any], str]:
+    table: Dict[Callable[..., Any], str] = {}
+
+    def add(policy: str, *names: str) -> None:
+        for dotted in names:
+            obj: Any = torch
+            root, _, rest = dotted.partition(".")
+            obj = {"torch": torch, "F": F, "Tensor": torch.Tensor}[root]
+            for part in rest.split("."):
+                obj = getattr(obj, part, None)
+                if obj is None:
+                    break
+            if obj is not None:
+                table[obj] = policy
+
+    # AT_FORALL_LOWER_PRECISION_FP (autocast_mode.h)
+    add(LOWER, "F.linear", "torch.matmul", "Tensor.matmul", "Tensor.__matmul__",
+        "Tensor.__rmatmul__", "torch.mm", "Tensor.mm", "torch.bmm", "Tensor.bmm", "torch.addmm",
+        "Tensor.addmm", "torch.baddbmm", "Tensor.baddbmm", "torch.addbmm", "torch.einsum",
+        "torch.mv", "torch.addmv", "torch.addr", "torch.chain_matmul", "torch.linalg.multi_dot",
+        "torch.linalg.vecdot", "F.conv1d", "F.conv2d", "F.conv3d", "F.conv_transpose1d",
+        "F.conv_transpose2d", "F.conv_transpose3d", "F.prelu", "torch.conv1d", "torch.conv2d",
+        "torch.conv3d", "F.scaled_dot_product_attention")
+    # AT_FORALL_FP32 (autocast_mode.h)
+    add(FP32, "torch.acos", "torch.asin", "torch.cosh", "torch.erfinv", "torch.exp",
+        "Tensor.exp", "torch.expm1", "torch.log", "Tensor.log", "torch.log10", "torch.log2",
+        "torch.log1p", "torch.reciprocal", "torch.rsqrt", "Tensor.rsqrt", "torch.sinh",
+        "torch.tan", "torch.pow", "Tensor.pow", "Tensor.__pow__", "F.softplus", "F.layer_norm",
+        "torch.layer_norm", "F.group_norm", "torch.group_norm", "torch.norm", "Tensor.norm",
+        "F.cosine_similarity", "F.poisson_nll_loss", "F.cosine_embedding_loss", "F.nll_loss",
+        "F.hinge_embedding_loss", "F.kl_div", "F.l1_loss", "F.smooth_l1_loss", "F.huber_loss",
+        "F.mse_loss", "F.margin_ranking_loss", "F.multilabel_margin_loss",
+        "F.soft_margin_loss", "F.triplet_margin_loss", "F.multi_margin_loss",
+        "F.binary_cross_entropy_with_logits", "torch.dist", "torch.pdist", "torch.cdist",
+        "torch.renorm", "torch.logsumexp", "Tensor.logsumexp",
+        # cross_entropy is composite: it reaches log_softmax (FP32_SET_OPT_DTYPE) then nll_loss
+        # (FP32), so its input is computed on in float32.
+        "F.cross_entropy", "F.rms_norm")
+    # AT_FORALL_FP32_SET_OPT_DTYPE (autocast_mode.h)
+    add(FP32_OPT, "F.softmax", "torch.softmax", "Tensor.softmax", "F.log_softmax",
+        "torch.log_softmax", "Tensor.log_softmax", "torch.cumsum", "Tensor.cumsum",
+        "torch.cumprod", "Tensor.cumprod", "torch.prod", "Tensor.prod", "torch.sum",
+        "Tensor.sum", "torch.linalg.vector_norm", "torch.linalg.matrix_norm")
+    # AT_FORALL_PROMOTE (autocast_mode.h)
+    add(PROMOTE, "torch.addcdiv", "Tensor.addcdiv", "torch.addcmul", "Tensor.addcmul",
+        "torch.atan2", "F.bilinear", "torch.cross", "torch.dot", "torch.vdot",
+        "F.grid_sample", "torch.index_put", "torch.tensordot", "torch.scatter_add")
+    return table
+
+
+POLICY: Dict[Callable[..., Any], str] = _entries()
+_FLOAT_TYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class CudaAutocastState:
+    """Whether emulated CUDA autocast is on, its dtype, and the weight-cast cache."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.dtype = torch.float16  # CUDA autocast's default dtype (autocast_mode.py)
+        self.cache_enabled = True
+        self.depth = 0
+        self._cache = WeakIdKeyDictionary()
+
+    def clear_cache(self) -> None:
+        self._cache = WeakIdKeyDictionary()
+
+    def cast_args(self, func: Callable[..., Any], args: tuple, kwargs: dict):
+        """Return (args, kwargs) cast as CUDA autocast would for ``func``, or None if untouched."""
+        policy = POLICY.get(func)
+        if policy is None:
+            return None
+        if policy == LOWER:
+            target: Optional[torch.dtype] = self.dtype
+        elif policy == FP32:
+            target = torch.float32
+        elif policy == FP32_OPT:
+            if "dtype" in kwargs and kwargs["dtype"] is not None:
+                return None
+            if not any(_is_lower(a) for a in args if isinstance(a, torch.Tensor)):
+                return None
+            return args, dict(kwargs, dtype=torch.float32)
+        else:
+            dtypes = [a.dtype for a in _tensors(args, kwargs) if a.dtype in _FLOAT_TYPES]
+            if not dtypes:
+                return None
+            target = max(dtypes, key=lambda d: torch.finfo(d).bits)
+        return self._cast_all(args, target), {k: self._cast(v, target) for k, v in kwargs.items()}
+
+    def _cast_all(self, args: tuple, dtype: torch.dtype) -> tuple:
+        return tuple(self._cast(a, dtype) for a in args)
+
+    def _cast(self, value: Any, dtype: torch.dtype) -> Any:
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._cast(v, dtype) for v in value)
+        if not isinstance(value, torch.Tensor) or value.dtype == dtype:
+            return value
+        if not value.is_floating_point() or value.dtype == torch.float64:
+            # autocast casts only fp16/bf16/fp32 tensors (autocast_mode.h, is_eligible)
+            return value
+        cacheable = self.cache_enabled and value.is_leaf and value.requires_grad
+        if cacheable:
+            hit = self._cache.get(value)
+            if hit is not None and hit.dtype == dtype:
+                return hit
+        out = value.to(dtype)
+        if cacheable:
+            self._cache[value] = out
+        return out
+
+
+def _is_lower(t: torch.Tensor) -> bool:
+    return t.dtype in (torch.float16, torch.bfloat16)
+
+
+def _tensors(args: tuple, kwargs: dict):
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
