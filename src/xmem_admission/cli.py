@@ -18,6 +18,7 @@ from xmem_admission.errors import XmemError
 
 # (module that defines the subcommand). Order is the order ``xmem --help`` lists them.
 COMMANDS: List[str] = [
+    "xmem_admission.commands.estimate",
     "xmem_admission.commands.gpus",
 ]
 

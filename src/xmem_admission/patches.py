@@ -47,7 +47,7 @@ class _Inert:
     def __getattr__(self, name: str) -> Any:
         return lambda *a, **k: None
 
-    def __enter__(self) -> "_Inert":
+    def __enter__(self) -> _Inert:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -314,7 +314,7 @@ def _module_apply(self: Any, fn: Any, recurse: bool = True) -> Any:
     if recurse:
         for module in self.children():
             module._apply(fn)
-    for key, param in self._parameters.items():
+    for param in self._parameters.values():
         if param is None:
             continue
         with torch.no_grad():

@@ -75,8 +75,8 @@ class _StepHooks:
         self.steps_wanted = steps
         self.steps = 0
         self.depth = 0
-        self._seen_roots: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        self._modules: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._seen_roots: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._modules: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: List[Any] = []
         self._real_backward = torch.autograd.backward
 

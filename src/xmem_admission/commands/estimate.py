@@ -1,0 +1,145 @@
+"""``xmem estimate``: trace a training command on the CPU and predict its GPU memory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, List
+
+EXIT_FITS_NONE = 3
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "estimate",
+        help="estimate a training script's GPU memory per GPU model, on the CPU",
+        description="Run an unmodified training script on the CPU under a virtual GPU, record "
+        "its allocations for a few optimizer steps, replay them through a simulation of "
+        "PyTorch's CUDA caching allocator for each GPU model, and print the peak memory the "
+        "job needs there. Exit status 0 when the job fits at least one GPU model, "
+        f"{EXIT_FITS_NONE} when it fits none, 2 on errors.",
+        epilog="example: xmem estimate --gpu A100-80GB,H100-80GB -- python "
+        "examples/train_gpt.py --layers 12 --hidden 768 --heads 12",
+    )
+    parser.add_argument("--gpu", default=None,
+                        help="GPU models, comma-separated (short names like A100-80GB or CUDA "
+                        "names; see `xmem gpus`); default A100-40GB,A100-80GB,H100-80GB,L40S")
+    parser.add_argument("--mode", choices=("auto", "fake", "profile"), default="auto",
+                        help="fake: shape-only, no arithmetic; profile: real execution on the "
+                        "CPU; auto (default): fake, falling back to profile when the script "
+                        "needs real values")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="optimizer steps to record before stopping the script (default 3)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object on stdout (the script's stdout goes to "
+                        "stderr)")
+    parser.add_argument("--trace", metavar="OUT.json",
+                        help="also write the recorded allocation trace (xmem-trace v1)")
+    parser.add_argument("--plot", metavar="OUT.png",
+                        help="also plot allocated and reserved memory over the trace "
+                        "(needs matplotlib)")
+    parser.add_argument("--alloc-conf", default=None,
+                        help="PYTORCH_CUDA_ALLOC_CONF to simulate (default: the environment's)")
+    parser.add_argument("--margin", type=float, default=5.0,
+                        help="safety margin in percent added to the request (default 5)")
+    parser.add_argument("--timeout", type=float, default=900.0,
+                        help="seconds the script may take to make its steps (default 900)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- python SCRIPT.py [ARGS...] or -- python -m MODULE [ARGS...]")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from xmem_admission.errors import EstimateError
+    from xmem_admission.estimate import DEFAULT_GPUS, estimate
+
+    command: List[str] = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise EstimateError("no training command given: use `xmem estimate -- python train.py`")
+    if args.margin < 0:
+        raise EstimateError("--margin must not be negative")
+    names = [n for n in args.gpu.split(",") if n.strip()] if args.gpu else list(DEFAULT_GPUS)
+    # The script's own stdout must never mix with ours: it goes to stderr.
+    est, trace = estimate(command, names, mode=args.mode, steps=args.steps,
+                          alloc_conf=args.alloc_conf, margin=args.margin / 100.0,
+                          timeout=args.timeout, stream=sys.stderr, progress=sys.stderr)
+    if args.trace:
+        trace.dump(args.trace)
+    if args.plot:
+        _plot(trace, names, args, args.plot)
+    if args.json:
+        print(json.dumps(est.to_dict()))
+    else:
+        print(_table(est))
+    return 0 if any(g.fits for g in est.gpus) else EXIT_FITS_NONE
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _table(est: Any) -> str:
+    from xmem_admission.estimate import BREAKDOWN_KEYS
+
+    lines = [f"mode {est.mode}, {est.steps} steps, {est.seconds:.1f} s"
+             + (f" (fell back from fake: {est.fallback_reason})" if est.fallback_reason else ""),
+             ""]
+    head = ("GPU", "capacity", "peak alloc", "peak reserved", "overhead", "total", "request",
+            "fits", "MIG profile")
+    rows = [head]
+    for g in est.gpus:
+        rows.append((g.gpu, _gib(g.capacity_bytes), _gib(g.peak_allocated_bytes),
+                     _gib(g.peak_reserved_bytes), _gib(g.overhead_bytes), _gib(g.total_bytes),
+                     _gib(g.recommended_request_bytes),
+                     "yes" if g.fits else "NO", g.mig_profile or "-"))
+    lines += _columns(rows)
+    lines += ["", "breakdown of the peak:"]
+    rows = [("",) + tuple(g.gpu for g in est.gpus)]
+    for key in BREAKDOWN_KEYS:
+        rows.append((key,) + tuple(_gib(g.breakdown[key]) for g in est.gpus))
+    lines += _columns(rows)
+    for g in est.gpus:
+        if not g.fits:
+            short = g.total_bytes - g.capacity_bytes
+            why = (f"simulated out of memory: {g.oom['message']}" if g.oom else
+                   f"needs {_gib(g.total_bytes)}, {_gib(max(short, 0))} more than the card has")
+            lines.append(f"{g.gpu}: does not fit: {why}")
+    return "\n".join(lines)
+
+
+def _columns(rows: List[tuple]) -> List[str]:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def _plot(trace: Any, names: List[str], args: argparse.Namespace, path: str) -> None:
+    from xmem_admission.alloc_conf import parse_alloc_conf
+    from xmem_admission.errors import EstimateError
+    from xmem_admission.estimate import allocator_capacity, resolve_gpus
+    from xmem_admission.orchestrate import for_gpu
+    from xmem_admission.simulate import simulate
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise EstimateError("--plot needs matplotlib (pip install matplotlib)") from None
+    config = parse_alloc_conf(args.alloc_conf or "")
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for gpu in resolve_gpus(names):
+        sim = simulate(for_gpu(trace, gpu), config, capacity_bytes=allocator_capacity(gpu),
+                       timeline=True)
+        xs = [t[0] for t in sim.timeline or []]
+        ax.plot(xs, [t[2] / 2**30 for t in sim.timeline or []], label=f"{gpu.key} reserved")
+        ax.plot(xs, [t[1] / 2**30 for t in sim.timeline or []], label=f"{gpu.key} allocated",
+                linestyle="--")
+    ax.set_xlabel("allocation event")
+    ax.set_ylabel("GiB")
+    ax.legend(loc="upper left", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
