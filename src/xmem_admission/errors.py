@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from typing import Optional
-
 
 class XmemError(Exception):
     """Base class: raised for any input or situation the user must fix (never a bug)."""
@@ -125,50 +123,3 @@ class ScriptFailed(EstimateError):
     def __init__(self, message: str, script_exit_code: int = 1) -> None:
         super().__init__(message)
         self.script_exit_code = script_exit_code
-
-
-class AllocConfError(XmemError):
-    """Raised when a PYTORCH_CUDA_ALLOC_CONF string is malformed or asks for what cannot be simulated."""
-
-
-class SnapshotError(XmemError):
-    """Raised when a memory-snapshot pickle is unreadable, truncated, not a snapshot, or holds objects."""
-
-
-class AllocatorStateError(XmemError):
-    """Raised when the simulated allocator is asked to free a block it did not hand out."""
-
-
-class SimulatedOutOfMemory(XmemError):
-    """Raised when the simulated caching allocator cannot satisfy a request, carrying its state then."""
-
-    exit_code = 1
-
-    def __init__(
-        self,
-        requested_bytes: int,
-        allocation_bytes: int,
-        stream: int,
-        allocated_bytes: int,
-        reserved_bytes: int,
-        capacity_bytes: Optional[int],
-        allowed_bytes: Optional[int] = None,
-    ) -> None:
-        self.requested_bytes = requested_bytes
-        # The cudaMalloc size that failed: what PyTorch's message says it "tried to allocate".
-        self.allocation_bytes = allocation_bytes
-        self.stream = stream
-        self.allocated_bytes = allocated_bytes
-        self.reserved_bytes = reserved_bytes
-        # Reserved but not handed out: what PyTorch's message calls "reserved by PyTorch but
-        # unallocated" (only split remainders are left after the release steps ran).
-        self.free_cached_bytes = reserved_bytes - allocated_bytes
-        self.capacity_bytes = capacity_bytes
-        self.allowed_bytes = allowed_bytes
-        limit = f"{allowed_bytes} bytes allowed by the memory fraction; " if allowed_bytes else ""
-        cap = "unlimited" if capacity_bytes is None else f"{capacity_bytes} bytes"
-        super().__init__(
-            f"simulated CUDA out of memory: tried to allocate {allocation_bytes} bytes "
-            f"(requested {requested_bytes}) on stream {stream}; capacity {cap}; {limit}"
-            f"{allocated_bytes} bytes allocated, {reserved_bytes} reserved "
-            f"({self.free_cached_bytes} reserved but unallocated)")
