@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench clean tools
 
 venv: $(STAMP)
 
@@ -17,7 +17,11 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/xmem replay tests/data/snapshots/memory_files_memory_ctx128_forward.pickle
 
-test: $(STAMP)
+# helm, prometheus and promtool for the chart and observability tests, cached in .tools/.
+tools:
+	bash scripts/install-tools.sh
+
+test: $(STAMP) tools
 	$(PY) -m ruff check src tests bench examples
 	$(PY) -m pytest -q
 
