@@ -20,6 +20,7 @@ from xmem_admission.errors import XmemError
 COMMANDS: List[str] = [
     "xmem_admission.commands.estimate",
     "xmem_admission.commands.gpus",
+    "xmem_admission.commands.serve",
 ]
 
 

@@ -1,0 +1,1 @@
+"""The admission webhook: AdmissionReview in, AdmissionReview out, on the API server's path."""

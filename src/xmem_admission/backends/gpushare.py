@@ -1,0 +1,75 @@
+"""Aliyun gpushare: container resource ``aliyun.com/gpu-mem`` in GiB (gpushare-scheduler-extender
+user guide), instead of ``nvidia.com/gpu``. Across several GPUs (ACK multi-GPU sharing) the pod
+label ``aliyun.com/gpu-count: M`` spreads ``gpu-mem`` N GiB as N/M per card, N/M a whole number
+(Alibaba Cloud ACK docs, "multi-card sharing through shared GPU scheduling"). No isolation:
+a job above its request takes memory from its neighbours, so the margin matters here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from xmem_admission import gpus, quantity
+from xmem_admission.backends.base import (
+    Applied,
+    Backend,
+    Existing,
+    GpuContainer,
+    drop_resource,
+    set_limit,
+)
+from xmem_admission.errors import InvalidObjectError, QuantityError
+from xmem_admission.integrations.base import TemplateRef
+from xmem_admission.patch import Draft
+from xmem_admission.policy import BackendName
+from xmem_admission.quantity import GiB, ceil_div
+from xmem_admission.resources import (
+    GPUSHARE_COUNT,
+    GPUSHARE_MEM,
+    NVIDIA_GPU,
+    gpu_count,
+    resource_value,
+)
+
+
+class GpushareBackend(Backend):
+    name = BackendName.GPUSHARE
+
+    def existing(
+        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+    ) -> Optional[Existing]:
+        value = resource_value(container, GPUSHARE_MEM)
+        if value is None:
+            return None
+        field = f"spec.containers[{index}].resources.limits[{GPUSHARE_MEM}]"
+        cards = max(1, gpu_count(container, template.get("metadata") or {}))
+        try:
+            per_gpu = quantity.parse_count(value) * GiB // cards
+        except QuantityError as exc:
+            raise InvalidObjectError(f"{field}: {exc}") from None
+        return Existing(f"{GPUSHARE_MEM}: {value}", per_gpu, field)
+
+    def apply(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        out = Applied()
+        pending = self.pending(ref, containers, gpu)
+        counts = {count for _, _, count in pending}
+        if len(counts) > 1:
+            out.warnings.append(
+                "xmem: gpushare needs one GPU count per pod; GPU requests left unchanged"
+            )
+            return out
+        per_card = ceil_div(request_bytes, GiB)
+        for index, _container, count in pending:
+            drop_resource(draft, ref, index, NVIDIA_GPU)
+            set_limit(draft, ref, index, GPUSHARE_MEM, str(per_card * count))
+            if count > 1:
+                draft.set(ref.at("metadata", "labels", GPUSHARE_COUNT), str(count))
+            out.written.append(f"{GPUSHARE_MEM} {per_card * count} GiB")
+        return out

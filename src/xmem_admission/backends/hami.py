@@ -1,0 +1,52 @@
+"""HAMi: container limit ``nvidia.com/gpumem`` in MiB per vGPU; ``nvidia.com/gpu`` stays the
+number of vGPUs. HAMi reads limits, then requests; without gpumem a vGPU gets the whole card
+(HAMi docs, "Allocate device memory"). ``nvidia.com/gpumem-percentage`` is read as hand-set.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from xmem_admission import gpus, quantity
+from xmem_admission.backends.base import Applied, Backend, Existing, GpuContainer, mib, set_limit
+from xmem_admission.errors import InvalidObjectError, QuantityError
+from xmem_admission.integrations.base import TemplateRef
+from xmem_admission.patch import Draft
+from xmem_admission.policy import BackendName
+from xmem_admission.quantity import MiB
+from xmem_admission.resources import HAMI_GPUMEM, HAMI_GPUMEM_PERCENT, resource_value
+
+
+class HamiBackend(Backend):
+    name = BackendName.HAMI
+
+    def existing(
+        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+    ) -> Optional[Existing]:
+        field = f"spec.containers[{index}].resources.limits[{HAMI_GPUMEM}]"
+        value = resource_value(container, HAMI_GPUMEM)
+        try:
+            if value is not None:
+                return Existing(f"{HAMI_GPUMEM}: {value}", quantity.parse_count(value) * MiB, field)
+            percent = resource_value(container, HAMI_GPUMEM_PERCENT)
+            if percent is not None:
+                share = quantity.parse_count(percent) * gpu.capacity_bytes // 100
+                field = f"spec.containers[{index}].resources.limits[{HAMI_GPUMEM_PERCENT}]"
+                return Existing(f"{HAMI_GPUMEM_PERCENT}: {percent}", share, field)
+        except QuantityError as exc:
+            raise InvalidObjectError(f"{field}: {exc}") from None
+        return None
+
+    def apply(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        out = Applied()
+        for index, _container, _count in self.pending(ref, containers, gpu):
+            set_limit(draft, ref, index, HAMI_GPUMEM, str(mib(request_bytes)))
+            out.written.append(f"{HAMI_GPUMEM} {mib(request_bytes)} MiB")
+        return out

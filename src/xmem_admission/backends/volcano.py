@@ -1,0 +1,57 @@
+"""Volcano vGPU: limits ``volcano.sh/vgpu-number`` (replacing ``nvidia.com/gpu``) and
+``volcano.sh/vgpu-memory`` in MiB per vGPU (Volcano "GPU Sharing User guide").
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from xmem_admission import gpus, quantity
+from xmem_admission.backends.base import (
+    Applied,
+    Backend,
+    Existing,
+    GpuContainer,
+    drop_resource,
+    mib,
+    set_limit,
+)
+from xmem_admission.errors import InvalidObjectError, QuantityError
+from xmem_admission.integrations.base import TemplateRef
+from xmem_admission.patch import Draft
+from xmem_admission.policy import BackendName
+from xmem_admission.quantity import MiB
+from xmem_admission.resources import NVIDIA_GPU, VOLCANO_MEMORY, VOLCANO_NUMBER, resource_value
+
+
+class VolcanoBackend(Backend):
+    name = BackendName.VOLCANO
+
+    def existing(
+        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+    ) -> Optional[Existing]:
+        value = resource_value(container, VOLCANO_MEMORY)
+        if value is None:
+            return None
+        field = f"spec.containers[{index}].resources.limits[{VOLCANO_MEMORY}]"
+        try:
+            return Existing(f"{VOLCANO_MEMORY}: {value}", quantity.parse_count(value) * MiB, field)
+        except QuantityError as exc:
+            raise InvalidObjectError(f"{field}: {exc}") from None
+
+    def apply(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        out = Applied()
+        for index, container, count in self.pending(ref, containers, gpu):
+            if resource_value(container, VOLCANO_NUMBER) is None:
+                set_limit(draft, ref, index, VOLCANO_NUMBER, str(count))
+            drop_resource(draft, ref, index, NVIDIA_GPU)
+            set_limit(draft, ref, index, VOLCANO_MEMORY, str(mib(request_bytes)))
+            out.written.append(f"{VOLCANO_MEMORY} {mib(request_bytes)} MiB")
+        return out

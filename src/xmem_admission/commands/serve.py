@@ -1,0 +1,130 @@
+"""``xmem serve``: the admission webhook (TLS) with its health and metrics port.
+
+Every option can also come from an environment variable (the Helm chart sets those), the flag
+winning. With ``--policy`` it runs stand-alone (tests, demos); without it the policy is the
+cluster's ``GPUAdmissionPolicy`` (in-cluster credentials, else ``--kubeconfig``/``$KUBECONFIG``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any, Optional
+
+from xmem_admission.errors import ServeError
+
+ENV = {
+    "cert_file": "XMEM_CERT_FILE",
+    "key_file": "XMEM_KEY_FILE",
+    "host": "XMEM_HOST",
+    "port": "XMEM_PORT",
+    "metrics_port": "XMEM_METRICS_PORT",
+    "policy": "XMEM_POLICY",
+    "policy_name": "XMEM_POLICY_NAME",
+    "kubeconfig": "KUBECONFIG",
+    "estimates": "XMEM_ESTIMATES",
+    "reload_seconds": "XMEM_RELOAD_SECONDS",
+    "log_level": "XMEM_LOG_LEVEL",
+}
+
+
+def _env(dest: str, default: Optional[str] = None) -> Optional[str]:
+    return os.environ.get(ENV[dest], default)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the admission webhook (HTTPS) and its metrics/health port",
+        description="Serve /mutate and /validate (AdmissionReview v1) over TLS and /metrics, "
+        "/healthz, /readyz over plain HTTP. Each option also reads the environment variable "
+        "shown in its help.",
+    )
+    add = parser.add_argument
+    add("--cert-file", default=_env("cert_file"), help="serving certificate, PEM [XMEM_CERT_FILE]")
+    add("--key-file", default=_env("key_file"), help="its private key, PEM [XMEM_KEY_FILE]")
+    add("--host", default=_env("host", "0.0.0.0"), help="address to listen on [XMEM_HOST]")
+    add("--port", type=int, default=_env("port", "8443"), help="admission port [XMEM_PORT]")
+    add("--metrics-port", type=int, default=_env("metrics_port", "8080"),
+        help="metrics and health port [XMEM_METRICS_PORT]")
+    add("--policy", metavar="FILE.yaml", default=_env("policy"),
+        help="GPUAdmissionPolicy YAML file, reloaded on change; without it the cluster's "
+        "GPUAdmissionPolicy is used [XMEM_POLICY]")
+    add("--policy-name", default=_env("policy_name", "default"),
+        help="name of the cluster's GPUAdmissionPolicy [XMEM_POLICY_NAME]")
+    add("--kubeconfig", default=_env("kubeconfig"),
+        help="kubeconfig when not running in a cluster [KUBECONFIG]")
+    add("--estimates", metavar="DIR", default=_env("estimates"),
+        help="directory of estimate JSON files to seed the in-memory store [XMEM_ESTIMATES]")
+    add("--reload-seconds", type=float, default=_env("reload_seconds", "2"),
+        help="how often certificate and policy are checked for changes [XMEM_RELOAD_SECONDS]")
+    add("--log-level", default=_env("log_level", "info"),
+        choices=("debug", "info", "warning", "error"), help="[XMEM_LOG_LEVEL]")
+    parser.set_defaults(func=run)
+
+
+def _cluster_source(args: argparse.Namespace, on_error: Any) -> Any:
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    from xmem_admission.sources import ClusterPolicySource
+
+    try:
+        config.load_incluster_config()
+    except ConfigException:
+        try:
+            config.load_kube_config(config_file=args.kubeconfig)
+        except (ConfigException, OSError, TypeError) as exc:
+            raise ServeError(
+                "no policy: pass --policy FILE.yaml, or run where cluster credentials exist "
+                f"(in a pod, or with a kubeconfig) ({exc})"
+            ) from None
+    return ClusterPolicySource(client.ApiClient(), args.policy_name, on_error=on_error)
+
+
+def run(args: argparse.Namespace) -> int:
+    from xmem_admission.admission.webhook import Webhook
+    from xmem_admission.metrics import AdmissionMetrics
+    from xmem_admission.server import AdmissionServer, ServeConfig
+    from xmem_admission.server import run as serve_forever
+    from xmem_admission.sources import FilePolicySource
+    from xmem_admission.store import MemoryStore
+
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.cert_file or not args.key_file:
+        raise ServeError("--cert-file and --key-file are required (or XMEM_CERT_FILE/XMEM_KEY_FILE)")
+    metrics = AdmissionMetrics()
+
+    def on_error(reason: str) -> None:
+        metrics.policy_errors.labels(reason).inc()
+
+    if args.policy:
+        policy: Any = FilePolicySource(args.policy, on_error=on_error)
+        where = args.policy
+    else:
+        policy = _cluster_source(args, on_error)
+        where = f"GPUAdmissionPolicy/{args.policy_name}"
+    store = MemoryStore.from_directory(args.estimates) if args.estimates else MemoryStore()
+    server = AdmissionServer(
+        Webhook(policy, store, metrics),
+        policy,
+        ServeConfig(
+            cert_file=args.cert_file, key_file=args.key_file, host=args.host, port=args.port,
+            metrics_port=args.metrics_port, reload_seconds=args.reload_seconds,
+            log_level=args.log_level,
+        ),
+    )
+    port, health_port = server.ports
+    print(
+        f"xmem serve: admission on https://{args.host}:{port} (/mutate, /validate), "
+        f"health on http://{args.host}:{health_port} (/metrics, /healthz, /readyz); "
+        f"policy {where}; {len(store)} recorded estimates",
+        file=sys.stderr, flush=True,
+    )
+    serve_forever(server)
+    return 0

@@ -1,0 +1,78 @@
+"""Prometheus metrics of the admission side, in one module (the controller adds its own here).
+
+Each ``AdmissionMetrics`` owns a registry, so several servers can live in one process (tests)
+without clashing; ``xmem serve`` exposes its registry on ``/metrics`` of the health port.
+
+Series (all prefixed ``xmem_``):
+- ``admission_requests_total{endpoint,kind,operation,decision}``: every review answered;
+- ``admission_duration_seconds{endpoint}``: time from body received to response built;
+- ``workloads_held_total{kind}``: workloads suspended awaiting an estimate (not for dryRun);
+- ``estimates_applied_total{kind,gpu_model,backend}`` and
+  ``estimate_request_bytes{namespace,workload,kind,gpu_model}``: the request given to each
+  workload (the most recent ``WORKLOAD_SERIES`` workloads, so the series count stays bounded);
+- ``estimate_cache_requests_total{result}``: estimate store lookups, ``hit`` or ``miss``;
+- ``policy_errors_total{reason}``: policies that failed to load or reload, and internal errors.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Optional, Tuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+WORKLOAD_SERIES = 5000
+# Admission answers take well under a millisecond to a few; the API server gives up at 10 s.
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+)
+
+
+class AdmissionMetrics:
+    """The admission webhook's metrics and the registry that holds them."""
+
+    def __init__(self, registry: Optional[CollectorRegistry] = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "xmem_admission_requests", "Admission reviews answered.",
+            ("endpoint", "kind", "operation", "decision"), registry=r,
+        )
+        self.latency = Histogram(
+            "xmem_admission_duration_seconds", "Time to answer an admission review.",
+            ("endpoint",), buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.held = Counter(
+            "xmem_workloads_held", "Workloads held until their GPU memory is estimated.",
+            ("kind",), registry=r,
+        )
+        self.applied = Counter(
+            "xmem_estimates_applied", "Recorded estimates turned into GPU memory requests.",
+            ("kind", "gpu_model", "backend"), registry=r,
+        )
+        self.request_bytes = Gauge(
+            "xmem_estimate_request_bytes", "GPU memory request per GPU given to a workload.",
+            ("namespace", "workload", "kind", "gpu_model"), registry=r,
+        )
+        self.cache = Counter(
+            "xmem_estimate_cache_requests", "Estimate store lookups by result.",
+            ("result",), registry=r,
+        )
+        self.policy_errors = Counter(
+            "xmem_policy_errors", "Policy load failures and internal admission errors.",
+            ("reason",), registry=r,
+        )
+        self._series: OrderedDict[Tuple[str, str, str, str], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def record_request(self, namespace: str, workload: str, kind: str, gpu: str, value: int) -> None:
+        """Set a workload's request gauge, dropping the oldest series beyond WORKLOAD_SERIES."""
+        key = (namespace, workload, kind, gpu)
+        with self._lock:
+            self.request_bytes.labels(*key).set(value)
+            self._series.pop(key, None)
+            self._series[key] = None
+            while len(self._series) > WORKLOAD_SERIES:
+                old, _ = self._series.popitem(last=False)
+                self.request_bytes.remove(*old)
