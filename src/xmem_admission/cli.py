@@ -19,7 +19,10 @@ from xmem_admission.errors import XmemError
 # (module that defines the subcommand). Order is the order ``xmem --help`` lists them.
 COMMANDS: List[str] = [
     "xmem_admission.commands.estimate",
+    "xmem_admission.commands.bench",
     "xmem_admission.commands.gpus",
+    "xmem_admission.commands.simulate",
+    "xmem_admission.commands.replay",
     "xmem_admission.commands.serve",
 ]
 

@@ -123,3 +123,7 @@ class ScriptFailed(EstimateError):
     def __init__(self, message: str, script_exit_code: int = 1) -> None:
         super().__init__(message)
         self.script_exit_code = script_exit_code
+
+
+class RunsFileError(XmemError):
+    """Raised when a benchmark runs file (xMem paper format) has a malformed row."""

@@ -123,7 +123,7 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
             peak_reserved_bytes=sim.peak_reserved_bytes, overhead_bytes=overhead,
             total_bytes=total, fits=fits, recommended_request_bytes=recommended,
             mig_profile=profile.name if profile is not None else None,
-            breakdown=_breakdown(sim.allocated_by_category_at_peak_reserved,
+            breakdown=_breakdown(sim.allocated_by_category_at_peak_allocated,
                                  sim.peak_reserved_bytes, overhead),
             oom=sim.oom.to_dict() if sim.oom is not None else None,
         ))
@@ -131,6 +131,8 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
 
 
 def _breakdown(by_category: Dict[str, int], reserved: int, overhead: int) -> Dict[str, int]:
+    """Split the total: what is allocated at the allocated peak, by category; what the allocator
+    holds beyond that at its reserved peak (cached blocks, fragmentation); the overhead."""
     out = dict.fromkeys(BREAKDOWN_KEYS, 0)
     for category, size in by_category.items():
         out[_CATEGORY_KEY.get(category, "other")] += size
