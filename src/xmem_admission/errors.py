@@ -127,3 +127,16 @@ class ScriptFailed(EstimateError):
 
 class RunsFileError(XmemError):
     """Raised when a benchmark runs file (xMem paper format) has a malformed row."""
+
+
+class ApiStatusError(Exception):
+    """Raised inside the stand-in API server (``xmem_admission.testing``) to answer with a Status."""
+
+    def __init__(self, code: int, reason: str, message: str,
+                 details: "dict | None" = None, headers: "dict | None" = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details or {}
+        self.headers = headers or {}
