@@ -1,0 +1,1 @@
+"""Shared test helpers: fluent workload builders, Kubernetes schema validation, a TLS server."""
