@@ -40,6 +40,10 @@ DERIVED_NUMEL_LIMIT = 1 << 22
 
 # Ops whose output is the input's value, kept for any size (the data the script brought in).
 _LIFT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
+# Uninitialised memory has no value worth shadowing (weights are created this way, then their
+# init is neutralised in fake mode).
+_NO_VALUE_PACKETS = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
+                     aten.new_empty_strided, aten.empty_permuted}
 
 # Ops that run through cuBLAS on a GPU: the first one on a thread creates that thread's cuBLAS
 # handle and its workspace (aten/src/ATen/cuda/CublasHandlePool.cpp, getCurrentCUDABlasHandle).
@@ -176,6 +180,8 @@ class AllocationTracker(TorchDispatchMode):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         if func in _LIFT_OPS:
             limit = None
+        elif func.overloadpacket in _NO_VALUE_PACKETS:
+            return
         elif not inputs:
             limit = SMALL_FACTORY_NUMEL
         else:

@@ -1,0 +1,118 @@
+"""What the probe records when it runs a real training script under the virtual GPU."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from xmem_admission.trace import ALLOC, FREE, MARK
+
+
+def allocs(trace):
+    return [e for e in trace.events if e[0] == ALLOC]
+
+
+def bytes_by_category(trace):
+    total = Counter()
+    for e in allocs(trace):
+        total[e[4]] += e[2]
+    return total
+
+
+def test_fake_and_profile_modes_record_the_same_allocation_stream(probe_run, script):
+    fake, _ = probe_run([script("tiny_mlp.py"), "--batch", "16", "--hidden", "64"], "fake")
+    real, _ = probe_run([script("tiny_mlp.py"), "--batch", "16", "--hidden", "64"], "profile")
+    assert fake.status == real.status == "ok"
+    assert [(e[0], e[2:5]) for e in fake.trace.events if e[0] != FREE] == \
+        [(e[0], e[2:5]) for e in real.trace.events if e[0] != FREE]
+    assert [e for e in fake.trace.events if e[0] == MARK] == \
+        [e for e in real.trace.events if e[0] == MARK]
+
+
+def test_the_script_sees_the_target_gpu_and_its_tensors_on_cuda(probe_run, script):
+    result, out = probe_run([script("tiny_mlp.py"), "--hidden", "32"])
+    assert result.status == "ok"
+    assert "gpu NVIDIA H200 150754820096 cc 9.0" in out
+    assert "on cuda:0 cuda=True" in out
+
+
+def test_the_probe_stops_right_after_the_last_recorded_step(probe_run, script, tmp_path):
+    marker = tmp_path / "checkpoint.txt"
+    result, out = probe_run([script("tiny_mlp.py"), "--steps", "10", "--checkpoint",
+                             str(marker)], steps=2)
+    assert result.status == "ok" and result.steps == 2
+    assert [e[1] for e in result.trace.events if e[0] == MARK and e[1].startswith("step")] == \
+        ["step 1", "step 2"]
+    assert not marker.exists(), "code after the last recorded step must not run"
+    assert "step 1 loss" not in out  # the print after step 2's optimizer.step() never ran
+
+
+def test_printing_the_loss_works_in_fake_mode(probe_run, script):
+    result, out = probe_run([script("tiny_mlp.py"), "--hidden", "32"], "fake")
+    assert result.status == "ok"
+    assert "step 0 loss 0.0000" in out
+
+
+def test_a_decision_on_the_loss_asks_for_real_values_and_says_where(probe_run, script):
+    result, _ = probe_run([script("tiny_mlp.py"), "--decide-on-loss"], "fake")
+    assert result.status == "needs_real_values"
+    assert "tiny_mlp.py:" in result.reason and "value < best" in result.reason
+    real, _ = probe_run([script("tiny_mlp.py"), "--decide-on-loss"], "profile")
+    assert real.status == "ok"
+
+
+def test_a_model_sized_by_tensor_arithmetic_is_traced_at_its_real_size(probe_run, script):
+    result, out = probe_run([script("regnet_widths.py")], "fake")
+    assert result.status == "ok"
+    assert "widths [32, 48, 64, 80]" in out
+    weights = sorted(e[2] for e in allocs(result.trace) if e[4] == "parameter")
+    # Linear weights 8x32, 32x48, 48x64, 64x80 and their biases, fp32
+    expected = sorted([8 * 32 * 4, 32 * 48 * 4, 48 * 64 * 4, 64 * 80 * 4,
+                       32 * 4, 48 * 4, 64 * 4, 80 * 4])
+    assert weights == expected
+
+
+def test_parameters_gradients_and_optimizer_state_are_told_apart(probe_run, script):
+    hidden = 64
+    result, _ = probe_run([script("tiny_mlp.py"), "--hidden", str(hidden)], "fake")
+    params = (hidden * 4 * hidden + 4 * hidden + 4 * hidden * 10 + 10) * 4
+    by_cat = bytes_by_category(result.trace)
+    assert by_cat["parameter"] == params
+    # AdamW keeps exp_avg and exp_avg_sq per parameter, allocated once
+    assert by_cat["optimizer_state"] == 2 * params
+    # set_to_none=True: gradients are allocated anew every step
+    assert by_cat["gradient"] == 3 * params
+
+
+def test_bf16_autocast_follows_cuda_lists(probe_run, script):
+    fp32, _ = probe_run([script("tiny_mlp.py"), "--hidden", "128", "--batch", "32"], "fake")
+    bf16, _ = probe_run([script("tiny_mlp.py"), "--hidden", "128", "--batch", "32",
+                         "--amp", "bfloat16"], "fake")
+    assert bf16.status == "ok"
+    sizes = Counter(e[2] for e in allocs(bf16.trace))
+    # CUDA autocast casts the 128x512 weight to bf16 once per step (cached for the region)
+    assert sizes[128 * 512 * 2] >= 3
+    # cross_entropy runs in fp32 under CUDA autocast: its log-softmax of 32x10 logits is fp32
+    assert sizes[32 * 10 * 4] >= 3
+    assert sum(bytes_by_category(bf16.trace).values()) != sum(
+        bytes_by_category(fp32.trace).values())
+
+
+@pytest.mark.parametrize("mode", ["fake", "profile"])
+def test_cublas_marks_are_recorded_for_forward_and_backward_threads(probe_run, script, mode):
+    result, _ = probe_run([script("tiny_mlp.py"), "--hidden", "32"], mode)
+    marks = [e[1] for e in result.trace.events if e[0] == MARK and e[1].startswith("cublas")]
+    assert marks == ["cublas:main", "cublas:autograd"]
+
+
+def test_a_script_that_raises_is_reported_with_its_traceback(probe_run, script):
+    result, _ = probe_run([script("raises.py")])
+    assert result.status == "script_error"
+    assert "ValueError: bad config" in result.reason
+    assert "raises.py" in result.traceback and result.exit_code == 1
+
+
+def test_a_script_without_an_optimizer_step_is_reported(probe_run, script):
+    result, _ = probe_run([script("no_step.py")])
+    assert result.status == "no_step"
