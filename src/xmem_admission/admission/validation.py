@@ -43,10 +43,13 @@ class Violation:
 def _estimate_plan(template: GpuTemplate, ctx: Context) -> Optional[Plan]:
     """The estimate a template is judged against: its own annotations, else the record."""
     ref, _ = template
+    recorded = record_plan(ref, ctx)
+    if recorded is not None:
+        return recorded
     carried = annotated_plan(ref, ctx.settings)
     if carried is not None and carried.estimate_bytes > 0:
         return carried
-    return record_plan(ref, ctx)
+    return None
 
 
 def _request_violations(template: GpuTemplate, plan: Plan, ctx: Context) -> List[Violation]:

@@ -110,7 +110,13 @@ class Webhook:
             if verdict.decision is Decision.FAILED_OPEN:
                 log.exception("internal error answering an admission review")
                 self.metrics.policy_errors.labels("internal").inc()
-        out = response.build(envelope.uid, verdict, envelope.api_version)
+        try:
+            out = response.build(envelope.uid, verdict, envelope.api_version)
+        except Exception:  # an unserialisable patch value: still answer, unchanged
+            log.exception("cannot serialise the admission response")
+            self.metrics.policy_errors.labels("internal").inc()
+            verdict = response.verdict_for_error(RuntimeError("response serialisation"))
+            out = response.build(envelope.uid, verdict, envelope.api_version)
         self.metrics.requests.labels(endpoint.value, kind, operation, verdict.decision.value).inc()
         self.metrics.latency.labels(endpoint.value).observe(time.perf_counter() - started)
         return out
@@ -137,7 +143,7 @@ class Webhook:
         templates = gpu_templates(integration, obj)
         if not templates:
             return Verdict(Decision.ALLOWED)
-        fp, record = self._lookup(integration, obj, settings, templates)
+        fp, record = self._lookup(integration, obj, settings, templates, endpoint)
         ctx = Context(req.operation, req.namespace, settings, fp, record, self.clock())
         if endpoint is Endpoint.MUTATE:
             return self._mutate(req, integration, obj, ctx)
@@ -149,15 +155,24 @@ class Webhook:
         return Verdict(Decision.ALLOWED, warnings=[f"xmem: {v}" for v in violations])
 
     def _lookup(
-        self, integration: Integration, obj: Dict[str, Any], settings: Settings, templates: Any
+        self,
+        integration: Integration,
+        obj: Dict[str, Any],
+        settings: Settings,
+        templates: Any,
+        endpoint: Endpoint,
     ) -> Tuple[str, Optional[EstimateRecord]]:
         refs = integration.pod_templates(obj)
         fp = fingerprint.of_templates([ref.template for ref in refs], settings.gpu_keys)
-        carried = all(
-            labels.REQUEST_BYTES in ((ref.template.get("metadata") or {}).get("annotations") or {})
+        sized = all(
+            all(k in ((ref.template.get("metadata") or {}).get("annotations") or {})
+                for k in (labels.REQUEST_BYTES, labels.ESTIMATE_BYTES))
             for ref, _ in templates
         )
-        if carried:  # every GPU template says what it needs: no lookup on the Pod CREATE path
+        if sized and endpoint is Endpoint.MUTATE:
+            # Every GPU template carries its sizing (the Pod CREATE of a released workload): the
+            # mutation needs no lookup. Validation always looks, so a hand-written estimate
+            # annotation cannot stand in for the recorded one.
             return fp, None
         record = self.store.get(fp)
         self.metrics.cache.labels("hit" if record is not None else "miss").inc()
