@@ -14,8 +14,11 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	$(PY) -m pip install -qq -c requirements/constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
+# The main job on an embedded default: a GPT-2-small-shaped model, batch 8 x 1024, AdamW.
 demo: $(STAMP)
-	$(VENV)/bin/xmem replay tests/data/snapshots/memory_files_memory_ctx128_forward.pickle
+	$(VENV)/bin/xmem estimate --gpu A100-40GB,A100-80GB,H100-80GB,L40S -- \
+		python examples/train_gpt.py --layers 12 --hidden 768 --heads 12 --vocab 50257 \
+		--seq-len 1024 --batch-size 8 --optimizer adamw
 
 # helm, prometheus and promtool for the chart and observability tests, cached in .tools/.
 tools:
