@@ -69,6 +69,10 @@ def build_transformer(model_id: str) -> Any:
     with open(config_path(model_id), encoding="utf-8") as fh:
         spec = json.load(fh)
     cfg = dict(spec["config"])
+    # The artifact called from_config without a dtype: fp32 weights whatever the published
+    # config's torch_dtype says (transformers 5 would otherwise build in that dtype).
+    cfg.pop("torch_dtype", None)
+    cfg.pop("dtype", None)
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     auto = getattr(transformers, spec.get("auto_class", "AutoModelForCausalLM"))
     return auto.from_config(config), config
