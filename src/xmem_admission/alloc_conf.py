@@ -203,6 +203,9 @@ class _Parser:
             if key in ",:[]":
                 raise AllocConfError(f"expected an option name, got {key!r} "
                                      f"(token {i + 1} of {self.text!r})")
+            if key not in _PLACEMENT_KEYS and key not in IGNORED_KEYS:
+                known = ", ".join(sorted(set(_PLACEMENT_KEYS) | IGNORED_KEYS))
+                raise AllocConfError(f"unrecognized option {key!r} (known: {known})")
             # A repeated key is applied again (last one wins), as in PyTorch.
             self.expect(i + 1, ":", key)
             i = self.parse_value(key, i + 2)
@@ -269,11 +272,8 @@ class _Parser:
         elif key == "pinned_reserve_segment_size_mb":
             if self.whole(i, key) <= 0:
                 raise AllocConfError(f"{key} must be greater than 0")
-        elif key in IGNORED_KEYS:
+        else:  # the other IGNORED_KEYS: any single value or bracketed list
             return self.skip_value(i, key)
-        else:
-            known = ", ".join(sorted(set(_PLACEMENT_KEYS) | IGNORED_KEYS))
-            raise AllocConfError(f"unrecognized option {key!r} (known: {known})")
         return i
 
     def skip_value(self, i: int, key: str) -> int:
@@ -362,21 +362,28 @@ def parse_alloc_conf(text: str, version: Sequence[int] = LATEST) -> AllocatorCon
 def config_from_snapshot_settings(settings: Any) -> AllocatorConfig:
     """Rebuild the settings a ``_dump_snapshot`` recorded under ``allocator_settings``.
 
-    PyTorch writes the effective values (``max_split_size`` -1 for unlimited, the divisions as
-    a dict keyed by interval start in MB), not the string, so this reads those values.
+    PyTorch writes the raw ``PYTORCH_CUDA_ALLOC_CONF`` string and the effective values of
+    some options (``max_split_size`` -1 for unlimited, the divisions as a dict keyed by
+    interval start in MB, the GC threshold, expandable segments), but not
+    ``max_non_split_rounding`` or ``large_segment_size`` (torch/csrc/cuda/Module.cpp,
+    ``_memorySnapshot``). So the string is parsed for everything, and the effective values,
+    where present, win.
     """
     if not isinstance(settings, dict):
         return AllocatorConfig()
+    text = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+    text = text if isinstance(text, str) else ""
+    try:
+        base = parse_alloc_conf(text)
+    except AllocConfError:
+        base = AllocatorConfig(source=text)
     values: Dict[str, Any] = {}
-    mss = settings.get("max_split_size", -1)
-    if isinstance(mss, int) and mss > 0:
-        values["max_split_size"] = mss
-    rounding = settings.get("max_non_split_rounding")
-    if isinstance(rounding, int) and rounding > 0:
-        values["max_non_split_rounding_size"] = rounding
+    mss = settings.get("max_split_size")
+    if isinstance(mss, int) and not isinstance(mss, bool):
+        values["max_split_size"] = mss if mss > 0 else UNLIMITED
     divs = settings.get("roundup_power2_divisions")
     if isinstance(divs, dict) and divs:
-        table = [0] * ROUNDUP_INTERVALS
+        table = list(base.roundup_power2_divisions)
         for boundary, value in divs.items():
             try:
                 index = int(boundary).bit_length() - 1
@@ -386,9 +393,8 @@ def config_from_snapshot_settings(settings: Any) -> AllocatorConfig:
                 table[index] = value
         values["roundup_power2_divisions"] = tuple(table)
     gc = settings.get("garbage_collection_threshold")
-    if isinstance(gc, (int, float)) and 0.0 < gc < 1.0:
+    if isinstance(gc, (int, float)) and 0.0 <= gc < 1.0:
         values["garbage_collection_threshold"] = float(gc)
-    if settings.get("expandable_segments") is True:
-        values["expandable_segments"] = True
-    text = settings.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-    return AllocatorConfig(source=str(text), **values)
+    if isinstance(settings.get("expandable_segments"), bool):
+        values["expandable_segments"] = settings["expandable_segments"]
+    return dataclasses.replace(base, **values)

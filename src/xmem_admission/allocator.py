@@ -333,28 +333,50 @@ class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
         return block
 
     def _get_free_block(self, pool: BlockPool, rsize: int) -> Optional[Block]:
-        """``get_free_block``: best fit in the pool, or None."""
+        """``get_free_block``: take the best fit out of the pool, or None."""
         if self._gc:
             pool.kind.gc_calls += 1  # track block reuse interval only when GC is enabled
+        i = self._best_fit(pool, rsize)
+        if i < 0:
+            return None
+        key = pool.keys.pop(i)
+        return pool.blocks.pop(key)
+
+    def _best_fit(self, pool: BlockPool, rsize: int) -> int:
+        """Index in ``pool.keys`` of the block ``get_free_block`` would choose, or -1."""
         keys = pool.keys
         i = bisect_left(keys, rsize << SHIFT)
         if i == len(keys):
-            return None
-        key = keys[i]
-        block = pool.blocks[key]
-        if block.exp is not None:
-            i, block = self._expandable_best_fit(pool, i, block)
-            key = keys[i]
+            return -1
+        if pool.blocks[keys[i]].exp is not None:
+            i = self._expandable_best_fit(pool, i, pool.blocks[keys[i]])[0]
         mss = self._mss
-        bsize = key >> SHIFT
+        bsize = keys[i] >> SHIFT
         if rsize < mss:
             if bsize >= mss:
-                return None  # do not hand an oversize block to a small-enough request
+                return -1  # do not hand an oversize block to a small-enough request
         elif bsize >= rsize + self.config.max_non_split_rounding_size:
-            return None  # oversize blocks may be rounded up only within the limit
-        del keys[i]
-        del pool.blocks[key]
-        return block
+            return -1  # oversize blocks may be rounded up only within the limit
+        return i
+
+    def peek_free_block(self, size: int, stream: int = 0) -> Optional[Block]:
+        """The cached block ``malloc(size, stream)`` would reuse now, without taking it."""
+        rsize = self.round_size(size)
+        pool = self._pool_pair(stream)[0 if rsize <= kSmallSize else 1]
+        i = self._best_fit(pool, rsize)
+        return None if i < 0 else pool.blocks[pool.keys[i]]
+
+    def release_segment(self, addr: int) -> None:
+        """cudaFree the wholly free cached segment at ``addr`` now, unrecorded (replay hook)."""
+        head = self._segments.get(addr)
+        if head is None:
+            raise AllocatorStateError(f"no cudaMalloc'd segment at {addr:#x}")
+        hooks = self.on_segment_free
+        self.on_segment_free = None
+        try:
+            self._release_block(head)
+        finally:
+            self.on_segment_free = hooks
 
     def _malloc_new(self, pool: BlockPool, size: int, rsize: int) -> Block:
         """No cached block fits: GC, cudaMalloc and the release-and-retry chain, or OOM."""

@@ -30,10 +30,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
-from bisect import bisect_right, insort
+from bisect import bisect_left, bisect_right, insort
 from typing import Any, Dict, List, Optional, Tuple
 
-from xmem_admission.alloc_conf import config_from_snapshot_settings
+from xmem_admission.alloc_conf import AllocatorConfig, config_from_snapshot_settings
 from xmem_admission.allocator import CachingAllocator, kSmallSize
 from xmem_admission.errors import AllocatorStateError, SimulatedOutOfMemory, SnapshotError
 from xmem_admission.segments import DeviceAddressSpace
@@ -185,11 +185,15 @@ class _ReplayDevice(DeviceAddressSpace):
             super().free(addr, size)
 
 
-def replay_snapshot(data: Dict[str, Any]) -> ReplayReport:
-    """Replay every device's trace of a loaded snapshot and compare with the GPU's record."""
+def replay_snapshot(data: Dict[str, Any], config: Optional[AllocatorConfig] = None) -> ReplayReport:
+    """Replay every device's trace of a loaded snapshot and compare with the GPU's record.
+
+    ``config`` overrides the allocator settings the snapshot recorded (to test a rule).
+    """
     report = ReplayReport()
     traces = data["device_traces"]
-    config = config_from_snapshot_settings(data.get("allocator_settings"))
+    if config is None:
+        config = config_from_snapshot_settings(data.get("allocator_settings"))
     if config.expandable_segments:
         raise SnapshotError("the snapshot uses expandable segments, whose replay is not "
                             "supported (their pages are mapped, not cudaMalloc'd)")
@@ -213,8 +217,9 @@ def _replay_device(segments: List[Dict[str, Any]], trace: List[Dict[str, Any]], 
     created: Dict[int, int] = {}
     freed_before_created: List[Tuple[int, int, int]] = []
     trace_live: set = set()
-    freed_preexisting: Dict[int, Tuple[int, int]] = {}
-    for entry in trace:
+    freed_preexisting: Dict[int, Tuple[int, int]] = {}  # address -> (requested, event index)
+    trace_allocs: List[Tuple[int, int]] = []  # (address, event index) of every alloc
+    for index, entry in enumerate(trace):
         action, addr = entry["action"], entry.get("addr", 0)
         if action == "segment_alloc":
             created[addr] = entry.get("size", 0)
@@ -223,11 +228,13 @@ def _replay_device(segments: List[Dict[str, Any]], trace: List[Dict[str, Any]], 
                 freed_before_created.append((addr, entry.get("size", 0), entry.get("stream", 0)))
         elif action == "alloc":
             trace_live.add(addr)
+            trace_allocs.append((addr, index))
         elif action in _FREE_ACTIONS:
             if addr in trace_live:
                 trace_live.discard(addr)
             elif addr not in freed_preexisting:
-                freed_preexisting[addr] = (entry.get("size", 0), entry.get("stream", 0))
+                freed_preexisting[addr] = (entry.get("size", 0), index)
+    trace_allocs.sort()
     initial: List[Tuple[int, int, int, bool]] = [
         (s["address"], s["total_size"], s.get("stream", 0), s.get("segment_type") == "small")
         for s in segments if s["address"] not in created]
@@ -244,7 +251,7 @@ def _replay_device(segments: List[Dict[str, Any]], trace: List[Dict[str, Any]], 
     device_mem = _ReplayDevice(max(DeviceAddressSpace.BASE, highest + (1 << 30)))
     alloc = CachingAllocator(config, device=device_mem)
     live = _restore(alloc, device_mem, initial, dump_blocks, trace_live, freed_preexisting,
-                    report)
+                    trace_allocs, report)
     _replay_events(alloc, device_mem, trace, live, sum(s[1] for s in initial), report)
     report.reserved_expected_bytes += sum(s["total_size"] for s in segments)
     report.reserved_simulated_bytes += alloc.reserved_bytes
@@ -255,7 +262,7 @@ def _replay_device(segments: List[Dict[str, Any]], trace: List[Dict[str, Any]], 
 def _restore(alloc: CachingAllocator, device_mem: _ReplayDevice,
              initial: List[Tuple[int, int, int, bool]], dump_blocks: Dict[int, Dict[str, Any]],
              trace_live: set, freed_preexisting: Dict[int, Tuple[int, int]],
-             report: ReplayReport) -> Dict[int, Any]:
+             trace_allocs: List[Tuple[int, int]], report: ReplayReport) -> Dict[int, Any]:
     """Rebuild the pre-trace segments; returns address -> simulated block of live blocks."""
     starts = [a for a, _, _, _ in initial]
     per_segment: Dict[int, List[Tuple[int, Optional[int], int]]] = {a: [] for a in starts}
@@ -270,7 +277,7 @@ def _restore(alloc: CachingAllocator, device_mem: _ReplayDevice,
         seg = owner(addr)
         if seg is not None and addr not in trace_live and addr not in freed_preexisting:
             per_segment[seg].append((addr, block["size"], block.get("requested_size", 0)))
-    for addr, (requested, _stream) in freed_preexisting.items():
+    for addr, (requested, _index) in freed_preexisting.items():
         seg = owner(addr)
         if seg is None:
             report.note(f"free of {addr:#x}, which lies in no segment that existed before "
@@ -284,7 +291,13 @@ def _restore(alloc: CachingAllocator, device_mem: _ReplayDevice,
         for i, (addr, size, requested) in enumerate(blocks):
             if size is None:
                 limit = blocks[i + 1][0] if i + 1 < len(blocks) else seg_addr + seg_size
-                size = _infer_block_size(alloc, requested, limit - addr, is_small)
+                rounded = alloc.round_size(requested)
+                # The first allocation into the gap before this block is freed starts where
+                # the free space after it starts: the block's true end.
+                evidence = _first_alloc_between(trace_allocs, addr + rounded, limit,
+                                                freed_preexisting[addr][1])
+                size = _infer_block_size(alloc, rounded, limit - addr, is_small,
+                                         None if evidence is None else evidence - addr)
             resolved.append((addr, size, requested))
         try:
             restored = alloc.restore_segment(seg_addr, seg_size, stream, is_small, resolved)
@@ -296,15 +309,33 @@ def _restore(alloc: CachingAllocator, device_mem: _ReplayDevice,
     return live
 
 
-def _infer_block_size(alloc: CachingAllocator, requested: int, room: int,
-                      is_small: bool) -> int:
-    """The size of a block known only by its request, ``room`` bytes before its neighbour."""
-    size = alloc.round_size(requested)
+def _first_alloc_between(trace_allocs: List[Tuple[int, int]], start: int, end: int,
+                         before: int) -> Optional[int]:
+    """Address of the earliest trace alloc (event index < ``before``) in [start, end)."""
+    i = bisect_left(trace_allocs, (start, -1))
+    best: Optional[Tuple[int, int]] = None
+    while i < len(trace_allocs) and trace_allocs[i][0] < end:
+        addr, index = trace_allocs[i]
+        if index < before and (best is None or index < best[1]):
+            best = (addr, index)
+        i += 1
+    return None if best is None else best[0]
+
+
+def _infer_block_size(alloc: CachingAllocator, size: int, room: int, is_small: bool,
+                      evidence: Optional[int]) -> int:
+    """The size of a block known by its rounded request ``size``, ``room`` bytes from its
+    start to the next known block; ``evidence``: where the free space after it began, if an
+    allocation landed there first."""
     if size >= room:
         return room
     if is_small:
         return size  # small-pool blocks split whenever >= 512 bytes remain
-    if size >= alloc.config.max_split_size or room - size <= kSmallSize:
+    if size >= alloc.config.max_split_size:
+        return room  # oversize blocks are never split
+    if evidence is not None and 0 <= evidence - size <= kSmallSize:
+        return evidence  # an unsplit remainder of at most 1 MiB, then free space
+    if room - size <= kSmallSize:
         return room  # should_split could not have split the rest off
     return size
 
@@ -318,6 +349,8 @@ def _replay_events(alloc: CachingAllocator, device_mem: _ReplayDevice,
     alloc.on_segment_free = lambda a, s, _st: released.append((a, s))
     pending_alloc: Optional[Tuple[int, int]] = None
     pending_frees: List[Tuple[int, int]] = []
+    implied: Optional[Tuple[int, int]] = None  # a segment_alloc the ring buffer cut off
+    first_request = True
 
     def flush_empty_cache() -> None:
         released.clear()
@@ -338,15 +371,25 @@ def _replay_events(alloc: CachingAllocator, device_mem: _ReplayDevice,
             reserved -= size
             continue
         if action in ("alloc", "oom"):
-            if pending_frees and pending_alloc is None and action == "alloc":
+            # Releases right before a request: an empty_cache() call, or cudaMalloc failing
+            # for this request (release steps, then retry). The trace shows both the same
+            # way; the failure chain runs only after the cache had no block for the request,
+            # while empty_cache frees every wholly free segment, so: the set released decides.
+            if pending_frees and set(pending_frees) == _releasable(alloc):
                 flush_empty_cache()
+            if first_request and pending_alloc is None and action == "alloc":
+                implied = _cut_off_segment(alloc, addr, size, stream)
+                pending_alloc = implied
+            first_request = False
             expect_oom = action == "oom"
             if expect_oom:
                 report.ooms_expected += 1
-                alloc.capacity_bytes = reserved + addr  # oom's addr field: device free bytes
+                # PyTorch stores the device's free bytes under "device_free" for an oom entry
+                free = entry.get("device_free", addr)
+                alloc.capacity_bytes = reserved + (free if _is_int(free) else 0)
             elif pending_frees:
                 alloc.capacity_bytes = reserved  # cudaMalloc failed until the frees were done
-            if pending_alloc is not None:
+            if pending_alloc is not None and implied is None:
                 report.segment_allocs_expected += 1
             device_mem.expect = pending_alloc
             created.clear()
@@ -357,6 +400,13 @@ def _replay_events(alloc: CachingAllocator, device_mem: _ReplayDevice,
                 block = None
             alloc.capacity_bytes = None
             device_mem.expect = None
+            if implied is not None:
+                if created != [implied]:
+                    report.note(f"event {index}: the request that opens the trace did not get "
+                                f"the segment it must have been given")
+                    report.segment_allocs_extra += 1
+                created.clear()
+                pending_alloc = implied = None
             _compare_request(index, entry, block, pending_alloc, created, report)
             if pending_frees:
                 _compare_frees(pending_frees, released, f"event {index}", report)
@@ -373,6 +423,7 @@ def _replay_events(alloc: CachingAllocator, device_mem: _ReplayDevice,
         if pending_frees:
             flush_empty_cache()
         if action in _FREE_ACTIONS:
+            first_request = False
             block = live.pop(addr, None)
             if block is None:
                 report.note(f"event {index}: free of {addr:#x}, which the replay does not hold")
@@ -380,6 +431,27 @@ def _replay_events(alloc: CachingAllocator, device_mem: _ReplayDevice,
                 alloc.free(block)
     if pending_frees:
         flush_empty_cache()
+
+
+def _cut_off_segment(alloc: CachingAllocator, addr: int, size: int,
+                     stream: int) -> Optional[Tuple[int, int]]:
+    """The trace's first request landed at the start of a wholly free segment that best fit
+    would not have chosen: the segment was cudaMalloc'd for it just before the ring buffer's
+    first entry. Un-restore it and return (address, size) to hand out again, else None."""
+    head = alloc._segments.get(addr)
+    if head is None or head.allocated or head.next is not None:
+        return None
+    if alloc.peek_free_block(size, stream) is head:
+        return None
+    segment = (addr, head.size)
+    alloc.release_segment(addr)
+    return segment
+
+
+def _releasable(alloc: CachingAllocator) -> set:
+    """(address, size) of every segment empty_cache would release now (wholly free ones)."""
+    return {(seg["address"], seg["total_size"]) for seg in alloc.segments()
+            if len(seg["blocks"]) == 1 and seg["allocated_size"] == 0 and not seg["is_expandable"]}
 
 
 def _compare_request(index: int, entry: Dict[str, Any], block: Any,

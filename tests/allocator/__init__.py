@@ -1,0 +1,1 @@
+"""Tests of the caching-allocator simulator, its configuration parser and snapshot replays."""
