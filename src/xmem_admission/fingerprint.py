@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, Iterable, List, Mapping, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
+
+import orjson
 
 from xmem_admission.resources import gpu_containers
 
@@ -39,14 +41,12 @@ IGNORED_ENV = frozenset(
 
 
 def _env(container: Mapping[str, Any]) -> List[List[Any]]:
-    out: List[List[Any]] = []
-    for item in container.get("env") or []:
-        if not isinstance(item, dict) or item.get("name") in IGNORED_ENV:
-            continue
-        if "valueFrom" in item:
-            out.append([item.get("name"), "from", item.get("valueFrom")])
-        else:
-            out.append([item.get("name"), "=", item.get("value", "")])
+    out = [
+        [item.get("name"), "from", item["valueFrom"]] if "valueFrom" in item
+        else [item.get("name"), "=", item.get("value", "")]
+        for item in container.get("env") or ()
+        if isinstance(item, dict) and item.get("name") not in IGNORED_ENV
+    ]
     out.sort(key=lambda entry: str(entry[0]))
     return out
 
@@ -68,13 +68,21 @@ def of_templates(templates: Sequence[Mapping[str, Any]], gpu_models: Iterable[st
 
     A bare Pod is its own single template (it has ``metadata`` and ``spec`` too).
     """
+    return of_containers([list(gpu_containers(t)) for t in templates], gpu_models)
+
+
+def of_containers(
+    templates: Sequence[Sequence[Tuple[int, Mapping[str, Any], int]]], gpu_models: Iterable[str]
+) -> str:
+    """The same digest from each template's GPU containers as ``resources.gpu_containers`` gives
+    them (the webhook has them at hand already)."""
     document = {
         "v": VERSION,
         "gpus": sorted(set(gpu_models)),
-        "templates": [
-            [_container(container, count) for _, container, count in gpu_containers(template)]
-            for template in templates
-        ],
+        "templates": [[_container(c, count) for _, c, count in group] for group in templates],
     }
-    text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
+    try:
+        text = orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # an integer beyond 64 bits somewhere in a valueFrom: slower, same rules
+        text = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(text).hexdigest()[:DIGEST_CHARS]

@@ -60,6 +60,8 @@ def parse(value: QuantityLike) -> Fraction:
 
 def parse_count(value: QuantityLike) -> int:
     """A whole, non-negative count such as an extended resource (``nvidia.com/gpu: 2``)."""
+    if isinstance(value, str) and value.isdigit() and value.isascii():
+        return int(value)  # the usual "1", "8000": no need for the full grammar
     exact = parse(value)
     if exact.denominator != 1 or exact < 0:
         raise QuantityError(f"{value!r} is not a whole non-negative number")

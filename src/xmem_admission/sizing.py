@@ -20,6 +20,7 @@ workload pins one with ``xmem.io/gpu-model``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -28,7 +29,7 @@ from typing import Dict, List, Optional
 from xmem_admission import gpus, labels
 from xmem_admission.errors import UnknownGPUError
 from xmem_admission.policy import Settings, Target
-from xmem_admission.quantity import GiB, ceil_div, gib
+from xmem_admission.quantity import ceil_div, gib
 from xmem_admission.store import EstimateRecord
 
 
@@ -49,7 +50,9 @@ class Plan:
         }
 
 
+@functools.lru_cache(maxsize=256)
 def _percent(value: float) -> Fraction:
+    """A policy percentage as an exact fraction (cached: policies have a handful of them)."""
     return Fraction(value).limit_denominator(10_000) / 100
 
 
@@ -144,6 +147,6 @@ def short_misfit(record: EstimateRecord, settings: Settings) -> str:
 
 
 __all__ = [
-    "GiB", "Plan", "covered", "fits", "floor_bytes", "misfit", "pinned_gpu", "plan",
+    "Plan", "covered", "fits", "floor_bytes", "misfit", "pinned_gpu", "plan",
     "short_misfit", "size_request",
 ]

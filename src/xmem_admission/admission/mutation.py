@@ -154,13 +154,20 @@ def hold(draft: Draft, integration: Integration, obj: Mapping[str, Any], ctx: Co
 
 
 def mutate(
-    integration: Integration, obj: Dict[str, Any], ctx: Context
+    integration: Integration,
+    obj: Dict[str, Any],
+    ctx: Context,
+    templates: Optional[List[GpuTemplate]] = None,
 ) -> Tuple[Dict[str, Any], Outcome]:
-    """The mutated object (``obj`` itself when nothing changes) and what was decided."""
+    """The mutated object (``obj`` itself when nothing changes) and what was decided.
+
+    ``templates`` is ``gpu_templates(integration, obj)`` when the caller has it already.
+    """
     outcome = Outcome()
     if ctx.operation != "CREATE":
         return obj, outcome
-    templates = gpu_templates(integration, obj)
+    if templates is None:
+        templates = gpu_templates(integration, obj)
     if not templates:
         return obj, outcome
     draft = Draft(obj)

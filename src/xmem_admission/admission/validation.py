@@ -82,11 +82,17 @@ def _request_violations(template: GpuTemplate, plan: Plan, ctx: Context) -> List
     return found
 
 
-def validate(integration: Integration, obj: Mapping[str, Any], ctx: Context) -> List[Violation]:
+def validate(
+    integration: Integration,
+    obj: Mapping[str, Any],
+    ctx: Context,
+    templates: Optional[List[GpuTemplate]] = None,
+) -> List[Violation]:
     """Every violation of the policy by this object (empty: nothing to refuse)."""
     if ctx.operation not in ("CREATE", "UPDATE"):
         return []
-    templates = gpu_templates(integration, obj)
+    if templates is None:
+        templates = gpu_templates(integration, obj)
     if not templates:
         return []
     found: List[Violation] = []

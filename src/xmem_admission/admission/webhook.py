@@ -29,11 +29,11 @@ import enum
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 from xmem_admission import fingerprint, integrations, labels
 from xmem_admission.admission import request, response
-from xmem_admission.admission.mutation import Context, gpu_templates, mutate
+from xmem_admission.admission.mutation import Context, GpuTemplate, mutate
 from xmem_admission.admission.request import Request
 from xmem_admission.admission.response import Decision, Verdict
 from xmem_admission.admission.validation import validate
@@ -42,6 +42,7 @@ from xmem_admission.integrations.base import Integration
 from xmem_admission.metrics import AdmissionMetrics
 from xmem_admission.patch import diff
 from xmem_admission.policy import Settings
+from xmem_admission.resources import gpu_containers
 from xmem_admission.sizing import covered
 from xmem_admission.sources import PolicySource
 from xmem_admission.store import EstimateRecord, EstimateStore, WorkloadRef
@@ -140,14 +141,17 @@ class Webhook:
         settings = policy.for_namespace(req.namespace)
         if not settings.enabled:
             return Verdict(Decision.ALLOWED)
-        templates = gpu_templates(integration, obj)
+        refs = integration.pod_templates(obj)
+        groups = [list(gpu_containers(ref.template)) for ref in refs]
+        templates = [(ref, group) for ref, group in zip(refs, groups) if group]
         if not templates:
             return Verdict(Decision.ALLOWED)
-        fp, record = self._lookup(integration, obj, settings, templates, endpoint)
+        fp = fingerprint.of_containers(groups, settings.gpu_keys)
+        record = self._lookup(fp, settings, templates, endpoint)
         ctx = Context(req.operation, req.namespace, settings, fp, record, self.clock())
         if endpoint is Endpoint.MUTATE:
-            return self._mutate(req, integration, obj, ctx)
-        violations = validate(integration, obj, ctx)
+            return self._mutate(req, integration, obj, ctx, templates)
+        violations = validate(integration, obj, ctx, templates)
         if not violations:
             return Verdict(Decision.ALLOWED)
         if settings.enforcing:
@@ -155,15 +159,8 @@ class Webhook:
         return Verdict(Decision.ALLOWED, warnings=[f"xmem: {v}" for v in violations])
 
     def _lookup(
-        self,
-        integration: Integration,
-        obj: Dict[str, Any],
-        settings: Settings,
-        templates: Any,
-        endpoint: Endpoint,
-    ) -> Tuple[str, Optional[EstimateRecord]]:
-        refs = integration.pod_templates(obj)
-        fp = fingerprint.of_templates([ref.template for ref in refs], settings.gpu_keys)
+        self, fp: str, settings: Settings, templates: List[GpuTemplate], endpoint: Endpoint
+    ) -> Optional[EstimateRecord]:
         sized = all(
             all(k in ((ref.template.get("metadata") or {}).get("annotations") or {})
                 for k in (labels.REQUEST_BYTES, labels.ESTIMATE_BYTES))
@@ -173,17 +170,22 @@ class Webhook:
             # Every GPU template carries its sizing (the Pod CREATE of a released workload): the
             # mutation needs no lookup. Validation always looks, so a hand-written estimate
             # annotation cannot stand in for the recorded one.
-            return fp, None
+            return None
         record = self.store.get(fp)
         self.metrics.cache.labels("hit" if record is not None else "miss").inc()
         if record is not None and not covered(record, settings):
-            record = None
-        return fp, record
+            return None
+        return record
 
     def _mutate(
-        self, req: Request, integration: Integration, obj: Dict[str, Any], ctx: Context
+        self,
+        req: Request,
+        integration: Integration,
+        obj: Dict[str, Any],
+        ctx: Context,
+        templates: List[GpuTemplate],
     ) -> Verdict:
-        after, outcome = mutate(integration, obj, ctx)
+        after, outcome = mutate(integration, obj, ctx, templates)
         if outcome.decision is Decision.DENIED:
             return Verdict.deny(outcome.message, outcome.warnings)
         ops = diff(obj, after)
