@@ -298,36 +298,8 @@ class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
         block.allocated = True
         block.requested = size
         # allocation, allocated_bytes (and so active*), requested_bytes: increase_stat.
-        v = kind.alloc_n + 1
-        kind.alloc_n = v
-        kind.alloc_n_total += 1
-        if v > kind.alloc_n_peak:
-            kind.alloc_n_peak = v
-        v = kind.alloc_b + bsize
-        kind.alloc_b = v
-        kind.alloc_b_total += bsize
-        if v > kind.alloc_b_peak:
-            kind.alloc_b_peak = v
-        v = kind.req_b + size
-        kind.req_b = v
-        kind.req_b_total += size
-        if v > kind.req_b_peak:
-            kind.req_b_peak = v
-        v = agg.alloc_n + 1
-        agg.alloc_n = v
-        agg.alloc_n_total += 1
-        if v > agg.alloc_n_peak:
-            agg.alloc_n_peak = v
-        v = agg.alloc_b + bsize
-        agg.alloc_b = v
-        agg.alloc_b_total += bsize
-        if v > agg.alloc_b_peak:
-            agg.alloc_b_peak = v
-        v = agg.req_b + size
-        agg.req_b = v
-        agg.req_b_total += size
-        if v > agg.req_b_peak:
-            agg.req_b_peak = v
+        kind.add_allocation(bsize, size)
+        agg.add_allocation(bsize, size)
         if bsize >= self._mss:
             self.oversize_allocations.increase()
         return block
@@ -432,14 +404,8 @@ class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
             raise AllocatorStateError(f"free of {block!r}, which is not allocated (double free?)")
         block.allocated = False
         size = block.size
-        kind = block.pool.kind.counters
-        agg = self._all
-        kind.alloc_n -= 1
-        kind.alloc_b -= size
-        kind.req_b -= block.requested
-        agg.alloc_n -= 1
-        agg.alloc_b -= size
-        agg.req_b -= block.requested
+        block.pool.kind.counters.drop_allocation(size, block.requested)
+        self._all.drop_allocation(size, block.requested)
         if size >= self._mss:
             self.oversize_allocations.current -= 1
         self._free_block(block)
@@ -447,29 +413,11 @@ class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
     def _free_block(self, block: Block) -> None:
         """``free_block``: merge with free neighbours (keeping the lower object) and cache."""
         pool = block.pool
-        mapped = block.mapped
-        net_n = net_b = 0
-        prev = block.prev
-        if prev is not None and not prev.allocated and prev.mapped == mapped:
-            pool.discard(prev)
-            net_n -= 1
-            net_b -= prev.size
-            prev.size += block.size
-            nxt = prev.next = block.next
-            if nxt is not None:
-                nxt.prev = prev
-            block = prev
-        nxt = block.next
-        if nxt is not None and not nxt.allocated and nxt.mapped == mapped:
-            pool.discard(nxt)
-            net_n -= 1
-            net_b -= nxt.size
-            block.size += nxt.size
-            after = block.next = nxt.next
-            if after is not None:
-                after.prev = block
+        block, merged, merged_bytes = merge_neighbours(block, pool, block.mapped)
         pool.add(block)
         if block.exp is None:
+            # inactive_split: each subsumed split block goes, the merged one counts if split.
+            net_n, net_b = -merged, -merged_bytes
             if block.prev is not None or block.next is not None:
                 net_n += 1
                 net_b += block.size
@@ -499,6 +447,38 @@ class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
     def check_invariants(self) -> None:
         """Raise AssertionError if the allocator's books do not balance (tests, debugging)."""
         check_invariants(self)
+
+def merge_neighbours(block: Block, pool: BlockPool, mapped: bool) -> Tuple[Block, int, int]:
+    """``try_merge_blocks`` with the previous, then the next block, when free and in the given
+    mapped state. Keeps the lower object (a segment's head never changes). Returns the merged
+    block, how many blocks it subsumed and their bytes. The merged block is in no index."""
+    merged = merged_bytes = 0
+    prev = block.prev
+    if prev is not None and not prev.allocated and prev.mapped == mapped:
+        if mapped:
+            pool.discard(prev)
+        else:
+            del pool.unmapped[prev.addr]
+        merged, merged_bytes = 1, prev.size
+        prev.size += block.size
+        nxt = prev.next = block.next
+        if nxt is not None:
+            nxt.prev = prev
+        block = prev
+    nxt = block.next
+    if nxt is not None and not nxt.allocated and nxt.mapped == mapped:
+        if mapped:
+            pool.discard(nxt)
+        else:
+            del pool.unmapped[nxt.addr]
+        merged += 1
+        merged_bytes += nxt.size
+        block.size += nxt.size
+        after = block.next = nxt.next
+        if after is not None:
+            after.prev = block
+    return block, merged, merged_bytes
+
 
 def _roundup_power2_next_division(size: int, divisions: int) -> int:
     """``roundup_power2_next_division``: next of ``divisions`` equal steps between powers of 2.

@@ -43,8 +43,29 @@ class Counters:
         for name in self.__slots__:
             setattr(self, name, 0)
 
-    # The rarely-hit statistics go through these helpers; allocation, allocated and
-    # requested bytes are updated inline by the allocator.
+    def add_allocation(self, nbytes: int, requested: int) -> None:
+        """A block of ``nbytes`` handed out for a request of ``requested`` bytes."""
+        v = self.alloc_n + 1
+        self.alloc_n = v
+        self.alloc_n_total += 1
+        if v > self.alloc_n_peak:
+            self.alloc_n_peak = v
+        v = self.alloc_b + nbytes
+        self.alloc_b = v
+        self.alloc_b_total += nbytes
+        if v > self.alloc_b_peak:
+            self.alloc_b_peak = v
+        v = self.req_b + requested
+        self.req_b = v
+        self.req_b_total += requested
+        if v > self.req_b_peak:
+            self.req_b_peak = v
+
+    def drop_allocation(self, nbytes: int, requested: int) -> None:
+        self.alloc_n -= 1
+        self.alloc_b -= nbytes
+        self.req_b -= requested
+
     def add_segment(self, nbytes: int) -> None:
         n = self.seg_n + 1
         self.seg_n = n

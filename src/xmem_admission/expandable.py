@@ -103,7 +103,7 @@ class ExpandableSegmentsMixin:
         Returns the (possibly merged) free mapped block, or None when the pages cannot be
         created (physical memory exhausted: cuMemCreate fails, nothing is mapped).
         """
-        from xmem_admission.allocator import Block
+        from xmem_admission.allocator import Block, merge_neighbours
 
         es = to_map.exp
         page = es.page
@@ -127,7 +127,7 @@ class ExpandableSegmentsMixin:
             to_map.next = rest
             pool.unmapped[rest.addr] = rest
             to_map.size = nbytes
-        block = _merge_neighbours(to_map, pool, mapped=True)
+        block = merge_neighbours(to_map, pool, True)[0]
         pool.add(block)
         self.total_reserved += nbytes
         es.mapped_bytes += nbytes
@@ -157,7 +157,7 @@ class ExpandableSegmentsMixin:
     # -- giving memory back ---------------------------------------------------------------
     def _unmap_block(self, block: Block) -> Optional[Block]:
         """``unmap_block``: unmap the whole pages inside a free block; the unmapped block."""
-        from xmem_admission.allocator import Block
+        from xmem_admission.allocator import Block, merge_neighbours
 
         es = block.exp
         page = es.page
@@ -191,7 +191,7 @@ class ExpandableSegmentsMixin:
                 hole.next.prev = tail
             hole.next = tail
             pool.add(tail)
-        hole = _merge_neighbours(hole, pool, mapped=False)
+        hole = merge_neighbours(hole, pool, False)[0]
         pool.unmapped[hole.addr] = hole
         self.total_reserved -= nbytes
         es.mapped_bytes -= nbytes
@@ -213,28 +213,3 @@ class ExpandableSegmentsMixin:
             self._exp_segments.remove(es)
             self.device.unreserve(es.base, es.size)
 
-
-def _merge_neighbours(block: Block, pool: BlockPool, mapped: bool) -> Block:
-    """``try_merge_blocks`` with both neighbours in the given mapped state; keeps the lower."""
-    prev = block.prev
-    if prev is not None and not prev.allocated and prev.mapped == mapped:
-        if mapped:
-            pool.discard(prev)
-        else:
-            del pool.unmapped[prev.addr]
-        prev.size += block.size
-        prev.next = block.next
-        if block.next is not None:
-            block.next.prev = prev
-        block = prev
-    nxt = block.next
-    if nxt is not None and not nxt.allocated and nxt.mapped == mapped:
-        if mapped:
-            pool.discard(nxt)
-        else:
-            del pool.unmapped[nxt.addr]
-        block.size += nxt.size
-        block.next = nxt.next
-        if nxt.next is not None:
-            nxt.next.prev = block
-    return block

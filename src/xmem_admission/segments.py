@@ -119,16 +119,8 @@ def restore_segment(alloc: CachingAllocator, addr: int, size: int, stream: int,
         block.allocated = True
         block.requested = requested
         allocated.append(block)
-        for c in (kind, alloc._all):
-            c.alloc_n += 1
-            c.alloc_n_total += 1
-            c.alloc_n_peak = max(c.alloc_n_peak, c.alloc_n)
-            c.alloc_b += b_size
-            c.alloc_b_total += b_size
-            c.alloc_b_peak = max(c.alloc_b_peak, c.alloc_b)
-            c.req_b += requested
-            c.req_b_total += requested
-            c.req_b_peak = max(c.req_b_peak, c.req_b)
+        kind.add_allocation(b_size, requested)
+        alloc._all.add_allocation(b_size, requested)
         if b_size >= alloc._mss:
             alloc.oversize_allocations.increase()
     return allocated
