@@ -36,8 +36,12 @@ class DeviceAddressSpace:
     allocator, not here. A replay substitutes an object returning the GPU's own addresses.
     """
 
+    # Where the three real snapshots' segments lie (0x7f1f... to 0x7f5c...: tests/data/
+    # snapshots); any base works, placement only compares addresses with each other.
     BASE = 0x7F00_0000_0000
-    ALIGN = 2 * 1024 * 1024  # cudaMalloc granularity for large ranges (2 MiB pages)
+    # Every segment size is a multiple of 2 MiB (kSmallBuffer, kRoundLarge) and the real
+    # snapshots' segment addresses are 2 MiB-aligned, so 2 MiB alignment mimics cudaMalloc.
+    ALIGN = 2 * 1024 * 1024
 
     def __init__(self, base: Optional[int] = None) -> None:
         self._top = self.BASE if base is None else base
