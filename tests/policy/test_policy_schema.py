@@ -1,0 +1,151 @@
+"""The policy: one schema for the YAML file and the GPUAdmissionPolicy object, strict parsing,
+per-namespace resolution."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.support.schemas import POLICY_CRD, ROOT, crd_schema, crd_validator, validate_custom
+from xmem_admission.errors import PolicyError
+from xmem_admission.policy import DEFAULTS, Estimation, FailureAction, Policy
+
+EXAMPLE = ROOT / "examples" / "policy.yaml"
+
+
+def example() -> Dict[str, Any]:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def test_the_example_policy_validates_against_the_crd_schema_and_parses() -> None:
+    obj = example()
+    validate_custom(obj, POLICY_CRD)
+    policy = Policy.from_file(str(EXAMPLE))
+    settings = policy.for_namespace("team-a")
+    assert [t.gpu.key for t in settings.targets] == ["A100-80GB", "H100-80GB"]
+    assert {t.backend.value for t in settings.targets} == {"hami"}
+    assert settings.on_failure is FailureAction.DEFAULT
+    assert settings.default_request_bytes == 40 << 30
+    assert policy.for_namespace("prod-eu").enforcing
+    assert policy.for_namespace("prod-eu").on_failure is FailureAction.HOLD
+    assert policy.for_namespace("sandbox").overcommit_percent == 10
+
+
+def test_the_crd_is_a_structural_schema_kubernetes_accepts() -> None:
+    """Every node has a type (or is int-or-string), and nothing sets additionalProperties: false."""
+
+    def walk(node: Dict[str, Any], path: str) -> None:
+        assert "additionalProperties" not in node or node["additionalProperties"] is not False, path
+        if not node.get("x-kubernetes-int-or-string"):
+            assert "type" in node, f"{path} has no type"
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{key}")
+        if "items" in node:
+            walk(node["items"], f"{path}[]")
+
+    walk(crd_schema(POLICY_CRD), "")
+    crd = yaml.safe_load(POLICY_CRD.read_text())
+    assert crd["spec"]["scope"] == "Cluster" and crd["spec"]["group"] == "xmem.io"
+    assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha1"]
+
+
+def test_the_crd_defaults_are_the_parser_defaults() -> None:
+    spec = crd_schema(POLICY_CRD)["properties"]["spec"]["properties"]
+    for key in ("enabled", "safetyMarginPercent", "overcommitPercent", "minimumRequest",
+                "granularity", "enforcement"):
+        assert spec[key]["default"] == DEFAULTS[key], key
+    assert spec["onEstimationFailure"]["properties"]["action"]["default"] == "Release"
+    estimation = spec["estimation"]["properties"]
+    assert estimation["steps"]["default"] == Estimation().steps
+    assert estimation["mode"]["default"] == Estimation().mode
+    assert estimation["activeDeadlineSeconds"]["default"] == Estimation().active_deadline_seconds
+    assert estimation["maxHoldSeconds"]["default"] == Estimation().max_hold_seconds
+
+
+def test_every_field_an_override_may_set_is_a_spec_field() -> None:
+    spec = crd_schema(POLICY_CRD)["properties"]["spec"]["properties"]
+    override = spec["overrides"]["items"]["properties"]
+    assert set(override) - {"namespaces"} == set(spec) - {"overrides"}
+
+
+def _with(path: str, value: Any) -> Dict[str, Any]:
+    obj = copy.deepcopy(example())
+    node = obj
+    parts = path.split(".")
+    for part in parts[:-1]:
+        node = node[int(part)] if part.isdigit() else node[part]
+    if value is KeyError:
+        del node[parts[-1]]
+    else:
+        node[int(parts[-1]) if parts[-1].isdigit() else parts[-1]] = value
+    return obj
+
+
+# (change, what the parser says, whether the CRD schema rejects it too)
+INVALID = [
+    ("spec.targets.0.backend", "hamii", "spec.targets[0].backend: 'hamii' is not one of", True),
+    ("spec.safetyMarginPercent", -1, "spec.safetyMarginPercent: must be at least 0", True),
+    ("spec.overcommitPercent", 100, "spec.overcommitPercent: must be at least 0 and below 100", True),
+    ("spec.granularity", "256 MB", "spec.granularity: '256 MB' is not a quantity", True),
+    ("spec.targets", KeyError, "spec.targets: is required", True),
+    ("spec.targets", [], "spec.targets: must be a non-empty list", True),
+    ("spec.enforcement", "Deny", "spec.enforcement: 'Deny' is not one of Warn, Enforce", True),
+    ("spec.colour", "blue", "spec: unknown field 'colour'", True),
+    ("spec.overrides.0.namespaces", KeyError, "spec.overrides[0].namespaces: must be a non-empty", True),
+    ("spec.overrides.1.granularity", "lots", "spec.overrides[1].granularity: 'lots' is not a quantity", True),
+    ("spec.estimation.mode", "guess", "spec.estimation.mode: 'guess' is not one of auto", True),
+    ("spec.onEstimationFailure.defaultRequest", KeyError, "action Default needs a defaultRequest", False),
+    ("spec.targets.0.gpu", "A100-90GB", "spec.targets[0].gpu: unknown GPU 'A100-90GB'", False),
+    ("spec.targets.1.gpu", "A100-80GB", "spec.targets[1].gpu: A100-80GB is listed twice", False),
+]
+
+
+@pytest.mark.parametrize("path, value, message, schema_rejects", INVALID)
+def test_an_invalid_policy_is_refused_with_the_field_named(
+    path: str, value: Any, message: str, schema_rejects: bool
+) -> None:
+    obj = _with(path, value)
+    with pytest.raises(PolicyError) as caught:
+        Policy.from_object(obj)
+    assert message in str(caught.value)
+    errors = list(crd_validator(str(POLICY_CRD)).iter_errors(obj))
+    assert bool(errors) is schema_rejects, [e.message for e in errors]
+
+
+def test_a_mig_backend_needs_a_gpu_with_mig() -> None:
+    with pytest.raises(PolicyError, match=r"spec.targets\[0\].backend: T4 has no MIG profiles"):
+        Policy.from_spec({"targets": [{"gpu": "T4", "backend": "mig-mixed"}]})
+
+
+def test_a_file_that_is_not_a_policy_says_what_it_expected(tmp_path: Any) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("apiVersion: v1\nkind: ConfigMap\n")
+    with pytest.raises(PolicyError, match="expected apiVersion xmem.io/v1alpha1 and kind GPUAdmissionPolicy"):
+        Policy.from_file(str(path))
+    path.write_text("a: [")
+    with pytest.raises(PolicyError, match="not valid YAML"):
+        Policy.from_file(str(path))
+    with pytest.raises(PolicyError, match="cannot read"):
+        Policy.from_file(str(tmp_path / "missing.yaml"))
+
+
+def test_the_first_matching_override_wins_and_others_keep_the_defaults() -> None:
+    policy = Policy.from_spec({
+        "targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+        "overrides": [
+            {"namespaces": ["team-*"], "safetyMarginPercent": 20},
+            {"namespaces": ["team-a"], "safetyMarginPercent": 50, "enforcement": "Enforce"},
+        ],
+    })
+    assert policy.for_namespace("team-a").safety_margin_percent == 20
+    assert not policy.for_namespace("team-a").enforcing
+    assert policy.for_namespace("other").safety_margin_percent == 5
+
+
+def test_the_schema_the_tests_use_is_strict_about_unknown_fields() -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        crd_validator(str(POLICY_CRD)).validate(_with("spec.targets.0.colour", "blue"))
