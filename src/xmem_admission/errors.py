@@ -129,6 +129,18 @@ class RunsFileError(XmemError):
     """Raised when a benchmark runs file (xMem paper format) has a malformed row."""
 
 
+class TerminationMessageError(XmemError):
+    """Raised when an estimation pod's termination message is missing, malformed or too large."""
+
+
+class BundleError(XmemError):
+    """Raised when the probe bundle cannot be built (unwritable target, a module outside the bundle)."""
+
+
+class ControllerError(XmemError):
+    """Raised when ``xmem controller`` cannot start: no cluster credentials, no policy, bad flags."""
+
+
 class ApiStatusError(Exception):
     """Raised inside the stand-in API server (``xmem_admission.testing``) to answer with a Status."""
 
