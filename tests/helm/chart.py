@@ -96,7 +96,7 @@ def values_file(values: Dict[str, Any], directory: Path, name: str = "values") -
     return path
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render_cached(values_yaml: str, include_crds: bool, namespace: str) -> Tuple[str, ...]:
     import tempfile
 

@@ -1,0 +1,154 @@
+"""RBAC and pod security: each component gets only what its job needs, and runs as nobody."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Set, Tuple
+
+from tests.helm.chart import NAMESPACE, RELEASE, VALUE_SETS, find, one, render
+
+WEBHOOK_SA = f"{RELEASE}-xmem-admission-webhook"
+CONTROLLER_SA = f"{RELEASE}-xmem-admission-controller"
+CERTGEN_SA = f"{RELEASE}-xmem-admission-certgen"
+READ = {"get", "list", "watch"}
+
+
+def _rules_of(objects: List[Dict[str, Any]], account: str) -> List[Tuple[str, Dict[str, Any]]]:
+    """(scope, rule) for every rule bound to a ServiceAccount, scope '' for cluster-wide."""
+    roles = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+             for o in objects if o["kind"] in ("Role", "ClusterRole")}
+    out = []
+    for binding in find(objects, "RoleBinding") + find(objects, "ClusterRoleBinding"):
+        subjects = binding.get("subjects", [])
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == account
+                   and s["namespace"] == NAMESPACE for s in subjects):
+            continue
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace", "") if ref["kind"] == "Role" else ""
+        role = roles[(ref["kind"], namespace, ref["name"])]
+        scope = namespace if binding["kind"] == "RoleBinding" else ""
+        out.extend((scope, rule) for rule in role["rules"])
+    return out
+
+
+def _grants(rules) -> Set[Tuple[str, str, str, str]]:
+    return {(scope, group, resource, verb)
+            for scope, rule in rules for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+
+
+def test_no_rule_anywhere_uses_a_wildcard() -> None:
+    objects = render(VALUE_SETS["everything"])
+    for role in find(objects, "Role") + find(objects, "ClusterRole"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], (role["metadata"]["name"], rule)
+
+
+def test_the_webhook_only_reads_its_policy_and_the_recorded_estimates() -> None:
+    grants = _grants(_rules_of(render({}), WEBHOOK_SA))
+    assert grants == {("", "xmem.io", r, v) for r in ("gpuadmissionpolicies", "gpumemoryestimates")
+                      for v in READ}
+
+
+def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
+    grants = _grants(_rules_of(render({}), CONTROLLER_SA))
+    writes = {(s, g, r, v) for s, g, r, v in grants if v not in READ}
+    assert writes == {
+        ("", "batch", "jobs", "update"), ("", "batch", "jobs", "patch"),
+        ("", "kubeflow.org", "pytorchjobs", "update"), ("", "kubeflow.org", "pytorchjobs", "patch"),
+        ("", "", "pods", "create"), ("", "", "pods", "delete"),
+        ("", "", "events", "create"), ("", "", "events", "patch"),
+        ("", "events.k8s.io", "events", "create"), ("", "events.k8s.io", "events", "patch"),
+        ("", "xmem.io", "gpumemoryestimates", "create"),
+        ("", "xmem.io", "gpumemoryestimates", "update"),
+        ("", "xmem.io", "gpumemoryestimates", "patch"),
+        ("", "xmem.io", "gpumemoryestimates", "delete"),
+        ("", "xmem.io", "gpumemoryestimates/status", "update"),
+        ("", "xmem.io", "gpumemoryestimates/status", "patch"),
+        (NAMESPACE, "coordination.k8s.io", "leases", "create"),
+        (NAMESPACE, "coordination.k8s.io", "leases", "update"),
+        (NAMESPACE, "coordination.k8s.io", "leases", "patch"),
+    }
+    assert not any(r in ("secrets", "configmaps", "serviceaccounts", "nodes")
+                   for _, _, r, _ in grants)
+
+
+def test_the_lease_and_the_certgen_secrets_are_limited_by_name() -> None:
+    objects = render({})
+    for _scope, rule in _rules_of(objects, CONTROLLER_SA) + _rules_of(objects, CERTGEN_SA):
+        writes = set(rule["verbs"]) - {"create"}
+        touches = set(rule["resources"]) & {"leases", "secrets", "mutatingwebhookconfigurations",
+                                            "validatingwebhookconfigurations"}
+        if touches and writes:
+            assert rule.get("resourceNames"), rule
+
+
+def test_controller_permissions_follow_the_enabled_workload_kinds() -> None:
+    values = {"webhook": {"workloads": {"jobs": True, "pods": True, "pytorchJobs": False}}}
+    groups = {g for _, g, _, _ in _grants(_rules_of(render(values), CONTROLLER_SA))}
+    assert "kubeflow.org" not in groups
+    assert _rules_of(render(VALUE_SETS["minimal"]), CONTROLLER_SA) == []
+
+
+def test_every_pod_runs_as_non_root_with_a_read_only_root_filesystem() -> None:
+    objects = render(VALUE_SETS["everything"])
+    templates = [d["spec"]["template"] for d in find(objects, "Deployment") + find(objects, "Job")]
+    assert len(templates) == 4  # webhook, controller, certgen create and patch
+    for template in templates:
+        pod = template["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            security = container["securityContext"]
+            assert security["readOnlyRootFilesystem"] is True
+            assert security["allowPrivilegeEscalation"] is False
+            assert security["capabilities"]["drop"] == ["ALL"]
+            assert container["resources"]["requests"] and container["resources"]["limits"]
+            mounts = {m["mountPath"] for m in container["volumeMounts"]}
+            assert "/tmp" in mounts
+
+
+def test_the_webhook_is_highly_available_and_probed_on_the_plain_port() -> None:
+    objects = render({})
+    deployment = one(objects, "Deployment", WEBHOOK_SA)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert ports == {"https": 8443, "metrics": 8080}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["XMEM_CERT_FILE"] == "/etc/xmem/tls/tls.crt"
+    assert env["XMEM_PORT"] == "8443" and env["XMEM_METRICS_PORT"] == "8080"
+    pdb = one(objects, "PodDisruptionBudget", f"{RELEASE}-xmem-admission-webhook")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == \
+        deployment["spec"]["selector"]["matchLabels"]
+    # A single replica gets no PDB: minAvailable 1 would block every node drain.
+    assert find(render(VALUE_SETS["minimal"]), "PodDisruptionBudget") == []
+
+
+def test_the_serve_environment_variables_are_ones_xmem_serve_reads() -> None:
+    from xmem_admission.commands import serve
+
+    container = one(render({}), "Deployment", WEBHOOK_SA)["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["serve"]
+    known = set(serve.ENV.values())
+    assert {e["name"] for e in container["env"]} <= known
+
+
+def test_network_policies_open_only_the_admission_metrics_dns_and_api_ports() -> None:
+    objects = render(VALUE_SETS["everything"])
+    policies = {p["metadata"]["name"]: p["spec"] for p in find(objects, "NetworkPolicy")}
+    webhook = policies[f"{RELEASE}-xmem-admission-webhook"]
+    assert webhook["policyTypes"] == ["Ingress", "Egress"]
+    ingress_ports = [p["port"] for rule in webhook["ingress"] for p in rule["ports"]]
+    assert ingress_ports == [8443, 8080]
+    metrics_rule = webhook["ingress"][1]
+    assert metrics_rule["from"] == VALUE_SETS["everything"]["networkPolicy"]["metricsFrom"]
+    egress_ports = sorted({p["port"] for rule in webhook["egress"] for p in rule["ports"]})
+    assert egress_ports == [53, 443, 6443]
+    controller = policies[f"{RELEASE}-xmem-admission-controller"]
+    assert [p["port"] for rule in controller["ingress"] for p in rule["ports"]] == [8080]
