@@ -204,7 +204,6 @@ class ServerThread:
     def __init__(self, server: AdmissionServer):
         self.server = server
         self._thread = threading.Thread(target=run, args=(server,), name="xmem-serve", daemon=True)
-        self._ready = threading.Event()
 
     def start(self, timeout: float = 20.0) -> ServerThread:
         self._thread.start()

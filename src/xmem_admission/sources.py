@@ -34,20 +34,27 @@ class PolicySource(Protocol):
         """Why the last (re)load failed, or None."""
 
 
-class StaticPolicySource:
+class _Held:
+    """The part every source shares: the policy in force and the last load error."""
+
+    _policy: Optional[Policy] = None
+    _error: Optional[str] = None
+
+    def current(self) -> Optional[Policy]:
+        return self._policy
+
+    @property
+    def error(self) -> Optional[str]:
+        return self._error
+
+
+class StaticPolicySource(_Held):
     """A policy given once (tests, embedding)."""
 
     def __init__(self, policy: Policy):
         self._policy = policy
 
-    def current(self) -> Optional[Policy]:
-        return self._policy
-
     def refresh(self) -> None:
-        return None
-
-    @property
-    def error(self) -> Optional[str]:
         return None
 
 
@@ -56,7 +63,7 @@ def _stamp(path: str) -> Tuple[int, int, int]:
     return (info.st_mtime_ns, info.st_size, info.st_ino)
 
 
-class FilePolicySource:
+class FilePolicySource(_Held):
     """A ``GPUAdmissionPolicy`` in a YAML file, reloaded when the file changes."""
 
     def __init__(self, path: str, on_error: Optional[ErrorHook] = None):
@@ -65,13 +72,6 @@ class FilePolicySource:
         self._error: Optional[str] = None
         self._stamp = _stamp_or_none(path)
         self._policy = Policy.from_file(path)  # a bad file at startup is a startup error
-
-    def current(self) -> Optional[Policy]:
-        return self._policy
-
-    @property
-    def error(self) -> Optional[str]:
-        return self._error
 
     def refresh(self) -> None:
         stamp = _stamp_or_none(self.path)
@@ -96,7 +96,7 @@ def _stamp_or_none(path: str) -> Optional[Tuple[int, int, int]]:
         return None
 
 
-class ClusterPolicySource:
+class ClusterPolicySource(_Held):
     """The cluster-scoped ``GPUAdmissionPolicy`` named ``name``, read with the official client.
 
     ``api_client`` is a ``kubernetes.client.ApiClient`` (in-cluster or kubeconfig credentials).
@@ -113,13 +113,6 @@ class ClusterPolicySource:
         self._policy: Optional[Policy] = None
         self._version: Optional[str] = None
         self._error: Optional[str] = "not loaded yet"
-
-    def current(self) -> Optional[Policy]:
-        return self._policy
-
-    @property
-    def error(self) -> Optional[str]:
-        return self._error
 
     def refresh(self) -> None:
         from kubernetes.client.exceptions import ApiException

@@ -185,3 +185,22 @@ def test_cpu_sidecars_keep_their_resources_and_gpu_sidecars_get_a_request(served
     assert containers[0]["resources"]["limits"]["nvidia.com/gpumem"] == "12800"
     assert "resources" not in containers[1]
     assert containers[2]["resources"]["limits"]["nvidia.com/gpumem"] == "12800"
+
+
+def test_the_schema_checks_used_here_reject_what_the_api_server_would() -> None:
+    from tests.support.schemas import validate_builtin, validate_pytorchjob
+
+    bad_job = make_job("bad").gpus(1).field(("spec", "suspend"), "yes").obj()
+    with pytest.raises(AssertionError, match="Kubernetes 1.30 rejects this Job: spec.suspend"):
+        validate_builtin(bad_job)
+    typo = make_job("typo").gpus(1).field(("spec", "template", "spec", "nodeSelecter"), {}).obj()
+    with pytest.raises(AssertionError, match="rejects this Job"):
+        validate_builtin(typo)
+    bad_ptj = make_pytorchjob("bad").gpus(1).suspended().obj()
+    bad_ptj["spec"]["runPolicy"]["suspend"] = "yes"
+    with pytest.raises(AssertionError, match="rejects this PyTorchJob: spec.runPolicy.suspend"):
+        validate_pytorchjob(bad_ptj)
+    no_containers = make_pytorchjob("empty").obj()
+    no_containers["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"] = "x"
+    with pytest.raises(AssertionError, match="PodSpec"):
+        validate_pytorchjob(no_containers)

@@ -11,12 +11,13 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, List, Mapping, Optional, Sequence, Tuple
 
-from xmem_admission import gpus
+from xmem_admission import gpus, quantity
+from xmem_admission.errors import InvalidObjectError, QuantityError
 from xmem_admission.integrations.base import TemplateRef
 from xmem_admission.patch import Draft
 from xmem_admission.policy import BackendName
 from xmem_admission.quantity import MiB, ceil_div
-from xmem_admission.resources import NVIDIA_GPU, container_resources
+from xmem_admission.resources import NVIDIA_GPU, container_resources, resource_value
 
 # (index, container, GPU count) as resources.gpu_containers yields them.
 GpuContainer = Tuple[int, Mapping[str, Any], int]
@@ -37,6 +38,21 @@ class Applied:
 
     written: List[str] = field(default_factory=list)
     warnings: List[str] = field(default_factory=list)
+
+
+def resource_request(
+    container: Mapping[str, Any], index: int, name: str, unit: int, cards: int = 1
+) -> Optional[Existing]:
+    """A request written as an extended resource (``name``: N ``unit``s for ``cards`` GPUs)."""
+    value = resource_value(container, name)
+    if value is None:
+        return None
+    field = f"spec.containers[{index}].resources.limits[{name}]"
+    try:
+        size = quantity.parse_count(value) * unit // cards
+    except QuantityError as exc:
+        raise InvalidObjectError(f"{field}: {exc}") from None
+    return Existing(f"{name}: {value}", size, field)
 
 
 def mib(request_bytes: int) -> int:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from xmem_admission import gpus, quantity
+from xmem_admission import gpus
 from xmem_admission.backends.base import (
     Applied,
     Backend,
     Existing,
     GpuContainer,
     drop_resource,
+    resource_request,
     set_limit,
 )
-from xmem_admission.errors import InvalidObjectError, QuantityError
 from xmem_admission.integrations.base import TemplateRef
 from xmem_admission.patch import Draft
 from xmem_admission.policy import BackendName
@@ -28,7 +28,6 @@ from xmem_admission.resources import (
     GPUSHARE_MEM,
     NVIDIA_GPU,
     gpu_count,
-    resource_value,
 )
 
 
@@ -38,16 +37,8 @@ class GpushareBackend(Backend):
     def existing(
         self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
-        value = resource_value(container, GPUSHARE_MEM)
-        if value is None:
-            return None
-        field = f"spec.containers[{index}].resources.limits[{GPUSHARE_MEM}]"
         cards = max(1, gpu_count(container, template.get("metadata") or {}))
-        try:
-            per_gpu = quantity.parse_count(value) * GiB // cards
-        except QuantityError as exc:
-            raise InvalidObjectError(f"{field}: {exc}") from None
-        return Existing(f"{GPUSHARE_MEM}: {value}", per_gpu, field)
+        return resource_request(container, index, GPUSHARE_MEM, GiB, cards)
 
     def apply(
         self,

@@ -7,14 +7,21 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from xmem_admission import gpus, quantity
-from xmem_admission.backends.base import Applied, Backend, Existing, GpuContainer, mib, set_limit
-from xmem_admission.errors import InvalidObjectError, QuantityError
+from xmem_admission import gpus
+from xmem_admission.backends.base import (
+    Applied,
+    Backend,
+    Existing,
+    GpuContainer,
+    mib,
+    resource_request,
+    set_limit,
+)
 from xmem_admission.integrations.base import TemplateRef
 from xmem_admission.patch import Draft
 from xmem_admission.policy import BackendName
 from xmem_admission.quantity import MiB
-from xmem_admission.resources import HAMI_GPUMEM, HAMI_GPUMEM_PERCENT, resource_value
+from xmem_admission.resources import HAMI_GPUMEM, HAMI_GPUMEM_PERCENT
 
 
 class HamiBackend(Backend):
@@ -23,19 +30,13 @@ class HamiBackend(Backend):
     def existing(
         self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
-        field = f"spec.containers[{index}].resources.limits[{HAMI_GPUMEM}]"
-        value = resource_value(container, HAMI_GPUMEM)
-        try:
-            if value is not None:
-                return Existing(f"{HAMI_GPUMEM}: {value}", quantity.parse_count(value) * MiB, field)
-            percent = resource_value(container, HAMI_GPUMEM_PERCENT)
-            if percent is not None:
-                share = quantity.parse_count(percent) * gpu.capacity_bytes // 100
-                field = f"spec.containers[{index}].resources.limits[{HAMI_GPUMEM_PERCENT}]"
-                return Existing(f"{HAMI_GPUMEM_PERCENT}: {percent}", share, field)
-        except QuantityError as exc:
-            raise InvalidObjectError(f"{field}: {exc}") from None
-        return None
+        found = resource_request(container, index, HAMI_GPUMEM, MiB)
+        if found is not None:
+            return found
+        percent = resource_request(container, index, HAMI_GPUMEM_PERCENT, gpu.capacity_bytes)
+        if percent is None:
+            return None
+        return Existing(percent.what, percent.bytes_per_gpu // 100, percent.field)
 
     def apply(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence
 
-from xmem_admission import gpus, quantity
+from xmem_admission import gpus
 from xmem_admission.backends.base import (
     Applied,
     Backend,
@@ -14,9 +14,9 @@ from xmem_admission.backends.base import (
     GpuContainer,
     drop_resource,
     mib,
+    resource_request,
     set_limit,
 )
-from xmem_admission.errors import InvalidObjectError, QuantityError
 from xmem_admission.integrations.base import TemplateRef
 from xmem_admission.patch import Draft
 from xmem_admission.policy import BackendName
@@ -30,14 +30,7 @@ class VolcanoBackend(Backend):
     def existing(
         self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
-        value = resource_value(container, VOLCANO_MEMORY)
-        if value is None:
-            return None
-        field = f"spec.containers[{index}].resources.limits[{VOLCANO_MEMORY}]"
-        try:
-            return Existing(f"{VOLCANO_MEMORY}: {value}", quantity.parse_count(value) * MiB, field)
-        except QuantityError as exc:
-            raise InvalidObjectError(f"{field}: {exc}") from None
+        return resource_request(container, index, VOLCANO_MEMORY, MiB)
 
     def apply(
         self,
