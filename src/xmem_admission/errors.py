@@ -141,11 +141,45 @@ class ControllerError(XmemError):
     """Raised when ``xmem controller`` cannot start: no cluster credentials, no policy, bad flags."""
 
 
+class KubeApiError(Exception):
+    """Raised by the controller's API facade for an answer the reconciler handles (404, 409, 422)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409 and self.reason != "AlreadyExists"
+
+    @property
+    def already_exists(self) -> bool:
+        return self.status == 409 and self.reason == "AlreadyExists"
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+class KubeUnavailable(Exception):
+    """Raised by the controller's API facade when 429/5xx or connection failures outlast its retries."""
+
+
+class LeadershipLost(Exception):
+    """Raised inside the controller when its Lease was taken or could not be renewed in time."""
+
+
+class ContainerConfigError(Exception):
+    """Raised by the stand-in kubelet when a container cannot be created (CreateContainerConfigError)."""
+
+
 class ApiStatusError(Exception):
     """Raised inside the stand-in API server (``xmem_admission.testing``) to answer with a Status."""
 
     def __init__(self, code: int, reason: str, message: str,
-                 details: "dict | None" = None, headers: "dict | None" = None) -> None:
+                 details: dict | None = None, headers: dict | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
