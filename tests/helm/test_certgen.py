@@ -8,6 +8,7 @@ import datetime as dt
 import importlib.util
 import socket
 import ssl
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,59 @@ def test_the_serving_certificate_never_outlives_its_ca(certgen) -> None:
     ca = x509.load_pem_x509_certificate(data["ca.crt"])
     cert = x509.load_pem_x509_certificate(data["tls.crt"])
     assert cert.not_valid_after_utc <= ca.not_valid_after_utc
+
+
+def test_the_hooks_create_the_secrets_once_and_patch_both_configurations_on_an_api_server(
+        tmp_path: Path) -> None:
+    """Both hook commands, run as the Jobs run them (a separate Python process with the official
+    kubernetes client), against the project's stand-in API server (real REST paths, strict
+    schema validation): `create` writes the TLS Secret and the CA Secret and is idempotent,
+    `patch` puts that CA into every entry of the rendered webhook configurations."""
+    import base64
+    import os
+    import sys
+
+    from kubernetes import client
+
+    from tests.helm.chart import RELEASE, one, render
+    from xmem_admission.testing.apiserver import ApiServer
+
+    objects = render({})
+    secret_name = f"{RELEASE}-xmem-admission-webhook-tls"
+    with ApiServer() as server:
+        kubeconfig = server.kubeconfig(str(tmp_path / "kubeconfig"))
+        api = server.api_client()
+        core = client.CoreV1Api(api)
+        admission = client.AdmissionregistrationV1Api(api)
+        core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                               "metadata": {"name": NAMESPACE}})
+        admission.create_mutating_webhook_configuration(one(objects, "MutatingWebhookConfiguration"))
+        admission.create_validating_webhook_configuration(
+            one(objects, "ValidatingWebhookConfiguration"))
+        env = dict(os.environ, KUBECONFIG=kubeconfig)
+        create = [sys.executable, str(SCRIPT), "create", f"--namespace={NAMESPACE}",
+                  f"--secret={secret_name}", f"--ca-secret={secret_name}-ca",
+                  f"--service={SERVICE}"]
+
+        def hook(args):
+            result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+            assert result.returncode == 0, result.stdout + result.stderr
+            return result.stdout
+
+        assert "written (new CA)" in hook(create)
+        tls = core.read_namespaced_secret(secret_name, NAMESPACE)
+        ca = core.read_namespaced_secret(f"{secret_name}-ca", NAMESPACE)
+        assert tls.type == "kubernetes.io/tls"
+        assert set(tls.data) == {"ca.crt", "tls.crt", "tls.key"}  # no CA key where pods mount
+        assert set(ca.data) == {"ca.crt", "ca.key"} and ca.data["ca.crt"] == tls.data["ca.crt"]
+        assert "unchanged" in hook(create)
+        assert core.read_namespaced_secret(secret_name, NAMESPACE).data == tls.data
+
+        hook([sys.executable, str(SCRIPT), "patch", f"--namespace={NAMESPACE}",
+              f"--secret={secret_name}", f"--webhook={RELEASE}-xmem-admission"])
+        for config in (admission.read_mutating_webhook_configuration(f"{RELEASE}-xmem-admission"),
+                       admission.read_validating_webhook_configuration(f"{RELEASE}-xmem-admission")):
+            bundles = [base64.b64encode(w.client_config.ca_bundle).decode()
+                       if isinstance(w.client_config.ca_bundle, bytes) else w.client_config.ca_bundle
+                       for w in config.webhooks]
+            assert bundles == [tls.data["ca.crt"]] * 2

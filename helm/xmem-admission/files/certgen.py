@@ -191,27 +191,34 @@ def plan(
 
 
 def _api():
+    """The kubernetes client, with the pod's service account (the hook Jobs) or, run by hand
+    outside a cluster, $KUBECONFIG."""
     from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
 
-    config.load_incluster_config()
+    try:
+        config.load_incluster_config()
+    except ConfigException:
+        config.load_kube_config()
     return client
 
 
-def _retry(what: str, call, attempts: int = 30, delay: float = 2.0):
-    """Retry transient API failures (the API server may be busy during an upgrade)."""
+def _retry(what: str, call, attempts: int = 30, delay: float = 2.0, not_found: bool = False):
+    """Retry transient API failures (the API server may be busy during an upgrade). With
+    ``not_found``, a 404 is waited out too: applied as plain manifests, the patch Job can start
+    before the create Job has written the Secret."""
     from kubernetes.client.exceptions import ApiException
 
     for attempt in range(1, attempts + 1):
         try:
             return call()
         except ApiException as exc:
-            if exc.status in (409, 429) or exc.status >= 500 or attempt == attempts:
-                if attempt == attempts:
-                    raise
-                print(f"certgen: {what}: HTTP {exc.status}, retrying", file=sys.stderr)
-                time.sleep(delay)
-            else:
+            # 409 is not retried: the body is stale; the Job restarts and reads again.
+            transient = exc.status == 429 or exc.status >= 500
+            if not (transient or (not_found and exc.status == 404)) or attempt == attempts:
                 raise
+            print(f"certgen: {what}: HTTP {exc.status}, retrying", file=sys.stderr)
+            time.sleep(delay)
 
 
 def _read_secret(core, name: str, namespace: str):
@@ -282,7 +289,8 @@ def cmd_patch(args: argparse.Namespace) -> int:
     client = _api()
     core = client.CoreV1Api()
     admission = client.AdmissionregistrationV1Api()
-    secret = _retry("read secret", lambda: core.read_namespaced_secret(args.secret, args.namespace))
+    secret = _retry("read secret", lambda: core.read_namespaced_secret(args.secret, args.namespace),
+                    not_found=True)
     ca_b64 = (secret.data or {}).get(CA_KEY)
     if not ca_b64:
         print(f"certgen: Secret {args.namespace}/{args.secret} has no {CA_KEY}", file=sys.stderr)
@@ -293,7 +301,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
         ("ValidatingWebhookConfiguration", admission.read_validating_webhook_configuration,
          admission.patch_validating_webhook_configuration),
     ):
-        config = _retry(f"read {kind}", lambda read=read: read(args.webhook))
+        config = _retry(f"read {kind}", lambda read=read: read(args.webhook), not_found=True)
         ops = ca_patch(config.webhooks or [], ca_b64)
         # A list body makes the client send application/json-patch+json.
         _retry(f"patch {kind}", lambda patch=patch, ops=ops: patch(args.webhook, ops))
