@@ -24,6 +24,7 @@ COMMANDS: List[str] = [
     "xmem_admission.commands.simulate",
     "xmem_admission.commands.replay",
     "xmem_admission.commands.serve",
+    "xmem_admission.commands.controller",
 ]
 
 

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from xmem_admission.errors import ContainerConfigError as ConfigError
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _VAR = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
@@ -39,10 +41,6 @@ class Image:
     cmd: Tuple[str, ...] = ()
     env: Tuple[Tuple[str, str], ...] = ()
     working_dir: str = ""
-
-
-class ConfigError(Exception):
-    """Internal: the container cannot be created (``CreateContainerConfigError``)."""
 
 
 def expand(text: str, env: Dict[str, str]) -> str:

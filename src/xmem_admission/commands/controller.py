@@ -1,0 +1,163 @@
+"""``xmem controller``: estimate held workloads in estimation pods and release them.
+
+Runs in the cluster (in-cluster credentials) or anywhere with a kubeconfig. Every option can also
+come from an environment variable (the Helm chart sets those), the flag winning. Several replicas
+may run: one leads through a coordination.k8s.io Lease, the others stand by. Exits non-zero when
+leadership is lost, so the Deployment restarts it as a standby.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from typing import Any, Optional
+
+from xmem_admission.errors import ControllerError
+
+ENV = {
+    "kubeconfig": "KUBECONFIG",
+    "policy": "XMEM_POLICY",
+    "policy_name": "XMEM_POLICY_NAME",
+    "probe_image": "XMEM_PROBE_IMAGE",
+    "lease_name": "XMEM_LEASE_NAME",
+    "lease_namespace": "XMEM_LEASE_NAMESPACE",
+    "identity": "XMEM_POD_NAME",
+    "host": "XMEM_HOST",
+    "metrics_port": "XMEM_METRICS_PORT",
+    "workloads": "XMEM_WORKLOADS",
+    "resync_seconds": "XMEM_RESYNC_SECONDS",
+    "log_level": "XMEM_LOG_LEVEL",
+}
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _env(dest: str, default: Optional[str] = None) -> Optional[str]:
+    return os.environ.get(ENV[dest], default)
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``controller`` subcommand to the ``xmem`` parser."""
+    parser = subparsers.add_parser(
+        "controller",
+        help="estimate held workloads in estimation pods and release them",
+        description="Watch workloads the webhook holds, run one estimation pod per workload "
+        "fingerprint, record GPUMemoryEstimates, write the request into the pod templates and "
+        "release the workloads (or apply the policy's failure action). Each option also reads "
+        "the environment variable shown in its help.",
+    )
+    add = parser.add_argument
+    add("--kubeconfig", default=_env("kubeconfig"),
+        help="kubeconfig when not running in a cluster [KUBECONFIG]")
+    add("--policy", metavar="FILE.yaml", default=_env("policy"),
+        help="GPUAdmissionPolicy YAML file; without it the cluster's GPUAdmissionPolicy "
+        "[XMEM_POLICY]")
+    add("--policy-name", default=_env("policy_name", "default"),
+        help="name of the cluster's GPUAdmissionPolicy [XMEM_POLICY_NAME]")
+    add("--probe-image", default=_env("probe_image"),
+        help="image of the init container that installs the probe bundle (this project's "
+        "image) [XMEM_PROBE_IMAGE]")
+    add("--lease-name", default=_env("lease_name", "xmem-admission-controller"),
+        help="Lease used for leader election [XMEM_LEASE_NAME]")
+    add("--lease-namespace", default=_env("lease_namespace"),
+        help="namespace of the Lease (default: this pod's namespace, else 'default') "
+        "[XMEM_LEASE_NAMESPACE]")
+    add("--identity", default=_env("identity"),
+        help="this replica's identity in the Lease (default: host name and a random suffix) "
+        "[XMEM_POD_NAME]")
+    add("--no-leader-election", action="store_true",
+        help="reconcile without a Lease (a single replica only)")
+    add("--host", default=_env("host", "0.0.0.0"), help="metrics address [XMEM_HOST]")
+    add("--metrics-port", type=int, default=_env("metrics_port", "8080"),
+        help="port of /metrics, /healthz, /readyz (0: pick one) [XMEM_METRICS_PORT]")
+    add("--workloads", default=_env("workloads", "Job,PyTorchJob"),
+        help="workload kinds to release, comma-separated [XMEM_WORKLOADS]")
+    add("--resync-seconds", type=float, default=_env("resync_seconds", "30"),
+        help="how often every held workload is looked at again [XMEM_RESYNC_SECONDS]")
+    add("--log-level", default=_env("log_level", "info"),
+        choices=("debug", "info", "warning", "error"), help="[XMEM_LOG_LEVEL]")
+    parser.set_defaults(func=run)
+
+
+def _api_client(kubeconfig: Optional[str]) -> Any:
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except ConfigException:
+        pass
+    try:
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    except (ConfigException, OSError, TypeError, ValueError) as exc:
+        raise ControllerError(f"no cluster credentials: run in a pod, or pass --kubeconfig "
+                              f"({exc})") from None
+    return client.ApiClient(configuration)
+
+
+def _lease_namespace(value: Optional[str]) -> str:
+    if value:
+        return value
+    try:
+        with open(SA_NAMESPACE, encoding="utf-8") as handle:
+            return handle.read().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def run(args: argparse.Namespace) -> int:
+    from xmem_admission.controller.kube import Kube
+    from xmem_admission.controller.leader import LeaderElector
+    from xmem_admission.controller.manager import KINDS, Controller, HealthServer
+    from xmem_admission.controller.metrics import ControllerMetrics
+    from xmem_admission.sources import ClusterPolicySource, FilePolicySource
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.probe_image:
+        raise ControllerError("--probe-image (or XMEM_PROBE_IMAGE) is required: the image whose "
+                              "init container installs the probe in estimation pods")
+    kinds = [k.strip() for k in args.workloads.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise ControllerError(f"--workloads: unknown kind {unknown[0] if unknown else '(none)'}; "
+                              f"choose from {', '.join(KINDS)}")
+    api_client = _api_client(args.kubeconfig)
+    kube = Kube(api_client)
+    metrics = ControllerMetrics()
+
+    def on_policy_error(reason: str) -> None:
+        logging.getLogger("xmem.controller").error("policy %s error", reason)
+
+    policy: Any = (FilePolicySource(args.policy, on_error=on_policy_error) if args.policy else
+                   ClusterPolicySource(api_client, args.policy_name, on_error=on_policy_error))
+    identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    controller = Controller(kube, policy, args.probe_image, kinds=kinds, metrics=metrics,
+                            identity=identity, resync_seconds=args.resync_seconds)
+    elector = None if args.no_leader_election else LeaderElector(
+        kube, _lease_namespace(args.lease_namespace), args.lease_name, identity)
+    try:
+        health = HealthServer(controller, args.host, args.metrics_port, elector).start()
+    except OSError as exc:
+        raise ControllerError(f"cannot listen on {args.host}:{args.metrics_port}: {exc}") from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    where = args.policy or f"GPUAdmissionPolicy/{args.policy_name}"
+    print(f"xmem controller: {identity} watching {', '.join(kinds)}; policy {where}; "
+          f"metrics on http://{args.host}:{health.port}/metrics", file=sys.stderr, flush=True)
+    try:
+        clean = controller.run(stop, elector)
+    finally:
+        health.stop()
+    if not clean:
+        print("xmem controller: lost leadership; exiting so a standby can lead", file=sys.stderr)
+        return 1
+    return 0
