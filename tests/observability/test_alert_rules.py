@@ -124,13 +124,14 @@ def test_hami_usage_counts_when_there_is_no_dcgm_and_a_bare_pod_is_its_own_workl
 
 def test_failing_estimations_alert_when_a_fifth_of_them_fail(tmp_path: Path) -> None:
     name = "XmemEstimationsFailing"
-    failing = [
-        {"series": 'xmem_estimations_total{result="failed",reason="OOMKilled"}', "values": "0+1x60"},
-        {"series": 'xmem_estimations_total{result="succeeded",reason=""}', "values": "0+1x60"},
+    failing = [  # one OOMKilled estimation pod for every one that succeeds
+        {"series": 'xmem_controller_estimations_failed_total{reason="OOMKilled"}', "values": "0+1x60"},
+        {"series": "xmem_controller_estimations_succeeded_total", "values": "0+1x60"},
     ]
-    healthy = [
-        {"series": 'xmem_estimations_total{result="failed",reason="OOMKilled"}', "values": "0+0x60"},
-        {"series": 'xmem_estimations_total{result="succeeded",reason=""}', "values": "0+2x60"},
+    healthy = [  # a failure early on, then only successes
+        {"series": 'xmem_controller_estimations_failed_total{reason="ScriptFailed"}',
+         "values": "0 1 1+0x58"},
+        {"series": "xmem_controller_estimations_succeeded_total", "values": "0+2x60"},
     ]
     _run_unit_tests(tmp_path, [
         {"interval": "1m", "input_series": failing, "alert_rule_test": [
@@ -178,20 +179,20 @@ def test_slow_admissions_alert_at_the_p99(tmp_path: Path) -> None:
 
 def test_a_workload_held_past_the_threshold_alerts(tmp_path: Path) -> None:
     name = "XmemWorkloadHeldTooLong"
-    series = [
-        {"series": 'xmem_workload_held_seconds{namespace="ml-team",workload="stuck",kind="Job"}',
+    series = [  # the controller's gauge: the oldest held Job's wait, growing by the minute
+        {"series": 'xmem_controller_held_workload_oldest_age_seconds{kind="Job"}',
          "values": "3000+60x30"},
-        {"series": 'xmem_workload_held_seconds{namespace="ml-team",workload="fresh",kind="Job"}',
+        {"series": 'xmem_controller_held_workload_oldest_age_seconds{kind="PyTorchJob"}',
          "values": "10+60x30"},
     ]
     _run_unit_tests(tmp_path, [{"interval": "1m", "input_series": series, "alert_rule_test": [
         {"eval_time": "5m", "alertname": name, "exp_alerts": []},
         {"eval_time": "15m", "alertname": name, "exp_alerts": [{
-            "exp_labels": {"severity": "warning", "namespace": "ml-team", "workload": "stuck",
-                           "kind": "Job"},
+            "exp_labels": {"severity": "warning", "kind": "Job"},
             "exp_annotations": {
                 "summary": "A workload has been held by xmem for too long",
-                "description": "Job ml-team/stuck has been suspended awaiting its estimate for "
+                "description": "The oldest held Job has been suspended awaiting its estimate for "
                                "1h 5m 0s. The policy's maxHoldSeconds should have released it: "
-                               "check the xmem controller."}}]},
+                               "check the xmem controller (kubectl get gme -A, and the "
+                               "workload's Events)."}}]},
     ]}])

@@ -45,9 +45,8 @@ GiB = 1 << 30
 # Grafana's built-in variables and the dashboard's own, as Grafana would substitute them.
 SUBSTITUTIONS = {"$__rate_interval": "20s", "$__range": "1m", "$namespace": ".*",
                  "$workload": ".*", "${datasource}": "prometheus"}
-# Metrics of the controller (issue 6): `xmem serve` does not export them.
-CONTROLLER_METRICS = {"xmem_estimations_total", "xmem_estimation_duration_seconds_bucket",
-                      "xmem_workload_held_seconds"}
+# Metrics of the controller (`xmem controller`): `xmem serve` does not export them.
+CONTROLLER_PREFIX = "xmem_controller_"
 
 
 def _free_port() -> int:
@@ -94,7 +93,8 @@ def test_dashboard_validates_against_grafanas_published_schema() -> None:
 def test_dashboard_panels_cover_what_sres_asked_for() -> None:
     titles = " | ".join(p["title"].lower() for p in _panels(_dashboard()))
     for topic in ("request vs actual", "error distribution", "freed vs whole-gpu",
-                  "admission latency", "estimation duration", "estimations by result"):
+                  "admission latency", "estimation duration", "estimations by result",
+                  "held workloads"):
         assert topic in titles, topic
     exprs = " ".join(expr for _, expr in _queries())
     # Actual use comes from the recording rules, which read DCGM or HAMi (tested below).
@@ -280,9 +280,9 @@ def test_every_dashboard_query_parses_and_returns_data(stack, panel: str, expr: 
     result = _query(api, expr)  # a parse error fails here, data or not
     if not result:
         missing = _metric_names(expr) - _exported(api) - _recorded_names()
-        if missing and missing <= CONTROLLER_METRICS:
+        if missing and all(m.startswith(CONTROLLER_PREFIX) for m in missing):
             pytest.skip(f"{panel}: {', '.join(sorted(missing))} come from the controller "
-                        "(`xmem controller`, issue 6), which this test does not run")
+                        "(`xmem controller`), which this test does not run")
         pytest.fail(f"{panel}: no data for {expr} (no series for {sorted(missing)})")
 
 
@@ -293,23 +293,24 @@ def _recorded_names() -> Set[str]:
 
 
 def test_metric_names_in_rules_and_dashboard_are_the_ones_xmem_defines() -> None:
-    """A renamed metric in xmem_admission.metrics must not leave a dashboard panel or an alert
-    silently empty: every xmem_* name they use is registered by the metrics module."""
-    import inspect
-
+    """A renamed metric must not leave a dashboard panel or an alert silently empty: every
+    xmem_* name they use is registered by the webhook's or the controller's metrics."""
     from prometheus_client import CollectorRegistry
 
     from tests.observability.rules import rule_groups
-    from xmem_admission import metrics
+    from xmem_admission.controller.metrics import ControllerMetrics
+    from xmem_admission.metrics import AdmissionMetrics
 
     defined: Set[str] = set()
-    for _, cls in inspect.getmembers(metrics, inspect.isclass):
-        if cls.__module__ == metrics.__name__ and "registry" in inspect.signature(cls).parameters:
-            registry = CollectorRegistry()
-            cls(registry=registry)
-            for family in registry.collect():
-                defined |= {family.name, family.name + "_total", family.name + "_bucket",
-                            family.name + "_count", family.name + "_sum"}
+    for cls in (AdmissionMetrics, ControllerMetrics):
+        registry = CollectorRegistry()
+        cls(registry=registry)
+        for family in registry.collect():
+            defined |= {sample.name for sample in family.samples} | {family.name}
+            if family.type == "counter":
+                defined.add(family.name + "_total")
+            if family.type == "histogram":
+                defined |= {family.name + s for s in ("_bucket", "_count", "_sum")}
     used: Set[str] = set()
     for _, expr in _queries():
         used |= _metric_names(expr)
@@ -317,9 +318,6 @@ def test_metric_names_in_rules_and_dashboard_are_the_ones_xmem_defines() -> None
         for rule in group["rules"]:
             used |= _metric_names(rule["expr"])
     used = {n for n in used if n.startswith("xmem_")}
-    assert "xmem_admission_duration_seconds_bucket" in defined
-    missing = used - defined
-    if missing and missing <= CONTROLLER_METRICS and not defined & CONTROLLER_METRICS:
-        pytest.skip(f"{', '.join(sorted(missing))}: the controller's metrics (issue 6) are not in "
-                    "xmem_admission.metrics yet")
-    assert not missing, f"used but not defined: {sorted(missing)}"
+    assert {"xmem_admission_duration_seconds_bucket",
+            "xmem_controller_estimation_duration_seconds_bucket"} <= used
+    assert not used - defined, f"used but not defined: {sorted(used - defined)}"

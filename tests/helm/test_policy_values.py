@@ -1,0 +1,66 @@
+"""The GPUAdmissionPolicy the chart creates from its values is one the webhook and controller
+accept (parsed by the product's own strict parser) and the CRD admits; the GPU capacities the
+alerts and dashboard use are the catalogue's."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from tests.helm.chart import CHART, VALUE_SETS, find, one, render
+from tests.observability.rules import rule_groups
+from xmem_admission import gpus
+from xmem_admission.errors import PolicyError
+from xmem_admission.policy import Policy
+
+
+def test_the_default_policy_parses_and_names_the_policy_the_servers_read() -> None:
+    objects = render({})
+    obj = one(objects, "GPUAdmissionPolicy")
+    policy = Policy.from_object(obj)
+    assert policy.name == "default"
+    assert policy.defaults.gpu_keys == ("A100-80GB", "H100-80GB")
+    for deployment in find(objects, "Deployment"):
+        env = {e["name"]: e.get("value")
+               for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["XMEM_POLICY_NAME"] == policy.name
+
+
+def test_a_renamed_policy_is_the_one_both_components_read() -> None:
+    objects = render(VALUE_SETS["everything"])
+    assert one(objects, "GPUAdmissionPolicy")["metadata"]["name"] == "gpu-policy"
+    for deployment in find(objects, "Deployment"):
+        env = {e["name"]: e.get("value")
+               for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["XMEM_POLICY_NAME"] == "gpu-policy"
+
+
+def test_the_example_policy_can_be_given_as_values_unchanged() -> None:
+    example = yaml.safe_load((CHART.parents[1] / "examples" / "policy.yaml").read_text())
+    obj = one(render({"policy": {"spec": example["spec"]}}), "GPUAdmissionPolicy")
+    assert obj["spec"] == example["spec"]
+    Policy.from_object(obj)
+
+
+def test_a_policy_typo_in_values_is_caught_by_the_products_parser() -> None:
+    obj = one(render({"policy": {"spec": {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+                                          "safetyMarginPercnt": 5}}}), "GPUAdmissionPolicy")
+    with pytest.raises(PolicyError, match="safetyMarginPercnt"):
+        Policy.from_object(obj)
+
+
+def test_no_policy_object_when_it_is_managed_elsewhere() -> None:
+    assert find(render({"policy": {"create": False}}), "GPUAdmissionPolicy") == []
+
+
+def test_gpu_capacities_in_the_rules_are_the_catalogues() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    capacities = values["metrics"]["prometheusRule"]["gpuCapacityBytes"]
+    for model, capacity in capacities.items():
+        assert gpus.lookup(model).capacity_bytes == capacity, model
+    # Every GPU the default policy targets has a capacity, or its savings would be missing.
+    targets = {t["gpu"] for t in values["policy"]["spec"]["targets"]}
+    assert targets <= set(capacities)
+    recorded = {r["labels"]["gpu_model"]: r["expr"] for g in rule_groups() for r in g["rules"]
+                if r.get("record") == "xmem:gpu_capacity_bytes"}
+    assert recorded == {m: f"vector({c})" for m, c in capacities.items()}
