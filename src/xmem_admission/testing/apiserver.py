@@ -120,11 +120,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, body: Any, headers: Optional[Dict[str, str]] = None,
               content_type: str = "application/json") -> None:
+        """Keep the answer until the request is fully handled (an "after" fault may replace it)."""
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.pending = (code, data, headers or {}, content_type)
+
+    def _flush(self) -> None:
+        code, data, headers, content_type = self.pending
+        self.pending = None
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
-        for key, value in (headers or {}).items():
+        for key, value in headers.items():
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(data)
@@ -143,6 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         owner: ApiServer = self.server.owner
         self.code = 0
+        self.pending: Optional[Tuple[int, bytes, Dict[str, str], str]] = None
         url = urllib.parse.urlsplit(self.path)
         params = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
         length = int(self.headers.get("Content-Length") or 0)
@@ -154,12 +161,15 @@ class _Handler(BaseHTTPRequestHandler):
             if fault is not None:
                 raise self._fault_error(fault)
             self._handle(method, url.path, params, raw)
-            fault = owner.faults.take(method, url.path, "after")
-            if fault is not None and not self.code:
-                raise self._fault_error(fault)
+            if self.pending is not None:
+                fault = owner.faults.take(method, url.path, "after")
+                if fault is not None:
+                    raise self._fault_error(fault)
+                self._flush()
         except ApiStatusError as exc:
             if not self.code:
                 self._send_error(exc)
+                self._flush()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
             return

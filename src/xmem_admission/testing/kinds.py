@@ -136,8 +136,8 @@ def default(res: Resource, obj: Obj) -> None:
 
 def prepare_create(res: Resource, obj: Obj) -> None:
     """What the strategy does after admission on create: status reset, Job selector and labels."""
-    if res.status and res.kind not in ("Namespace",) and res.builtin:
-        obj.pop("status", None)
+    if res.status and res.kind != "Namespace":
+        obj.pop("status", None)  # status is written through its subresource only
     if res.kind == "Pod":
         obj["status"] = {"phase": "Pending", "qosClass": _qos(obj["spec"])}
     if res.kind == "Job":
