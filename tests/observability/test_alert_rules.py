@@ -47,6 +47,19 @@ def _run_unit_tests(tmp_path: Path, tests: List[Dict[str, Any]]) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _fires_only_on(tmp_path: Path, alert: str, bad: List[Dict[str, str]],
+                   good: List[Dict[str, str]], at: str, summary: str, description: str) -> None:
+    """The alert fires (severity warning, these annotations) on `bad` and not on `good`."""
+    _run_unit_tests(tmp_path, [
+        {"interval": "1m", "input_series": bad, "alert_rule_test": [
+            {"eval_time": at, "alertname": alert, "exp_alerts": [{
+                "exp_labels": {"severity": "warning"},
+                "exp_annotations": {"summary": summary, "description": description}}]}]},
+        {"interval": "1m", "input_series": good, "alert_rule_test": [
+            {"eval_time": at, "alertname": alert, "exp_alerts": []}]},
+    ])
+
+
 def test_promtool_accepts_the_rendered_rules(tmp_path: Path) -> None:
     promtool = tool("promtool")
     rules = write_rule_file(tmp_path)
@@ -133,19 +146,11 @@ def test_failing_estimations_alert_when_a_fifth_of_them_fail(tmp_path: Path) -> 
          "values": "0 1 1+0x58"},
         {"series": "xmem_controller_estimations_succeeded_total", "values": "0+2x60"},
     ]
-    _run_unit_tests(tmp_path, [
-        {"interval": "1m", "input_series": failing, "alert_rule_test": [
-            {"eval_time": "45m", "alertname": name, "exp_alerts": [{
-                "exp_labels": {"severity": "warning"},
-                "exp_annotations": {
-                    "summary": "Many xmem estimations fail",
-                    "description": "50% of estimations failed over 30 minutes. Workloads then get "
-                                   "the policy's onEstimationFailure action instead of an "
-                                   "estimate; see the Events of the held workloads for the "
-                                   "probe's last log lines."}}]}]},
-        {"interval": "1m", "input_series": healthy, "alert_rule_test": [
-            {"eval_time": "45m", "alertname": name, "exp_alerts": []}]},
-    ])
+    _fires_only_on(
+        tmp_path, name, failing, healthy, "45m", "Many xmem estimations fail",
+        "50% of estimations failed over 30 minutes. Workloads then get the policy's "
+        "onEstimationFailure action instead of an estimate; see the Events of the held "
+        "workloads for the probe's last log lines.")
 
 
 def _latency_buckets(per_minute_slow: int) -> List[Dict[str, str]]:
@@ -162,19 +167,11 @@ def _latency_buckets(per_minute_slow: int) -> List[Dict[str, str]]:
 
 
 def test_slow_admissions_alert_at_the_p99(tmp_path: Path) -> None:
-    name = "XmemWebhookSlow"
-    _run_unit_tests(tmp_path, [
-        {"interval": "1m", "input_series": _latency_buckets(5), "alert_rule_test": [
-            {"eval_time": "20m", "alertname": name, "exp_alerts": [{
-                "exp_labels": {"severity": "warning"},
-                "exp_annotations": {
-                    "summary": "xmem admission webhook is slow",
-                    "description": "p99 admission latency is 2.2s. The API server waits for it "
-                                   "on every opted-in Job and Pod creation and gives up after "
-                                   "timeoutSeconds (5 s), admitting unchanged."}}]}]},
-        {"interval": "1m", "input_series": _latency_buckets(0), "alert_rule_test": [
-            {"eval_time": "20m", "alertname": name, "exp_alerts": []}]},
-    ])
+    _fires_only_on(
+        tmp_path, "XmemWebhookSlow", _latency_buckets(5), _latency_buckets(0), "20m",
+        "xmem admission webhook is slow",
+        "p99 admission latency is 2.2s. The API server waits for it on every opted-in Job and "
+        "Pod creation and gives up after timeoutSeconds (5 s), admitting unchanged.")
 
 
 def test_a_workload_held_past_the_threshold_alerts(tmp_path: Path) -> None:
