@@ -1,0 +1,128 @@
+"""Each reconcile step on its own: one call, then the API objects it must have written.
+
+The controller's caches run (its informers), its workers do not: the test calls the workload and
+estimation reconcilers by hand, the stand-in node runs the estimation pod for real (the probe on
+the example GPT script), and every assertion reads the API.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import pytest
+
+from tests.controller.support import Harness, template_annotations, training_job, wait
+from xmem_admission import labels
+from xmem_admission.controller import estimation, records, workloads
+from xmem_admission.controller.manager import Controller
+
+
+@pytest.fixture()
+def caches(harness: Harness) -> Controller:
+    """A controller whose informers run and whose queue nobody drains."""
+    controller = harness.controller(start=False)
+    for informer in controller.informers():
+        informer.start()
+    for informer in controller.informers():
+        assert informer.synced.wait(10)
+    harness.controllers.append(controller)
+    return controller
+
+
+def _fresh(controller: Controller, kind: str, name: str, want: Any) -> Dict[str, Any]:
+    """Wait until the cache shows what the API has (the watch delivers asynchronously)."""
+    informer = controller.ctx.estimates if kind == "gme" else controller.ctx.pods if kind == "pod" \
+        else controller.ctx.workloads["Job"].informer
+    return wait(lambda: (lambda o: o if o is not None and want(o) else None)(
+        informer.get("default", name)), 30, f"{kind} {name} in the cache")
+
+
+def test_a_held_workload_gets_an_estimate_object_it_owns_and_is_marked_estimating(harness, caches):
+    job = harness.submit(training_job("train"))
+    _fresh(caches, "job", "train", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    [gme] = harness.gmes()
+    fp = job["metadata"]["annotations"][labels.FINGERPRINT]
+    assert gme["metadata"]["name"] == records.name_for(fp)
+    assert gme["spec"]["fingerprint"] == fp and gme["spec"]["gpus"] == ["A100-80GB", "H100-80GB"]
+    assert [r["uid"] for r in gme["metadata"]["ownerReferences"]] == [job["metadata"]["uid"]]
+    held = harness.job("train")
+    assert held["metadata"]["annotations"][labels.HELD_REASON] == "Estimating"
+    assert held["spec"]["suspend"] is True
+
+
+def test_the_estimate_step_creates_one_pod_and_records_it_running(harness, caches):
+    harness.submit(training_job("train"))
+    _fresh(caches, "job", "train", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    [gme] = harness.gmes()
+    name = gme["metadata"]["name"]
+    _fresh(caches, "gme", name, lambda o: True)
+    estimation.reconcile(caches.ctx, "default", name)
+    estimation.reconcile(caches.ctx, "default", name)  # again: no second pod
+    [pod] = harness.estimation_pods()
+    assert pod["metadata"]["name"] == f"{name}-1"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == gme["metadata"]["uid"]
+    status = harness.gmes()[0]["status"]
+    assert (status["phase"], status["podName"], status["attempt"]) == ("Running", f"{name}-1", 1)
+
+
+def test_a_finished_pod_is_recorded_and_the_release_step_annotates_and_unsuspends(harness, caches):
+    harness.submit(training_job("train"))
+    _fresh(caches, "job", "train", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    name = harness.gmes()[0]["metadata"]["name"]
+    _fresh(caches, "gme", name, lambda o: True)
+    estimation.reconcile(caches.ctx, "default", name)
+    _fresh(caches, "pod", f"{name}-1",
+           lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+    estimation.reconcile(caches.ctx, "default", name)
+    status = harness.gmes()[0]["status"]
+    assert status["phase"] == "Succeeded", status
+    assert [e["gpu"] for e in status["estimates"]] == ["A100-80GB", "H100-80GB"]
+    assert status["gpu"] == "A100-80GB" and status["estimate"].endswith("Gi")
+    assert status["requestBytes"] >= status["estimateBytes"] > 0
+    _fresh(caches, "gme", name, lambda o: records.phase(o) == "Succeeded")
+    _fresh(caches, "job", "train", lambda o: o["metadata"]["annotations"][labels.HELD_REASON]
+           == "Estimating")
+    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    released = harness.job("train")
+    assert released["spec"]["suspend"] is False
+    assert not set(labels.HELD_ANNOTATIONS) & set(released["metadata"]["annotations"])
+    sized = template_annotations(released)
+    assert int(sized[labels.REQUEST_BYTES]) == status["requestBytes"]
+    assert sized[labels.GPU_MODEL] == "A100-80GB"
+    assert int(sized[labels.ESTIMATE_BYTES]) == status["estimateBytes"]
+    [event] = harness.events("train")
+    assert event["reason"] == "Estimated"
+    assert "on A100-80GB; requesting nvidia.com/gpumem" in event["message"]
+
+
+def test_a_second_workload_with_the_same_fingerprint_joins_the_estimate(harness, caches):
+    first = harness.submit(training_job("first"))
+    second = harness.submit(training_job("second"))
+    _fresh(caches, "job", "second", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", "default", "first")
+    _fresh(caches, "gme", harness.gmes()[0]["metadata"]["name"], lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", "default", "second")
+    [gme] = harness.gmes()
+    assert [r["uid"] for r in gme["metadata"]["ownerReferences"]] == [
+        first["metadata"]["uid"], second["metadata"]["uid"]]
+
+
+def test_a_failure_older_than_the_hold_starts_a_new_attempt(harness, caches):
+    job = harness.submit(training_job("train"))
+    fp = job["metadata"]["annotations"][labels.FINGERPRINT]
+    kube = harness.kube()
+    from xmem_admission.controller.kube import GME
+
+    created = kube.create(GME, "default", records.new(job, fp, ["A100-80GB", "H100-80GB"], "x"))
+    kube.replace_status(GME, dict(created, status={
+        "phase": "Failed", "attempt": 1, "reason": "ImagePullFailed", "message": "was missing",
+        "completionTime": "2020-01-01T00:00:00Z"}))
+    _fresh(caches, "gme", created["metadata"]["name"], lambda o: records.phase(o) == "Failed")
+    _fresh(caches, "job", "train", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    status = harness.gmes()[0]["status"]
+    assert (status["phase"], status["attempt"]) == ("Pending", 2)
+    assert harness.job("train")["spec"]["suspend"] is True
