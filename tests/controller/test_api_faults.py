@@ -1,0 +1,74 @@
+"""The API answering 409, 429 and 5xx never loses or doubles anything.
+
+Faults are injected in the stand-in API server on the exact requests the controller makes; the
+outcome is read from the API: one estimate, one estimation pod, the Job released once, one Event.
+"""
+
+from __future__ import annotations
+
+from tests.controller.support import Harness, template_annotations, training_job, wait
+from xmem_admission import labels
+from xmem_admission.controller import workloads
+from xmem_admission.errors import KubeApiError
+
+
+def _estimated(harness: Harness, name: str) -> list:
+    return wait(lambda: [e for e in harness.events(name) if e["reason"] == "Estimated"], 15,
+                "the Estimated event")
+
+
+def _released_once(harness: Harness, name: str) -> dict:
+    job = harness.wait_released(name)
+    assert job["spec"]["suspend"] is False
+    assert int(template_annotations(job)[labels.REQUEST_BYTES]) > 0
+    assert len(harness.gmes()) == 1
+    assert len(harness.estimation_pods()) == 1
+    assert len(_estimated(harness, name)) == 1
+    return job
+
+
+def test_a_storm_of_409_429_and_5xx_answers_still_gives_one_estimate_one_pod_one_release(
+        harness):
+    faults = harness.server.faults
+    injected = {
+        "list jobs 500": faults.add(500, method="GET", path="/jobs$", times=3),
+        "create estimate 429 + Retry-After": faults.add(
+            429, method="POST", path="/gpumemoryestimates$", times=2, retry_after=1),
+        "create pod 429": faults.add(429, method="POST", path="/pods$", times=2),
+        "create pod 500 after it landed": faults.add(500, method="POST", path="/pods$",
+                                                     when="after"),
+        "status 503 beyond the client's retries": faults.add(
+            503, method="PUT", path="/gpumemoryestimates/.*/status$", times=8),
+        "release 409": faults.add(409, method="PUT", path="/jobs/train$", times=2,
+                                  message="the object has been modified"),
+    }
+    controller = harness.controller(sync_timeout=20)
+    harness.submit(training_job("train"))
+    _released_once(harness, "train")
+    assert {name: f.hits for name, f in injected.items()} == {
+        "list jobs 500": 3, "create estimate 429 + Retry-After": 2, "create pod 429": 2,
+        "create pod 500 after it landed": 1, "status 503 beyond the client's retries": 8,
+        "release 409": 2}
+    assert controller.kube.retries >= 4 + 8 - 1
+    assert controller.metrics.errors.labels("estimate")._value.get() >= 1
+
+
+def test_a_stale_cache_write_is_a_real_409_and_writes_nothing(harness):
+    controller = harness.controller(start=False)
+    for informer in controller.informers():
+        informer.start()
+        assert informer.synced.wait(10)
+    harness.submit(training_job("train"))
+    informer = controller.ctx.workloads["Job"].informer
+    stale = wait(lambda: informer.get("default", "train"), 10, "the job in the cache")
+    informer.stop()  # the cache stops following: what it holds goes stale
+    harness.kube().batch.patch_namespaced_job("train", "default",
+                                              {"metadata": {"labels": {"team": "ml"}}})
+    try:
+        workloads.reconcile(controller.ctx, "Job", "default", "train")
+        raise AssertionError("a write from a stale resourceVersion succeeded")
+    except KubeApiError as exc:
+        assert exc.conflict
+    assert harness.job("train")["metadata"]["annotations"][labels.HELD_REASON] == \
+        stale["metadata"]["annotations"][labels.HELD_REASON]
+    controller.stop()
