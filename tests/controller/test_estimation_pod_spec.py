@@ -1,0 +1,127 @@
+"""The estimation pod: the workload's program, no GPU, the probe injected, valid everywhere."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict
+
+import kubernetes_validate
+import pytest
+
+from tests.controller.support import make_policy, training_job
+from xmem_admission.controller import podspec, records
+
+VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
+
+
+def _gme(job: Dict[str, Any]) -> Dict[str, Any]:
+    gme = records.new(dict(job, metadata=dict(job["metadata"], uid="u-1")), "a" * 32,
+                      ["A100-80GB", "H100-80GB"], "img")
+    gme["metadata"]["uid"] = "gme-uid"
+    return gme
+
+
+def _build(job: Dict[str, Any], **policy: Any) -> Dict[str, Any]:
+    template = job["spec"]["template"]
+    return podspec.build(_gme(job), dict(job, metadata=dict(job["metadata"], uid="u-1")),
+                         template, template["spec"]["containers"][0], make_policy(**policy).defaults,
+                         "registry.example/xmem-admission:1.0")
+
+
+def _env(pod: Dict[str, Any]) -> Dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom"))
+            for e in pod["spec"]["containers"][0]["env"]}
+
+
+def _rich_job() -> Dict[str, Any]:
+    job = training_job("train")
+    spec = job["spec"]["template"]["spec"]
+    spec.update(nodeSelector={"nvidia.com/gpu.product": "A100"}, serviceAccountName="trainer",
+                tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}],
+                imagePullSecrets=[{"name": "registry"}],
+                securityContext={"runAsUser": 1000, "fsGroup": 1000})
+    spec["volumes"] += [
+        {"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}},
+        {"name": "host", "hostPath": {"path": "/var/lib/x"}},
+        {"name": "token", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}},
+        {"name": "scratch", "emptyDir": {}},
+    ]
+    container = spec["containers"][0]
+    container["volumeMounts"] += [{"name": "data", "mountPath": "/data"},
+                                  {"name": "host", "mountPath": "/host"},
+                                  {"name": "token", "mountPath": "/token"},
+                                  {"name": "scratch", "mountPath": "/scratch"}]
+    container["env"] = [{"name": "PYTHONPATH", "value": "/workspace/src"},
+                        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf",
+                                                                          "key": "token"}}}]
+    container["envFrom"] = [{"configMapRef": {"name": "settings"}}]
+    return job
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_estimation_pod_is_valid_for_every_supported_kubernetes(version):
+    kubernetes_validate.validate(_build(_rich_job()), version, strict=True)
+
+
+def test_it_runs_the_same_program_without_any_gpu_or_gpu_node_placement():
+    job = _rich_job()
+    pod = _build(job, estimation={"resources": {"cpu": "2", "memory": "6Gi"},
+                                  "activeDeadlineSeconds": 300})
+    main = pod["spec"]["containers"][0]
+    original = job["spec"]["template"]["spec"]["containers"][0]
+    for key in ("image", "command", "args", "envFrom"):
+        assert main[key] == original[key]
+    assert main["resources"] == {"limits": {"cpu": "2", "memory": "6Gi"},
+                                 "requests": {"cpu": "2", "memory": "6Gi"}}
+    spec = pod["spec"]
+    assert "nodeSelector" not in spec and "tolerations" not in spec
+    assert spec["activeDeadlineSeconds"] == 300 and spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False
+    assert (spec["serviceAccountName"], spec["imagePullSecrets"]) == ("trainer", [{"name": "registry"}])
+    env = _env(pod)
+    assert env["CUDA_VISIBLE_DEVICES"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_inputs_are_mounted_read_only_and_host_paths_and_tokens_are_left_out():
+    pod = _build(_rich_job())
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert set(volumes) == {"code", "data", "scratch", podspec.PROBE_VOLUME}
+    assert volumes["data"]["persistentVolumeClaim"]["readOnly"] is True
+    mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["code"]["readOnly"] and mounts["data"]["readOnly"]
+    assert mounts["scratch"]["readOnly"] is False
+    assert "host" not in mounts and "token" not in mounts
+
+
+def test_the_probe_is_injected_by_an_init_container_and_pythonpath_first():
+    pod = _build(_rich_job(), estimation={"steps": 5, "mode": "profile"})
+    [init] = pod["spec"]["initContainers"]
+    assert init["image"] == "registry.example/xmem-admission:1.0"
+    assert init["command"] == ["python", "-m", "xmem_admission.bundle", podspec.PROBE_DIR]
+    env = _env(pod)
+    assert env["PYTHONPATH"] == f"{podspec.PROBE_DIR}:/workspace/src"
+    assert (env["XMEM_PROBE"], env["XMEM_PROBE_STEPS"], env["XMEM_PROBE_MODE"]) == ("1", "5", "profile")
+    assert env["XMEM_PROBE_GPUS"] == "A100-80GB,H100-80GB"
+    assert env["XMEM_RESULT_PATH"] == pod["spec"]["containers"][0]["terminationMessagePath"]
+
+
+def test_a_pythonpath_from_a_reference_is_kept_by_expansion():
+    job = training_job("train")
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "paths", "key": "pp"}}}]
+    env = _env(_build(job))
+    assert env["PYTHONPATH"] == f"{podspec.PROBE_DIR}:$({podspec.USER_PYTHONPATH})"
+    assert env[podspec.USER_PYTHONPATH] == {"configMapKeyRef": {"name": "paths", "key": "pp"}}
+
+
+def test_the_pod_is_named_by_attempt_and_owned_by_its_estimate():
+    job = training_job("train")
+    gme = _gme(job)
+    gme["status"] = {"attempt": 3}
+    template = job["spec"]["template"]
+    pod = podspec.build(gme, dict(job, metadata=dict(job["metadata"], uid="u-1")), template,
+                        template["spec"]["containers"][0], make_policy().defaults, "img")
+    assert pod["metadata"]["name"] == f"{gme['metadata']['name']}-3"
+    [owner] = pod["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["uid"], owner["controller"]) == ("GPUMemoryEstimate", "gme-uid", True)
+    assert copy.deepcopy(pod["metadata"]["labels"])["app.kubernetes.io/component"] == "estimation"

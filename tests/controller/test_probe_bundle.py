@@ -1,0 +1,128 @@
+"""The probe bundle starts the probe from ``sitecustomize`` whatever the command looks like.
+
+The bundle is built as the estimation pod's init container builds it; the training commands run
+as subprocesses with only the bundle on ``PYTHONPATH`` and ``XMEM_PROBE=1``, exactly the
+environment the controller gives the estimation container. The result file is what the kubelet
+would put in the termination message.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from tests.controller.support import REPO, SCRIPTS, TINY_GPT
+from xmem_admission import bundle, termination
+from xmem_admission.errors import BundleError
+
+CLUSTER_SIDE = {"policy", "store", "admission", "controller", "server", "sizing", "backends",
+                "integrations", "metrics", "fingerprint", "testing", "sources"}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("bundle") / "probe"
+    subprocess.run([sys.executable, "-m", "xmem_admission.bundle", str(target)], check=True)
+    return target
+
+
+def _run(built: Path, command: List[str], tmp: Path, **extra_env: str) -> Dict[str, Any]:
+    result_path = tmp / "termination-log"
+    env = {"PATH": os.pathsep.join([os.path.dirname(sys.executable), "/usr/bin", "/bin"]),
+           "HOME": str(tmp), "PYTHONPATH": str(built), "XMEM_PROBE": "1",
+           "XMEM_PROBE_GPUS": "A100-80GB,H100-80GB", "XMEM_PROBE_STEPS": "2",
+           "XMEM_PROBE_MODE": "auto", "XMEM_RESULT_PATH": str(result_path),
+           "CUDA_VISIBLE_DEVICES": ""}
+    env.update(extra_env)
+    done = subprocess.run(command, env=env, cwd=tmp, capture_output=True, text=True, timeout=240)
+    text = result_path.read_text() if result_path.exists() else ""
+    return {"code": done.returncode, "output": done.stdout + done.stderr, "text": text,
+            "result": termination.decode(text) if text else None}
+
+
+def test_the_bundle_holds_the_estimator_and_none_of_the_cluster_side(built):
+    modules = {p.stem for p in (built / "xmem_admission").glob("*.py")}
+    assert {"probe", "tracker", "estimate", "orchestrate", "allocator", "gpus", "trace",
+            "sitehook", "termination", "errors"} <= modules
+    assert not modules & CLUSTER_SIDE
+    assert (built / "sitecustomize.py").is_file()
+
+
+def test_the_bundle_refuses_a_module_that_imports_what_user_images_lack(tmp_path):
+    source = tmp_path / "pkg"
+    shutil.copytree(REPO / "src/xmem_admission", source)
+    probe = source / "probe.py"
+    probe.write_text(probe.read_text() + "\nimport kubernetes  # a cluster-side dependency\n")
+    with pytest.raises(BundleError, match="probe imports 'kubernetes'"):
+        bundle.build(str(tmp_path / "out"), source=str(source))
+
+
+def test_python_from_the_bundle_is_the_bundled_package(built, tmp_path):
+    env = {"PYTHONPATH": str(built), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", "import xmem_admission; print(xmem_admission.__file__)"],
+                          env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(built / "xmem_admission" / "__init__.py")
+
+
+def test_a_shell_pipeline_probes_the_training_script_and_stops_what_follows(built, tmp_path):
+    prepared, uploaded = tmp_path / "prepared", tmp_path / "uploaded"
+    shell = (f"cd {REPO / 'examples'} && python {SCRIPTS / 'prepare.py'} {prepared} && "
+             f"python -u train_gpt.py {' '.join(TINY_GPT)} && "
+             f"python {SCRIPTS / 'upload.py'} {uploaded}")
+    run = _run(built, ["bash", "-c", shell], tmp_path)
+    assert run["code"] == 0, run["output"]
+    assert prepared.read_text() == "prepared\n"  # the step before training ran normally
+    assert not uploaded.exists()  # nothing after the estimated training ran
+    result = run["result"]
+    assert result.ok and result.steps == 2
+    assert [g["gpu"] for g in result.gpus] == ["A100-80GB", "H100-80GB"]
+    assert all(g["total_bytes"] > g["peak_reserved_bytes"] > 0 for g in result.gpus)
+    assert len(run["text"].encode()) <= termination.LIMIT_BYTES
+
+
+def test_python_dash_m_is_probed_as_a_module(built, tmp_path):
+    package = tmp_path / "trainer"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    shutil.copy(REPO / "examples/train_gpt.py", package / "__main__.py")
+    run = _run(built, [sys.executable, "-m", "trainer", *TINY_GPT], tmp_path)
+    assert run["code"] == 0, run["output"]
+    assert run["result"].ok
+
+
+def test_a_script_failing_before_its_first_step_reports_its_traceback_and_exit_code(built, tmp_path):
+    run = _run(built, [sys.executable, str(SCRIPTS / "fails_before_step.py")], tmp_path)
+    assert run["code"] == 1
+    result = run["result"]
+    assert result.status == "script_error"
+    assert "FileNotFoundError: no training shards under /data" in result.traceback
+    assert "FileNotFoundError" in run["output"]  # and in the container's log, for the Event
+
+
+def test_torchrun_with_one_process_probes_the_worker_not_the_launcher(built, tmp_path):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
+    assert torchrun is not None
+    run = _run(built, [torchrun, "--standalone", "--nproc-per-node", "1",
+                       str(REPO / "examples/train_gpt.py"), *TINY_GPT], tmp_path)
+    assert run["code"] == 0, run["output"]
+    assert run["result"].ok
+    assert run["output"].count("xmem probe: tracing") == 1
+
+
+def test_without_xmem_probe_the_bundle_changes_nothing(built, tmp_path):
+    run = _run(built, [sys.executable, "-c", "print('plain')"], tmp_path, XMEM_PROBE="0")
+    assert (run["code"], run["output"].strip(), run["text"]) == (0, "plain", "")
+
+
+def test_the_bundle_can_be_rebuilt_in_place(built, tmp_path):
+    target = tmp_path / "again"
+    first = bundle.build(str(target))
+    second = bundle.build(str(target))
+    assert first == second
+    assert sorted(os.listdir(target)) == ["sitecustomize.py", "xmem_admission"]
