@@ -72,6 +72,12 @@ def register(subparsers: Any) -> None:
         "[XMEM_POD_NAME]")
     add("--no-leader-election", action="store_true",
         help="reconcile without a Lease (a single replica only)")
+    add("--lease-duration", type=float, default=15.0,
+        help="seconds a standby waits after the leader's last renewal before taking over")
+    add("--renew-deadline", type=float, default=10.0,
+        help="seconds the leader keeps leading without a successful renewal")
+    add("--retry-period", type=float, default=2.0,
+        help="seconds between attempts to acquire or renew the Lease")
     add("--host", default=_env("host", "0.0.0.0"), help="metrics address [XMEM_HOST]")
     add("--metrics-port", type=int, default=_env("metrics_port", "8080"),
         help="port of /metrics, /healthz, /readyz (0: pick one) [XMEM_METRICS_PORT]")
@@ -141,8 +147,13 @@ def run(args: argparse.Namespace) -> int:
     identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     controller = Controller(kube, policy, args.probe_image, kinds=kinds, metrics=metrics,
                             identity=identity, resync_seconds=args.resync_seconds)
-    elector = None if args.no_leader_election else LeaderElector(
-        kube, _lease_namespace(args.lease_namespace), args.lease_name, identity)
+    try:
+        elector = None if args.no_leader_election else LeaderElector(
+            kube, _lease_namespace(args.lease_namespace), args.lease_name, identity,
+            lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
+            retry_period=args.retry_period)
+    except ValueError as exc:
+        raise ControllerError(f"--renew-deadline/--lease-duration: {exc}") from None
     try:
         health = HealthServer(controller, args.host, args.metrics_port, elector).start()
     except OSError as exc:
