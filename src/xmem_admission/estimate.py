@@ -165,6 +165,11 @@ def run_probe(command: Sequence[str], gpu: catalogue.GPU, mode: str, steps: int,
                 f"steps in that time (the probe was stopped; raise --timeout for slow jobs)"
             ) from None
         if not os.path.exists(out):
+            if proc.returncode == -9:
+                raise EstimateError(
+                    f"the probe was killed (signal 9) in {mode} mode: most likely the host ran "
+                    f"out of memory (profile mode needs about as much host memory as the job "
+                    f"needs GPU memory; fake mode does not)")
             raise EstimateError(f"the probe died without a result (exit status "
                                 f"{proc.returncode}); its output is above")
         with open(out, encoding="utf-8") as fh:

@@ -27,6 +27,12 @@ from typing import Any, Dict, List, Optional
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf_configs")
 
+# Architectures that had no SDPA path in the transformers releases of the artifact's time
+# (PyTorch 2.6, Qwen3 support: transformers 4.51, 2025): T5 got SDPA only with transformers PR
+# 47014 (merged 2026-07); until then it always ran eager attention, whose S x S scores and
+# softmax are real allocations. Build those models eager, as they ran.
+EAGER_ONLY_THEN = {"t5"}
+
 # name in the data -> (torchvision constructor, keyword arguments)
 CNN_MODELS = {
     "VGG11": ("vgg11", {}), "VGG16": ("vgg16", {}), "VGG19": ("vgg19", {}),
@@ -75,6 +81,8 @@ def build_transformer(model_id: str) -> Any:
     cfg.pop("dtype", None)
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     auto = getattr(transformers, spec.get("auto_class", "AutoModelForCausalLM"))
+    if config.model_type in EAGER_ONLY_THEN:
+        return auto.from_config(config, attn_implementation="eager"), config
     return auto.from_config(config), config
 
 

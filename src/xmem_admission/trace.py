@@ -124,7 +124,7 @@ class Trace:
             fh.write("\n")
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Trace":
+    def from_dict(cls, data: Any) -> Trace:
         if not isinstance(data, dict):
             raise TraceError("a trace must be a JSON object with 'format', 'version', 'events'")
         if data.get("format") != FORMAT:
@@ -144,7 +144,7 @@ class Trace:
         return trace
 
     @classmethod
-    def load(cls, path: str) -> "Trace":
+    def load(cls, path: str) -> Trace:
         try:
             with open(path, encoding="utf-8") as fh:
                 data = json.load(fh)

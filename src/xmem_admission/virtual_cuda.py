@@ -61,10 +61,10 @@ def _decide(*_args: Any) -> Any:
 class Placeholder(float):
     """A loss value in fake mode: fine to print, sum or average; comparing it is a decision."""
 
-    def __new__(cls) -> "Placeholder":
+    def __new__(cls) -> Placeholder:
         return float.__new__(cls, 0.0)
 
-    def _same(self, *_args: Any) -> "Placeholder":
+    def _same(self, *_args: Any) -> Placeholder:
         return Placeholder()
 
     __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __bool__ = _decide  # type: ignore
@@ -208,6 +208,11 @@ class DeviceMode(TorchFunctionMode):
         try:
             return func(*args, **kwargs)
         except DataDependentValue:
+            if self.tracker.phase == "optimizer":
+                # Inside optimizer.step() a value decides how far to move a weight (Adafactor's
+                # max(eps, rms(p)), clipping), not which tensors exist: shapes decide memory.
+                # (A skipped step is the one exception, and GradScaler's is patched to step.)
+                return False
             _decide()
 
     def _tolist(self, func, args, kwargs):  # noqa: ANN001
