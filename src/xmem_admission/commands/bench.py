@@ -52,7 +52,8 @@ def run_paper(args: argparse.Namespace) -> int:
     with open(args.out, "w", encoding="utf-8") as fh:
         for result in results:
             fh.write(json.dumps({k: result[k] for k in ("id", "estimate_bytes", "predicted_oom",
-                                                        "seconds", "mode", "error")
+                                                        "seconds", "mode", "peak_reserved_bytes",
+                                                        "peak_allocated_bytes", "error")
                                  if k in result}) + "\n")
     if args.explain:
         result = results[0]
