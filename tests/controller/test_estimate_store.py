@@ -1,0 +1,83 @@
+"""The webhook's estimate store backed by GPUMemoryEstimates answers from a watch-fed cache."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import jsonpatch
+
+from tests.controller.support import training_job, wait
+from xmem_admission import labels
+from xmem_admission.admission.webhook import Endpoint, Webhook
+from xmem_admission.controller import records
+from xmem_admission.controller.kube import GME
+from xmem_admission.controller.store import KubeStore
+from xmem_admission.sources import StaticPolicySource
+from xmem_admission.store import EstimateRecord
+
+FP = "0123456789abcdef0123456789abcdef"
+
+
+def _record(fp: str = FP, total: int = 10 << 30) -> EstimateRecord:
+    return EstimateRecord.from_dict({
+        "fingerprint": fp, "created": "2026-01-31T12:00:00Z",
+        "workload": {"namespace": "default", "kind": "Job", "name": "train"},
+        "gpus": [{"gpu": "A100-80GB", "capacity_bytes": 84970559242, "peak_reserved_bytes": total,
+                  "total_bytes": total, "recommended_request_bytes": total, "fits": True,
+                  "mig_profile": "1g.20gb"}]})
+
+
+def test_put_records_a_succeeded_estimate_that_get_then_answers(harness):
+    store = KubeStore(harness.kube()).start()
+    try:
+        store.put(_record())
+        assert store.get(FP) == _record()
+        [gme] = harness.gmes()
+        assert gme["metadata"]["name"] == records.name_for(FP)
+        assert gme["status"]["phase"] == "Succeeded"
+        assert gme["status"]["estimates"][0]["totalBytes"] == 10 << 30
+    finally:
+        store.stop()
+
+
+def test_only_succeeded_estimates_are_served_and_deleted_ones_go(harness):
+    store = KubeStore(harness.kube()).start()
+    kube = harness.kube()
+    try:
+        job = harness.submit(training_job("train"))
+        pending = kube.create(GME, "default", records.new(job, FP, ["A100-80GB"], "img"))
+        assert store.get(FP) is None
+        record = _record()
+        kube.replace_status(GME, dict(pending, status=records.from_record(record, "default")["status"]))
+        wait(lambda: store.get(FP), 10, "the succeeded estimate in the store")
+        kube.custom.delete_namespaced_custom_object("xmem.io", "v1alpha1", "default",
+                                                    "gpumemoryestimates", records.name_for(FP))
+        wait(lambda: store.get(FP) is None, 10, "the deleted estimate to leave the store")
+    finally:
+        store.stop()
+
+
+def test_the_webhook_sizes_a_job_at_once_from_an_estimate_the_controller_recorded(harness):
+    job = training_job("again")
+    held = harness.submit(training_job("train"))
+    fp = held["metadata"]["annotations"][labels.FINGERPRINT]
+    store = KubeStore(harness.kube()).start()
+    try:
+        store.put(_record(fp, total=6 << 30))
+        webhook = Webhook(StaticPolicySource(harness.policy), store)
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u", "kind": {"group": "batch", "version": "v1", "kind": "Job"},
+            "resource": {"group": "batch", "version": "v1", "resource": "jobs"},
+            "name": "again", "namespace": "default", "operation": "CREATE",
+            "userInfo": {"username": "alice"}, "object": job}}
+        answer = json.loads(webhook.review(json.dumps(review).encode(), Endpoint.MUTATE))
+        ops = json.loads(base64.b64decode(answer["response"]["patch"]))
+        patched = jsonpatch.apply_patch(job, ops)
+        assert not patched["spec"].get("suspend")  # not held: sized straight away
+        sized = patched["spec"]["template"]["metadata"]["annotations"]
+        assert sized[labels.ESTIMATE_BYTES] == str(6 << 30)
+        limits = patched["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert int(limits["nvidia.com/gpumem"]) * (1 << 20) >= int(sized[labels.REQUEST_BYTES])
+    finally:
+        store.stop()
