@@ -1,0 +1,124 @@
+"""End to end: a Job is held by the real webhook, estimated by the controller, released, and its
+Pod gets the backend's resources, all over the real protocols.
+
+Everything runs here and is started by the test: the stand-in API server (HTTPS, official
+client), which calls ``xmem serve`` over HTTPS through the chart's own webhook configurations
+(rendered in ``deploy/``; the Service reference becomes a loopback URL and the CEL
+``matchConditions``, which the stand-in does not evaluate, are dropped); ``xmem controller`` as
+its own process; the stand-in node running the estimation pod with the real probe on the example
+GPT script; and the stand-in Job controller that turns the released Job into its Pod.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterator, List
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.controller.support import (
+    REPO,
+    Harness,
+    code_map,
+    template_annotations,
+    training_job,
+    wait,
+)
+from tests.support.harness import Certificates
+from xmem_admission import labels
+from xmem_admission.quantity import MiB, ceil_div
+
+MANIFESTS = REPO / "deploy/xmem-admission-self-signed.yaml"
+
+
+@pytest.fixture()
+def cluster(tmp_path: Path) -> Iterator[Harness]:
+    running = Harness(tmp_path, jobs=True)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def _serve(cluster: Harness, certs: Certificates) -> subprocess.Popen:
+    log = open(cluster.root / "serve.log", "wb")  # noqa: SIM115 - owned by the child
+    process = subprocess.Popen(
+        [sys.executable, "-m", "xmem_admission.cli", "serve", "--cert-file", str(certs.cert_file),
+         "--key-file", str(certs.key_file), "--host", "127.0.0.1", "--port", "0",
+         "--metrics-port", "0", "--policy", cluster.policy_file(), "--log-level", "warning"],
+        stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    cluster.processes.append(process)
+    return process
+
+
+def _webhook_configurations(port: int, ca: bytes) -> List[Dict[str, Any]]:
+    out = []
+    for doc in yaml.safe_load_all(MANIFESTS.read_text()):
+        if not doc or not doc["kind"].endswith("WebhookConfiguration"):
+            continue
+        for webhook in doc["webhooks"]:
+            path = webhook["clientConfig"]["service"]["path"]
+            webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}",
+                                       "caBundle": base64.b64encode(ca).decode()}
+            webhook.pop("matchConditions", None)
+        out.append(doc)
+    return out
+
+
+def test_a_job_goes_from_held_to_estimated_to_a_pod_with_the_backends_resources(cluster, tmp_path):
+    (tmp_path / "tls").mkdir()
+    certs = Certificates(tmp_path / "tls")
+    serve = _serve(cluster, certs)
+    port = int(wait(lambda: (lambda m: m.group(1) if m else None)(re.search(
+        r"admission on https://127\.0\.0\.1:(\d+)", (cluster.root / "serve.log").read_text())),
+        30, "xmem serve to listen"))
+    for configuration in _webhook_configurations(port, certs.ca_file.read_bytes()):
+        cluster.server.create(configuration)
+    core = client.CoreV1Api(cluster.server.api_client())
+    batch = client.BatchV1Api(cluster.server.api_client())
+    core.create_namespace({"metadata": {"name": "ml", "labels": {labels.OPT_IN: "true"}}})
+    cluster.server.create(code_map("ml"))
+    cluster.spawn(identity="controller")
+
+    job = training_job("train", namespace="ml")
+    del job["metadata"]["labels"][labels.OPT_IN]  # opted in through its namespace
+    answer = batch.create_namespaced_job("ml", job, _preload_content=False)
+    created = json.loads(answer.data)
+    assert created["spec"]["suspend"] is True, created
+    assert created["metadata"]["annotations"][labels.HELD_REASON] == "AwaitingEstimate"
+    assert "held until its GPU memory is estimated" in answer.headers.get("Warning", "")
+
+    def released() -> Dict[str, Any]:
+        obj = json.loads(batch.read_namespaced_job("train", "ml", _preload_content=False).data)
+        return obj if labels.HELD_REASON not in obj["metadata"]["annotations"] else None
+
+    job = wait(released, 120, "the controller to release the Job")
+    assert job["spec"]["suspend"] is False
+    sized = template_annotations(job)
+    request = int(sized[labels.REQUEST_BYTES])
+    assert sized[labels.GPU_MODEL] == "A100-80GB"
+
+    def training_pod() -> Dict[str, Any]:
+        pods = json.loads(core.list_namespaced_pod("ml", label_selector="job-name=train",
+                                                   _preload_content=False).data)["items"]
+        return pods[0] if pods else None
+
+    pod = wait(training_pod, 30, "the Job controller to create the Pod")
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpumem"] == str(ceil_div(request, MiB))  # HAMi, MiB per GPU
+    assert limits["nvidia.com/gpu"] == "1"
+    assert pod["metadata"]["annotations"][labels.REQUEST_BYTES] == str(request)
+    event = wait(lambda: [e for e in cluster.events("train", "ml") if e["reason"] == "Estimated"],
+                 10, "the Estimated event")[0]
+    assert f"requesting nvidia.com/gpumem {ceil_div(request, MiB)} MiB" in event["message"]
+    [gme] = cluster.gmes("ml")
+    assert (gme["status"]["gpu"], gme["status"]["requestBytes"]) == ("A100-80GB", request)
+    assert serve.poll() is None  # the webhook served throughout
