@@ -105,11 +105,16 @@ def test_a_script_failing_before_its_first_step_reports_its_traceback_and_exit_c
     assert "FileNotFoundError" in run["output"]  # and in the container's log, for the Event
 
 
-def test_torchrun_with_one_process_probes_the_worker_not_the_launcher(built, tmp_path):
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    assert torchrun is not None
-    run = _run(built, [torchrun, "--standalone", "--nproc-per-node", "1",
-                       str(REPO / "examples/train_gpt.py"), *TINY_GPT], tmp_path)
+@pytest.mark.parametrize("launcher", [
+    ["torchrun", "--standalone", "--nproc-per-node", "1"],
+    ["accelerate", "launch", "--num_processes", "1", "--num_machines", "1",
+     "--mixed_precision", "no", "--dynamo_backend", "no"],
+], ids=["torchrun", "accelerate"])
+def test_a_launcher_with_one_process_has_its_worker_probed_not_itself(built, tmp_path, launcher):
+    program = shutil.which(launcher[0], path=os.path.dirname(sys.executable))
+    assert program is not None, f"{launcher[0]} is part of the test extra"
+    run = _run(built, [program, *launcher[1:], str(REPO / "examples/train_gpt.py"), *TINY_GPT],
+               tmp_path)
     assert run["code"] == 0, run["output"]
     assert run["result"].ok
     assert run["output"].count("xmem probe: tracing") == 1
