@@ -414,24 +414,42 @@ def _preflight(dry_run: bool) -> Dict[str, Any]:
         raise HarnessError("the measuring half needs NVML's Python binding (pip package "
                            "nvidia-ml-py, module pynvml); --dry-run runs without it") from None
     try:
-        pynvml.nvmlInit()
+        pynvml.nvmlInit()  # shut down by measure() after the last job
     except pynvml.NVMLError as exc:
         raise HarnessError(f"NVML cannot start ({exc}): no NVIDIA driver or GPU here; use "
                            f"--dry-run on a machine without one") from None
+    if pynvml.nvmlDeviceGetCount() < 1:
+        raise HarnessError("NVML sees no GPU")
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     try:
-        if pynvml.nvmlDeviceGetCount() < 1:
-            raise HarnessError("NVML sees no GPU")
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        others = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        info = {"gpu": str(pynvml.nvmlDeviceGetName(handle)),
-                "used_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).used),
-                "other_processes": len(others)}
-    finally:
-        pynvml.nvmlShutdown()
-    if info["other_processes"]:
-        print(f"warning: {info['other_processes']} other process(es) use the GPU: NVML measures "
-              f"the whole device, so their changes would count", flush=True)
+        others = len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle))
+    except pynvml.NVMLError:  # not supported in some virtual machines: unknown, not zero
+        others = -1
+    info = {"gpu": str(pynvml.nvmlDeviceGetName(handle)),
+            "used_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).used),
+            "other_processes": others, "nvml": pynvml, "handle": handle}
+    if others > 0:
+        print(f"warning: {others} other process(es) use the GPU: NVML measures the whole "
+              f"device, so their changes would count", flush=True)
     return info
+
+
+# A job's memory is back with the driver once its process has been reaped, normally at once; the
+# next job's baseline is taken only when the device is back within 64 MiB of its idle level (a
+# tolerance far below any job's footprint), waiting at most 15 s.
+IDLE_TOLERANCE_BYTES = 64 * 2**20
+IDLE_WAIT_S = 15.0
+
+
+def _wait_idle(nvml: Dict[str, Any]) -> float:
+    """Wait until the GPU's used memory is back to its idle level; returns the seconds waited."""
+    started = time.monotonic()
+    while time.monotonic() - started < IDLE_WAIT_S:
+        used = int(nvml["nvml"].nvmlDeviceGetMemoryInfo(nvml["handle"]).used)
+        if used <= nvml["used_bytes"] + IDLE_TOLERANCE_BYTES:
+            break
+        time.sleep(0.1)
+    return round(time.monotonic() - started, 2)
 
 
 def run_job(job: Job, work: Path, log: Any, *, dry_run: bool, steps: int, timeout: float,
@@ -476,6 +494,14 @@ def _decode(value: Any) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
 
 
+def _error_line(stderr: str) -> str:
+    """The CLI's own "xmem ...: error: ..." line (a traceback may follow it), else the last."""
+    for line in stderr.splitlines():
+        if line.startswith("xmem") and ": error: " in line:
+            return line[line.index(": error: ") + 9:][:300]
+    return _last_line(stderr)
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:300] if lines else "no output"
@@ -503,8 +529,10 @@ def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
                       f"{job.planned_seconds():.0f} s > {max(remaining, 0):.0f} s left",
                       flush=True)
                 continue
+            waited = _wait_idle(nvml) if nvml else 0.0
             row = run_job(job, Path(tmp), log, dry_run=dry_run, steps=steps,
-                          timeout=remaining, interval=interval)
+                          timeout=deadline - time.monotonic(), interval=interval)
+            row["idle_wait_s"] = waited
             snapshot = Path(tmp) / f"{job.name}.pickle"
             if row.pop("snapshot_file", None) and snapshot.is_file():
                 try:
@@ -517,6 +545,8 @@ def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
             rows.append(row)
             print(f"[{index}/{len(jobs)}] {_progress(row)}", flush=True)
     packer.close()
+    if nvml:
+        nvml["nvml"].nvmlShutdown()
     measured = sum(1 for r in rows if not r.get("error"))
     print(f"measured {measured} of {len(jobs)} jobs into {out} "
           f"({len(packer.archives)} snapshot archive(s))", flush=True)
@@ -638,7 +668,7 @@ def run_estimate(row: Dict[str, Any], gpu: str) -> Dict[str, Any]:
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     if proc.returncode not in (0, 3):
         return {"estimate_error": f"xmem estimate exited {proc.returncode}: "
-                                  f"{_last_line(proc.stderr)}"}
+                                  f"{_error_line(proc.stderr)}"}
     data = json.loads(proc.stdout)
     entry = data["gpus"][0]
     return {
@@ -667,7 +697,7 @@ def run_replay(archive: Path, member: str, tmp: Path) -> Dict[str, Any]:
                           text=True, cwd=ROOT)
     pickle_path.unlink()
     if proc.returncode not in (0, 1):
-        return {"error": _last_line(proc.stderr)}
+        return {"error": _error_line(proc.stderr)}
     data = json.loads(proc.stdout)
     keys = ("match", "events", "segment_allocs_expected", "segment_allocs_matched",
             "segment_allocs_extra", "ooms_expected", "ooms_matched", "reserved_expected_bytes",

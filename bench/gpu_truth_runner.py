@@ -196,7 +196,10 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
             context_bytes=after_context - before,
             cuda_free_after_context_bytes=int(free), cuda_total_bytes=int(total),
         )
-        _record_history(torch)
+        try:
+            _record_history(torch)
+        except Exception as exc:  # the peaks stand without a snapshot; the row says why
+            result["snapshot_error"] = f"history not recorded: {type(exc).__name__}: {exc}"
     else:
         result.update(gpu_name=None, gpu_total_memory_bytes=0, nvml_after_context_bytes=0,
                       context_bytes=0)
@@ -219,12 +222,13 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
             max_memory_allocated_bytes=int(torch.cuda.max_memory_allocated()),
             memory_stats={k: int(stats.get(k, 0)) for k in KEPT_STATS},
         )
-        try:
-            torch.cuda.memory._dump_snapshot(args.snapshot)
-            result["snapshot_file"] = os.path.basename(args.snapshot)
-        except Exception as exc:  # the measurements stand without it; the row says why
-            result["snapshot_error"] = f"{type(exc).__name__}: {exc}"
-        torch.cuda.memory._record_memory_history(enabled=None)
+        if "snapshot_error" not in result:
+            try:
+                torch.cuda.memory._dump_snapshot(args.snapshot)
+                result["snapshot_file"] = os.path.basename(args.snapshot)
+            except Exception as exc:  # the measurements stand without it; the row says why
+                result["snapshot_error"] = f"{type(exc).__name__}: {exc}"
+            torch.cuda.memory._record_memory_history(enabled=None)
     else:
         result.update(max_memory_reserved_bytes=0, max_memory_allocated_bytes=0, memory_stats={})
     result["wall_s"] = round(time.perf_counter() - started, 3)

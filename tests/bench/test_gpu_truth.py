@@ -249,6 +249,21 @@ def test_the_estimate_half_replays_a_recorded_gpu_snapshot_and_records_the_match
     assert "snapshot replay: 1 of 1 match, 0 mismatch, 0 not replayed" in result.stdout
 
 
+def test_an_estimate_that_fails_is_recorded_with_the_clis_reason_and_exits_one(
+        dry_run, tmp_path):
+    row = _good_row(dry_run)
+    row["args"][row["args"].index("--layers") + 1] = "0"  # the script's own parser refuses it
+    (tmp_path / "measurements.jsonl").write_text(json.dumps(row) + "\n")
+    result = harness("--estimate", "--measurements", str(tmp_path / "measurements.jsonl"),
+                     "--gpu", "H200")
+    assert result.returncode == 1, result.stderr[-3000:]
+    (out,) = read_jsonl(tmp_path / "truth.jsonl")
+    assert out["estimate_error"].startswith("xmem estimate exited 2: ")
+    assert "before its first optimizer step" in out["estimate_error"]
+    assert out.get("estimated_total_bytes") is None and out["error_total"] is None
+    assert "1 estimate(s) failed: see estimate_error" in result.stdout
+
+
 # --- the error statistics ------------------------------------------------------------------------
 
 
@@ -380,3 +395,50 @@ def test_the_job_sized_to_oom_does_not_fit_an_h200_by_the_estimator():
     assert result.returncode == 3, result.stderr[-2000:]
     (gpu,) = json.loads(result.stdout)["gpus"]
     assert gpu["fits"] is False and gpu["oom"] is not None
+
+
+def test_snapshots_of_a_run_stopped_before_the_archive_was_closed_still_read_back(tmp_path):
+    # The device tool returns what is under $OUT even when it kills a run at its time limit.
+    raw = (SNAPSHOTS / FORWARD_SNAPSHOTS[0]).read_bytes()
+    packer = truth.SnapshotPacker(tmp_path)
+    entry = packer.add("cut-short", raw)  # no close(): no end-of-archive blocks
+    assert truth.read_snapshot(tmp_path / entry["archive"], entry["member"]) == raw
+
+
+# --- the runner's NVML sampler -------------------------------------------------------------------
+
+
+class _Memory:
+    def __init__(self, used: int) -> None:
+        self.used = used
+
+
+class _ScriptedNvml:
+    """NVML's memory query answering from a list (no NVIDIA driver on the CI machines)."""
+
+    def __init__(self, levels: List[int]) -> None:
+        self.levels = levels
+        self.calls = 0
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> _Memory:
+        level = self.levels[min(self.calls, len(self.levels) - 1)]
+        self.calls += 1
+        return _Memory(level)
+
+
+def test_the_nvml_sampler_keeps_the_peak_between_samples_and_takes_a_last_one():
+    import time
+
+    runner = _load(ROOT / "bench" / "gpu_truth_runner.py", "gpu_truth_runner")
+    # Before CUDA, a rise to a peak, a fall (the allocator freed its cache), the level at the end.
+    nvml = _ScriptedNvml([100, 400, 900, 300, 300])
+    sampler = runner.NvmlSampler(nvml, handle=None, interval=0.001)
+    assert sampler.read() == 100
+    sampler.start()
+    while nvml.calls < 5:
+        time.sleep(0.001)
+    result = sampler.stop()
+    assert result["nvml_peak_used_bytes"] == 900
+    assert result["nvml_final_used_bytes"] == 300
+    assert result["nvml_samples"] == nvml.calls >= 6
+    assert result["nvml_mean_interval_s"] > 0
