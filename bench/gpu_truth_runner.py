@@ -181,6 +181,15 @@ def measure(args: argparse.Namespace) -> Dict[str, Any]:
                   cudnn_version=torch.backends.cudnn.version() if torch.backends.cudnn.is_available()
                   else None)
     cuda = torch.cuda.is_available() and not args.dry_run
+    if not cuda and not args.dry_run:
+        # Running the job on the CPU instead would measure nothing and could take hours (7B).
+        result.update(error="CUDA is not available to torch here (driver, CUDA_VISIBLE_DEVICES "
+                      "or a CPU-only torch build)", measured_total_bytes=0, context_bytes=0,
+                      max_memory_reserved_bytes=0, max_memory_allocated_bytes=0, gpu_name=None,
+                      wall_s=round(time.perf_counter() - started, 3))
+        if sampler:
+            result.update(sampler.stop())
+        return result
     if cuda:
         torch.cuda.synchronize()  # creates the primary context; no allocator involved
         after_context = sampler.read() if sampler else 0

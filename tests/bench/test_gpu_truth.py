@@ -442,3 +442,40 @@ def test_the_nvml_sampler_keeps_the_peak_between_samples_and_takes_a_last_one():
     assert result["nvml_final_used_bytes"] == 300
     assert result["nvml_samples"] == nvml.calls >= 6
     assert result["nvml_mean_interval_s"] > 0
+
+
+# --- what the GPU machine needs ------------------------------------------------------------------
+
+
+def _imports(path: Path) -> Dict[str, List[str]]:
+    """Top-level module of every import in a file, by the function it sits in ("" = module)."""
+    import ast
+
+    found: Dict[str, List[str]] = {}
+
+    def visit(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.ClassDef)) else where
+            if isinstance(child, ast.Import):
+                found.setdefault(where, []).extend(a.name.split(".")[0] for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.level == 0:
+                found.setdefault(where, []).append(child.module.split(".")[0])
+            visit(child, name)
+
+    visit(ast.parse(path.read_text()), "")
+    return found
+
+
+def test_the_measuring_half_imports_only_the_standard_library_torch_and_nvml():
+    allowed = set(sys.stdlib_module_names) | {"__future__"}
+    runner = _imports(ROOT / "bench" / "gpu_truth_runner.py")
+    assert {m for ms in runner.values() for m in ms} - allowed == {"torch", "pynvml"}
+    harness_imports = _imports(ROOT / "bench" / "gpu_truth.py")
+    outside = {where: set(ms) - allowed for where, ms in harness_imports.items()}
+    # pynvml for the pre-flight check; xmem only in the estimating half, which runs here.
+    assert {w: ms for w, ms in outside.items() if ms} == {"_preflight": {"pynvml"},
+                                                           "gpu_key": {"xmem_admission"}}
+    # And the plan prints with nothing but the standard library (no site-packages at all).
+    result = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "gpu_truth.py"),
+                             "--plan"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.returncode == 0, result.stderr
