@@ -318,7 +318,9 @@ def plan_table(jobs: Sequence[Job]) -> str:
 
 
 def _count(n: int) -> str:
-    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f}B"
+    return f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
 
 # --- Measuring half ------------------------------------------------------------------------------
