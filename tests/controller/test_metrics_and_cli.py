@@ -25,9 +25,13 @@ def test_metrics_count_estimations_by_outcome_and_show_held_workloads(harness):
             url = f"http://127.0.0.1:{health.port}/metrics"
             return urllib.request.urlopen(url, timeout=5).read().decode()
 
-        text = wait(lambda: (lambda t: t if metric(t, "xmem_controller_estimates",
-                                                   gpu_model="A100-80GB") else None)(scrape()),
-                    10, "the resync to publish the gauges")
+        def settled(text: str) -> bool:  # the releases are counted after their Events
+            return bool(metric(text, "xmem_controller_estimates", gpu_model="A100-80GB")) and \
+                sum(metric(text, "xmem_controller_released_workloads_total", kind="Job",
+                           outcome=o) or 0 for o in ("estimated", "unchanged")) == 2
+
+        text = wait(lambda: (lambda t: t if settled(t) else None)(scrape()), 10,
+                    "the resync to publish the gauges and both releases")
         assert metric(text, "xmem_controller_estimations_started_total") == 2
         assert metric(text, "xmem_controller_estimations_succeeded_total") == 1
         assert metric(text, "xmem_controller_estimations_failed_total",

@@ -83,18 +83,17 @@ class Informer:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        deadline = time.monotonic() + timeout
+        while self._thread is not None and self._thread.is_alive() and time.monotonic() < deadline:
+            self._interrupt()  # the stream may open just after a first attempt: keep trying
+            self._thread.join(0.05)
+
+    def _interrupt(self) -> None:
         if self._watch is not None:
             self._watch.stop()
-            response = getattr(self._watch, "_resp", None)  # unblock the reading thread now
-            if response is not None:
-                try:
-                    response.close()
-                except Exception:  # noqa: BLE001 - already closed by the other side
-                    pass
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+            interrupt_watch(self._watch)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -160,6 +159,25 @@ class Informer:
             self.handler(kind, obj)
         except Exception:  # noqa: BLE001 - a handler bug must not kill the watch
             log.exception("%s handler failed", self.kind.plural)
+
+
+def interrupt_watch(watcher: Any) -> None:
+    """Wake a thread blocked reading a ``watch.Watch`` stream: shut its socket down.
+
+    Closing the response object from another thread does not wake a ``recv`` already blocked
+    on the socket; shutting the socket down does, and the reader then sees the stream end.
+    """
+    import socket
+
+    response = getattr(watcher, "_resp", None)
+    if response is None:
+        return
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    try:
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the other side
 
 
 def _with_kind(obj: Obj, kind: Kind) -> Obj:

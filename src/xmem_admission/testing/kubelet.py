@@ -28,6 +28,7 @@ import time
 from typing import Any, Dict, Iterable, List, Optional
 
 from xmem_admission import quantity
+from xmem_admission.controller.informer import interrupt_watch
 from xmem_admission.testing import containers as ctr
 from xmem_admission.testing.apiserver import ApiServer
 from xmem_admission.testing.objects import now
@@ -60,6 +61,7 @@ class Kubelet:
         self._logs: Dict[tuple, str] = {}
         self._lock = threading.Lock()
         self._client: Any = None
+        self._watcher: Any = None
         self._thread: Optional[threading.Thread] = None
 
     # --- lifecycle --------------------------------------------------------------------------
@@ -76,6 +78,11 @@ class Kubelet:
 
     def stop(self) -> None:
         self._stop.set()
+        deadline = time.monotonic() + 5
+        while self._thread is not None and self._thread.is_alive() and time.monotonic() < deadline:
+            if self._watcher is not None:  # unblock the watch now rather than at its timeout
+                interrupt_watch(self._watcher)
+            self._thread.join(0.05)
         for event in list(self._deleting.values()):
             event.set()
         for runner in list(self._pods.values()):
@@ -89,8 +96,9 @@ class Kubelet:
 
         while not self._stop.is_set():
             try:
-                stream = watch.Watch().stream(self._client.list_pod_for_all_namespaces,
-                                              timeout_seconds=2, deserialize=False)
+                self._watcher = watch.Watch()
+                stream = self._watcher.stream(self._client.list_pod_for_all_namespaces,
+                                              timeout_seconds=30, deserialize=False)
                 for event in stream:
                     if self._stop.is_set():
                         break
