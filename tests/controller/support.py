@@ -158,10 +158,18 @@ class Harness:
                                         "metadata": {"name": "default"}, "spec": self.spec}))
         return str(path)
 
-    def spawn(self, *extra: str, identity: str = "replica") -> subprocess.Popen:
-        """``xmem controller`` as its own process, against this cluster."""
+    def spawn(self, *extra: str, identity: str = "replica",
+              cluster_policy: bool = False) -> subprocess.Popen:
+        """``xmem controller`` as its own process, against this cluster; its policy from a file,
+        or (``cluster_policy``) from the cluster's GPUAdmissionPolicy ``default``."""
+        if cluster_policy:
+            self.server.create({"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
+                                "metadata": {"name": "default"}, "spec": self.spec})
+            source = ["--policy-name", "default"]
+        else:
+            source = ["--policy", self.policy_file()]
         argv = [sys.executable, "-m", "xmem_admission.cli", "controller",
-                "--kubeconfig", self.cluster.kubeconfig, "--policy", self.policy_file(),
+                "--kubeconfig", self.cluster.kubeconfig, *source,
                 "--probe-image", PROBE_IMAGE, "--metrics-port", "0", "--host", "127.0.0.1",
                 "--identity", identity, "--resync-seconds", "0.5", "--workloads", "Job",
                 *extra]

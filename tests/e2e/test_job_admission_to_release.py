@@ -86,7 +86,7 @@ def test_a_job_goes_from_held_to_estimated_to_a_pod_with_the_backends_resources(
     batch = client.BatchV1Api(cluster.server.api_client())
     core.create_namespace({"metadata": {"name": "ml", "labels": {labels.OPT_IN: "true"}}})
     cluster.server.create(code_map("ml"))
-    cluster.spawn(identity="controller")
+    cluster.spawn(identity="controller", cluster_policy=True)  # the GPUAdmissionPolicy object
 
     job = training_job("train", namespace="ml")
     del job["metadata"]["labels"][labels.OPT_IN]  # opted in through its namespace

@@ -18,7 +18,7 @@ import threading
 import uuid
 from typing import Any, Optional
 
-from xmem_admission.errors import ControllerError
+from xmem_admission.errors import ControllerError, KubeUnavailable
 
 ENV = {
     "kubeconfig": "KUBECONFIG",
@@ -166,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
           f"metrics on http://{args.host}:{health.port}/metrics", file=sys.stderr, flush=True)
     try:
         clean = controller.run(stop, elector)
+    except KubeUnavailable as exc:
+        raise ControllerError(f"the API server is not answering: {exc}") from None
     finally:
         health.stop()
     if not clean:

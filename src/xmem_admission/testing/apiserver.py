@@ -20,69 +20,22 @@ how fault tests stop a controller exactly after a given write.
 from __future__ import annotations
 
 import json
-import re
 import socket
 import ssl
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from xmem_admission.errors import ApiStatusError
 from xmem_admission.testing import status as statuses
 from xmem_admission.testing.api import Api
+from xmem_admission.testing.faults import Fault, Faults
 from xmem_admission.testing.objects import Obj, Resource, WatchEvent
 from xmem_admission.testing.selectors import LabelSelector, field_selector
 
 Observer = Callable[[str, str, int], None]
-
-
-@dataclass
-class Fault:
-    """One injected failure; ``times`` < 0 means every matching request."""
-
-    status: int
-    method: str = "*"
-    path: str = ""  # a regular expression searched in the request path
-    times: int = 1
-    retry_after: Optional[int] = None
-    when: str = "before"  # "before": not handled at all; "after": handled, then the error
-    message: str = ""
-    hits: int = 0
-
-    def matches(self, method: str, path: str, when: str) -> bool:
-        return (self.times != 0 and self.when == when and self.method in ("*", method)
-                and re.search(self.path, path) is not None)
-
-
-@dataclass
-class Faults:
-    """The injected failures of a server, consumed in the order they were added."""
-
-    rules: List[Fault] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, status: int, method: str = "*", path: str = "", times: int = 1,
-            retry_after: Optional[int] = None, when: str = "before", message: str = "") -> Fault:
-        fault = Fault(status, method.upper(), path, times, retry_after, when, message)
-        with self.lock:
-            self.rules.append(fault)
-        return fault
-
-    def take(self, method: str, path: str, when: str) -> Optional[Fault]:
-        with self.lock:
-            for fault in self.rules:
-                if fault.matches(method, path, when):
-                    fault.times -= 1 if fault.times > 0 else 0
-                    fault.hits += 1
-                    return fault
-        return None
-
-    def clear(self) -> None:
-        with self.lock:
-            self.rules.clear()
 
 
 def _route(parts: List[str]) -> Tuple[str, str, List[str]]:
