@@ -120,6 +120,9 @@ class DeviceMode(TorchFunctionMode):
             torch.Tensor.numpy: self._numpy,
             F.dropout: self._dropout,
             F.scaled_dot_product_attention: self._sdpa,
+            torch.Tensor.backward: self._tensor_backward,
+            torch.autograd.backward: self._autograd,
+            torch.autograd.grad: self._autograd,
         }
 
     # -- entry ------------------------------------------------------------------------------
@@ -194,6 +197,30 @@ class DeviceMode(TorchFunctionMode):
 
     def _device(self, func, args, kwargs):  # noqa: ANN001
         return CUDA0 if self.tracker.is_cuda(args[0]) else func(*args, **kwargs)
+
+    # -- autograd ---------------------------------------------------------------------------
+    # A torch-function mode is switched off while its handler runs, so a backward pass started
+    # from here would run without it: activation checkpointing would then recompute the forward
+    # without the CUDA kernels and casts of the original forward (a different set of saved
+    # tensors, which torch.utils.checkpoint rejects). The engine call runs with this mode pushed
+    # again and autograd's own torch-function check answered "no" for that one call.
+    def _tensor_backward(self, func, args, kwargs):  # noqa: ANN001
+        bound = _bind(("self", "gradient", "retain_graph", "create_graph", "inputs"),
+                      (None, None, None, False, None), args, kwargs)
+        return self._autograd(torch.autograd.backward, (bound["self"],), {
+            "grad_tensors": bound["gradient"], "retain_graph": bound["retain_graph"],
+            "create_graph": bound["create_graph"], "inputs": bound["inputs"]})
+
+    def _autograd(self, func, args, kwargs):  # noqa: ANN001
+        import torch.autograd as autograd_module
+
+        real = autograd_module.has_torch_function
+        autograd_module.has_torch_function = _never
+        try:
+            with self:
+                return func(*args, **kwargs)
+        finally:
+            autograd_module.has_torch_function = real
 
     # -- values -----------------------------------------------------------------------------
     def _item(self, func, args, kwargs):  # noqa: ANN001
@@ -272,6 +299,10 @@ class DeviceMode(TorchFunctionMode):
 
         return cuda_sdpa(q, k, v, params["attn_mask"], params["dropout_p"], params["is_causal"],
                          params["scale"], params["enable_gqa"], self.capability)
+
+
+def _never(*_args: Any) -> bool:
+    return False
 
 
 def _bind(names: Tuple[str, ...], defaults: Tuple[Any, ...], args: tuple,

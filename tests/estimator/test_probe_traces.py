@@ -116,3 +116,18 @@ def test_a_script_that_raises_is_reported_with_its_traceback(probe_run, script):
 def test_a_script_without_an_optimizer_step_is_reported(probe_run, script):
     result, _ = probe_run([script("no_step.py")])
     assert result.status == "no_step"
+
+
+@pytest.mark.parametrize("amp", [[], ["--amp", "bf16"], ["--amp", "fp16"]])
+def test_activation_checkpointing_recomputes_under_the_virtual_gpu(probe_run, amp):
+    import os
+
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_gpt.py")
+    args = [example, "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128",
+            "--seq-len", "16", "--batch-size", "2"] + amp
+    plain, _ = probe_run(args, "fake", steps=2)
+    ckpt, _ = probe_run(args + ["--grad-ckpt"], "fake", steps=2)
+    assert plain.status == ckpt.status == "ok", ckpt.reason
+    # the recomputation in backward allocates the block's activations a second time
+    forward_allocs = sum(1 for e in allocs(ckpt.trace) if e[5] == "backward")
+    assert forward_allocs > sum(1 for e in allocs(plain.trace) if e[5] == "backward")
