@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -27,6 +26,7 @@ from xmem_admission.controller.manager import Controller
 from xmem_admission.policy import Policy
 from xmem_admission.sources import StaticPolicySource
 from xmem_admission.store import MemoryStore
+from xmem_admission.testing.apiserver import wait_for as wait  # noqa: F401 - tests poll with it
 from xmem_admission.testing.cluster import PROBE_IMAGE, Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -223,14 +223,3 @@ class Harness:
 
 def template_annotations(job: Dict[str, Any]) -> Dict[str, str]:
     return job["spec"]["template"]["metadata"].get("annotations") or {}
-
-
-def wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.05)

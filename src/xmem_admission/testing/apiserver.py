@@ -475,11 +475,17 @@ class ApiServer:
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 30.0,
                  what: str = "condition") -> Any:
         """Poll ``predicate`` until it returns something truthy; AssertionError on timeout."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-            time.sleep(0.05)
+        return wait_for(predicate, timeout, what)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` every 50 ms until it returns something truthy, and return that;
+    AssertionError naming ``what`` after ``timeout`` seconds (tests wait on the cluster so)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
