@@ -28,9 +28,23 @@ PACKAGE = "xmem_admission"
 ROOTS = ("sitehook",)
 # Third-party top-level modules a bundle module may import (the user's image has them).
 ALLOWED_THIRD_PARTY = frozenset({"torch", "typing_extensions"})
-_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset({
-    "__future__", "typing", "dataclasses", "enum", "json", "os", "sys", "math", "time",
-})
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))  # Python 3.10+
+
+
+def _is_stdlib(name: str) -> bool:
+    """Whether a top-level module ships with Python (by list on 3.10+, by location on 3.9)."""
+    if _STDLIB:
+        return name in _STDLIB
+    import importlib.util
+    import sysconfig
+
+    if name in sys.builtin_module_names:
+        return True
+    spec = importlib.util.find_spec(name)
+    origin = (spec.origin or "") if spec is not None else ""
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    return origin in ("built-in", "frozen") or (
+        any(origin.startswith(r) for r in roots) and "site-packages" not in origin)
 
 
 def package_dir() -> str:
@@ -73,7 +87,7 @@ def closure(roots: Sequence[str] = ROOTS, source: Optional[str] = None) -> List[
                 parts = imported.split(".")
                 if len(parts) >= 2:
                     pending.append(parts[1])
-            elif top not in _STDLIB and top not in ALLOWED_THIRD_PARTY:
+            elif top not in ALLOWED_THIRD_PARTY and not _is_stdlib(top):
                 raise BundleError(f"{PACKAGE}.{name} imports {imported!r}, which a user's image "
                                   "does not have: the probe bundle may only use the standard "
                                   "library and torch")

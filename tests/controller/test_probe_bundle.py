@@ -131,3 +131,10 @@ def test_the_bundle_can_be_rebuilt_in_place(built, tmp_path):
     second = bundle.build(str(target))
     assert first == second
     assert sorted(os.listdir(target)) == ["sitecustomize.py", "xmem_admission"]
+
+
+def test_on_python_3_9_without_a_stdlib_list_the_wall_is_checked_by_location(monkeypatch):
+    expected = bundle.closure()
+    monkeypatch.setattr(bundle, "_STDLIB", frozenset())  # sys.stdlib_module_names is 3.10+
+    assert bundle.closure() == expected
+    assert bundle._is_stdlib("argparse") and not bundle._is_stdlib("kubernetes")
