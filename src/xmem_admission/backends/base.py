@@ -8,8 +8,9 @@ second pass changes nothing, which is what makes reinvocation give an empty patc
 from __future__ import annotations
 
 import abc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from xmem_admission import gpus, quantity
 from xmem_admission.errors import InvalidObjectError, QuantityError
@@ -40,6 +41,19 @@ class Applied:
     warnings: List[str] = field(default_factory=list)
 
 
+@contextmanager
+def quantity_at(where: str) -> Iterator[None]:
+    """Turn a quantity that does not parse into ``InvalidObjectError`` naming ``where`` it stands.
+
+    A malformed hand-set request is the object's fault (the API server answers 400 with the
+    field), not the webhook's; every backend reads its form through this so the message agrees.
+    """
+    try:
+        yield
+    except QuantityError as exc:
+        raise InvalidObjectError(f"{where}: {exc}") from None
+
+
 def resource_request(
     container: Mapping[str, Any], index: int, name: str, unit: int, cards: int = 1
 ) -> Optional[Existing]:
@@ -48,10 +62,8 @@ def resource_request(
     if value is None:
         return None
     field = f"spec.containers[{index}].resources.limits[{name}]"
-    try:
+    with quantity_at(field):
         size = quantity.parse_count(value) * unit // cards
-    except QuantityError as exc:
-        raise InvalidObjectError(f"{field}: {exc}") from None
     return Existing(f"{name}: {value}", size, field)
 
 
@@ -108,3 +120,40 @@ class Backend(abc.ABC):
     ) -> List[GpuContainer]:
         """The containers without a request in this backend's form (the ones ``apply`` writes)."""
         return [c for c in containers if self.existing(ref.template, c[0], c[1], gpu) is None]
+
+
+class ContainerBackend(Backend):
+    """A backend whose form lives in each container, so ``apply`` writes pending ones one by one.
+
+    One ``apply`` for all of them keeps their order the same: nothing pending writes and warns
+    nothing; a refusal (a pod the form cannot express) writes nothing in any container, so the
+    pod keeps whole GPUs rather than a half-converted mix; otherwise every pending one is written.
+    """
+
+    def apply(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        pending = self.pending(ref, containers, gpu)
+        if not pending:
+            return Applied()
+        refusal = self.refusal(pending, request_bytes, gpu)
+        if refusal is not None:
+            return Applied(warnings=[refusal])
+        return Applied(written=[self.write(draft, ref, c, request_bytes, gpu) for c in pending])
+
+    def refusal(
+        self, pending: Sequence[GpuContainer], request_bytes: int, gpu: gpus.GPU
+    ) -> Optional[str]:
+        """Why this pod cannot take the form (the warning), or None to write every container."""
+        return None
+
+    @abc.abstractmethod
+    def write(
+        self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
+    ) -> str:
+        """Write one pending container's request; returns what was written, for the warning."""

@@ -11,8 +11,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from xmem_admission import gpus
 from xmem_admission.backends.base import (
-    Applied,
-    Backend,
+    ContainerBackend,
     Existing,
     GpuContainer,
     drop_resource,
@@ -31,7 +30,7 @@ from xmem_admission.resources import (
 )
 
 
-class GpushareBackend(Backend):
+class GpushareBackend(ContainerBackend):
     name = BackendName.GPUSHARE
 
     def existing(
@@ -40,27 +39,21 @@ class GpushareBackend(Backend):
         cards = max(1, gpu_count(container, template.get("metadata") or {}))
         return resource_request(container, index, GPUSHARE_MEM, GiB, cards)
 
-    def apply(
-        self,
-        draft: Draft,
-        ref: TemplateRef,
-        containers: Sequence[GpuContainer],
-        request_bytes: int,
-        gpu: gpus.GPU,
-    ) -> Applied:
-        out = Applied()
-        pending = self.pending(ref, containers, gpu)
-        counts = {count for _, _, count in pending}
-        if len(counts) > 1:
-            out.warnings.append(
-                "xmem: gpushare needs one GPU count per pod; GPU requests left unchanged"
-            )
-            return out
+    def refusal(
+        self, pending: Sequence[GpuContainer], request_bytes: int, gpu: gpus.GPU
+    ) -> Optional[str]:
+        # The gpu-count label is per pod, so every container must spread over the same count.
+        if len({count for _, _, count in pending}) > 1:
+            return "xmem: gpushare needs one GPU count per pod; GPU requests left unchanged"
+        return None
+
+    def write(
+        self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
+    ) -> str:
+        index, _container, count = target
         per_card = ceil_div(request_bytes, GiB)
-        for index, _container, count in pending:
-            drop_resource(draft, ref, index, NVIDIA_GPU)
-            set_limit(draft, ref, index, GPUSHARE_MEM, str(per_card * count))
-            if count > 1:
-                draft.set(ref.at("metadata", "labels", GPUSHARE_COUNT), str(count))
-            out.written.append(f"{GPUSHARE_MEM} {per_card * count} GiB")
-        return out
+        drop_resource(draft, ref, index, NVIDIA_GPU)
+        set_limit(draft, ref, index, GPUSHARE_MEM, str(per_card * count))
+        if count > 1:
+            draft.set(ref.at("metadata", "labels", GPUSHARE_COUNT), str(count))
+        return f"{GPUSHARE_MEM} {per_card * count} GiB"

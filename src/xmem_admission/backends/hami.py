@@ -5,12 +5,11 @@ number of vGPUs. HAMi reads limits, then requests; without gpumem a vGPU gets th
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from xmem_admission import gpus
 from xmem_admission.backends.base import (
-    Applied,
-    Backend,
+    ContainerBackend,
     Existing,
     GpuContainer,
     mib,
@@ -24,7 +23,7 @@ from xmem_admission.quantity import MiB
 from xmem_admission.resources import HAMI_GPUMEM, HAMI_GPUMEM_PERCENT
 
 
-class HamiBackend(Backend):
+class HamiBackend(ContainerBackend):
     name = BackendName.HAMI
 
     def existing(
@@ -38,16 +37,8 @@ class HamiBackend(Backend):
             return None
         return Existing(percent.what, percent.bytes_per_gpu // 100, percent.field)
 
-    def apply(
-        self,
-        draft: Draft,
-        ref: TemplateRef,
-        containers: Sequence[GpuContainer],
-        request_bytes: int,
-        gpu: gpus.GPU,
-    ) -> Applied:
-        out = Applied()
-        for index, _container, _count in self.pending(ref, containers, gpu):
-            set_limit(draft, ref, index, HAMI_GPUMEM, str(mib(request_bytes)))
-            out.written.append(f"{HAMI_GPUMEM} {mib(request_bytes)} MiB")
-        return out
+    def write(
+        self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
+    ) -> str:
+        set_limit(draft, ref, target[0], HAMI_GPUMEM, str(mib(request_bytes)))
+        return f"{HAMI_GPUMEM} {mib(request_bytes)} MiB"

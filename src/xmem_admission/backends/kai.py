@@ -17,8 +17,8 @@ from xmem_admission.backends.base import (
     GpuContainer,
     drop_resource,
     mib,
+    quantity_at,
 )
-from xmem_admission.errors import InvalidObjectError, QuantityError
 from xmem_admission.integrations.base import TemplateRef
 from xmem_admission.patch import Draft
 from xmem_admission.policy import BackendName
@@ -32,28 +32,32 @@ from xmem_admission.resources import (
 )
 
 
+def _annotations(template: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod template's annotations, where KAI keeps the share (empty when there are none)."""
+    return (template.get("metadata") or {}).get("annotations") or {}
+
+
 class KaiBackend(Backend):
     name = BackendName.KAI
 
     def existing(
         self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
-        annotations = (template.get("metadata") or {}).get("annotations") or {}
+        annotations = _annotations(template)
         if index != kai_target_index(template):
             return None
-        field = "metadata.annotations"
-        try:
-            if KAI_MEMORY in annotations:
-                value = annotations[KAI_MEMORY]
-                field = f"metadata.annotations[{KAI_MEMORY}]"
-                return Existing(f"{KAI_MEMORY}: {value}", quantity.parse_count(value) * MiB, field)
-            if KAI_FRACTION in annotations:
-                value = annotations[KAI_FRACTION]
-                field = f"metadata.annotations[{KAI_FRACTION}]"
+        if KAI_MEMORY in annotations:
+            value = annotations[KAI_MEMORY]
+            field = f"metadata.annotations[{KAI_MEMORY}]"
+            with quantity_at(field):
+                size = quantity.parse_count(value) * MiB
+            return Existing(f"{KAI_MEMORY}: {value}", size, field)
+        if KAI_FRACTION in annotations:
+            value = annotations[KAI_FRACTION]
+            field = f"metadata.annotations[{KAI_FRACTION}]"
+            with quantity_at(field):
                 share = int(quantity.parse(value) * gpu.capacity_bytes)
-                return Existing(f"{KAI_FRACTION}: {value}", share, field)
-        except QuantityError as exc:
-            raise InvalidObjectError(f"{field}: {exc}") from None
+            return Existing(f"{KAI_FRACTION}: {value}", share, field)
         return None
 
     def apply(
@@ -65,7 +69,7 @@ class KaiBackend(Backend):
         gpu: gpus.GPU,
     ) -> Applied:
         out = Applied()
-        annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
+        annotations = _annotations(ref.template)
         if KAI_MEMORY in annotations or KAI_FRACTION in annotations:
             return out  # the pod already has its share, set by hand or by an earlier pass
         if len(containers) != 1 or containers[0][2] != 1:

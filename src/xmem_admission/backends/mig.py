@@ -17,13 +17,14 @@ from xmem_admission import gpus, quantity
 from xmem_admission.backends.base import (
     Applied,
     Backend,
+    ContainerBackend,
     Existing,
     GpuContainer,
     drop_resource,
     mib,
+    quantity_at,
     set_limit,
 )
-from xmem_admission.errors import InvalidObjectError, QuantityError
 from xmem_admission.integrations.base import TemplateRef
 from xmem_admission.patch import Draft
 from xmem_admission.policy import BackendName
@@ -34,11 +35,18 @@ _TERMS = ("spec", "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDu
           "nodeSelectorTerms")
 
 
-def _no_slice(gpu: gpus.GPU, request_bytes: int) -> str:
+def _no_slice(gpu: gpus.GPU, request_bytes: int) -> Optional[str]:
+    """The warning when no slice of ``gpu`` holds the request, else None.
+
+    Both strategies refuse the same pods: mixed needs the profile to name, single must not send
+    a pod to nodes whose slices can never hold it.
+    """
+    if gpus.smallest_mig_profile(gpu, request_bytes) is not None:
+        return None
     return f"xmem: no MIG slice of {gpu.key} holds {gib(request_bytes)} GiB; whole GPUs kept"
 
 
-class MigMixedBackend(Backend):
+class MigMixedBackend(ContainerBackend):
     name = BackendName.MIG_MIXED
 
     def existing(
@@ -53,27 +61,21 @@ class MigMixedBackend(Backend):
         field = f"spec.containers[{index}].resources.limits[{name}]"
         return Existing(f"{name}: {migs[name]}", known.get(profile), field)
 
-    def apply(
-        self,
-        draft: Draft,
-        ref: TemplateRef,
-        containers: Sequence[GpuContainer],
-        request_bytes: int,
-        gpu: gpus.GPU,
-    ) -> Applied:
-        out = Applied()
-        pending = self.pending(ref, containers, gpu)
-        if not pending:
-            return out
+    def refusal(
+        self, pending: Sequence[GpuContainer], request_bytes: int, gpu: gpus.GPU
+    ) -> Optional[str]:
+        return _no_slice(gpu, request_bytes)
+
+    def write(
+        self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
+    ) -> str:
+        index, _container, count = target
         profile = gpus.smallest_mig_profile(gpu, request_bytes)
-        if profile is None:
-            out.warnings.append(_no_slice(gpu, request_bytes))
-            return out
-        for index, _container, count in pending:
-            drop_resource(draft, ref, index, NVIDIA_GPU)
-            set_limit(draft, ref, index, profile.resource_name, str(count))
-            out.written.append(f"{profile.resource_name}: {count}")
-        return out
+        if profile is None:  # refusal() has stopped apply() with a warning before any write
+            raise AssertionError(f"no MIG slice of {gpu.key} for {request_bytes} bytes")
+        drop_resource(draft, ref, index, NVIDIA_GPU)
+        set_limit(draft, ref, index, profile.resource_name, str(count))
+        return f"{profile.resource_name}: {count}"
 
 
 def _gpu_memory_terms(template: Mapping[str, Any]) -> List[Dict[str, Any]]:
@@ -97,7 +99,7 @@ class MigSingleBackend(Backend):
     ) -> Optional[Existing]:
         selector = ((template.get("spec") or {}).get("nodeSelector") or {}).get(GPU_MEMORY_LABEL)
         exprs = _gpu_memory_terms(template)
-        try:
+        with quantity_at(GPU_MEMORY_LABEL):
             if selector is not None:
                 field = f"spec.nodeSelector[{GPU_MEMORY_LABEL}]"
                 size = quantity.parse_count(selector) * MiB
@@ -112,8 +114,6 @@ class MigSingleBackend(Backend):
                 elif expr.get("operator") == "In" and values:
                     low = min(values) * MiB
                 return Existing(f"{GPU_MEMORY_LABEL} {expr.get('operator')} {values}", low, field)
-        except QuantityError as exc:
-            raise InvalidObjectError(f"{GPU_MEMORY_LABEL}: {exc}") from None
         return None
 
     def apply(
@@ -127,8 +127,9 @@ class MigSingleBackend(Backend):
         out = Applied()
         if not self.pending(ref, containers, gpu):
             return out
-        if gpus.smallest_mig_profile(gpu, request_bytes) is None:
-            out.warnings.append(_no_slice(gpu, request_bytes))
+        refusal = _no_slice(gpu, request_bytes)
+        if refusal is not None:
+            out.warnings.append(refusal)
             return out
         expr = {"key": GPU_MEMORY_LABEL, "operator": "Gt", "values": [str(mib(request_bytes) - 1)]}
         terms = draft.get(ref.at(*_TERMS))

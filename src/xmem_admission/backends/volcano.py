@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from xmem_admission import gpus
 from xmem_admission.backends.base import (
-    Applied,
-    Backend,
+    ContainerBackend,
     Existing,
     GpuContainer,
     drop_resource,
@@ -24,7 +23,7 @@ from xmem_admission.quantity import MiB
 from xmem_admission.resources import NVIDIA_GPU, VOLCANO_MEMORY, VOLCANO_NUMBER, resource_value
 
 
-class VolcanoBackend(Backend):
+class VolcanoBackend(ContainerBackend):
     name = BackendName.VOLCANO
 
     def existing(
@@ -32,19 +31,12 @@ class VolcanoBackend(Backend):
     ) -> Optional[Existing]:
         return resource_request(container, index, VOLCANO_MEMORY, MiB)
 
-    def apply(
-        self,
-        draft: Draft,
-        ref: TemplateRef,
-        containers: Sequence[GpuContainer],
-        request_bytes: int,
-        gpu: gpus.GPU,
-    ) -> Applied:
-        out = Applied()
-        for index, container, count in self.pending(ref, containers, gpu):
-            if resource_value(container, VOLCANO_NUMBER) is None:
-                set_limit(draft, ref, index, VOLCANO_NUMBER, str(count))
-            drop_resource(draft, ref, index, NVIDIA_GPU)
-            set_limit(draft, ref, index, VOLCANO_MEMORY, str(mib(request_bytes)))
-            out.written.append(f"{VOLCANO_MEMORY} {mib(request_bytes)} MiB")
-        return out
+    def write(
+        self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
+    ) -> str:
+        index, container, count = target
+        if resource_value(container, VOLCANO_NUMBER) is None:
+            set_limit(draft, ref, index, VOLCANO_NUMBER, str(count))
+        drop_resource(draft, ref, index, NVIDIA_GPU)
+        set_limit(draft, ref, index, VOLCANO_MEMORY, str(mib(request_bytes)))
+        return f"{VOLCANO_MEMORY} {mib(request_bytes)} MiB"
