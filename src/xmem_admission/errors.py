@@ -167,10 +167,6 @@ class KubeUnavailable(Exception):
     """Raised by the controller's API facade when 429/5xx or connection failures outlast its retries."""
 
 
-class LeadershipLost(Exception):
-    """Raised inside the controller when its Lease was taken or could not be renewed in time."""
-
-
 class ContainerConfigError(Exception):
     """Raised by the stand-in kubelet when a container cannot be created (CreateContainerConfigError)."""
 
