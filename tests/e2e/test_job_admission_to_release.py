@@ -122,3 +122,54 @@ def test_a_job_goes_from_held_to_estimated_to_a_pod_with_the_backends_resources(
     [gme] = cluster.gmes("ml")
     assert (gme["status"]["gpu"], gme["status"]["requestBytes"]) == ("A100-80GB", request)
     assert serve.poll() is None  # the webhook served throughout
+
+
+def test_in_a_cluster_the_webhook_sizes_a_repeat_job_at_once_from_the_recorded_estimate(
+        cluster, tmp_path):
+    """`xmem serve` with cluster credentials and no policy file reads the GPUAdmissionPolicy and
+    the controller's GPUMemoryEstimates: a second Job with the same fingerprint is not held."""
+    (tmp_path / "tls").mkdir()
+    certs = Certificates(tmp_path / "tls")
+    cluster.spawn(identity="controller", cluster_policy=True)  # creates the policy object too
+    log_path = cluster.root / "serve-cluster.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - owned by the child
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "xmem_admission.cli", "serve", "--cert-file", str(certs.cert_file),
+         "--key-file", str(certs.key_file), "--host", "127.0.0.1", "--port", "0",
+         "--metrics-port", "0", "--kubeconfig", cluster.cluster.kubeconfig,
+         "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    cluster.processes.append(serve)
+    port = int(wait(lambda: (lambda m: m.group(1) if m else None)(re.search(
+        r"admission on https://127\.0\.0\.1:(\d+)", log_path.read_text())), 30,
+        "xmem serve to listen"))
+    assert "policy GPUAdmissionPolicy/default" in log_path.read_text()
+    for configuration in _webhook_configurations(port, certs.ca_file.read_bytes()):
+        cluster.server.create(configuration)
+    core = client.CoreV1Api(cluster.server.api_client())
+    batch = client.BatchV1Api(cluster.server.api_client())
+    core.create_namespace({"metadata": {"name": "ml", "labels": {labels.OPT_IN: "true"}}})
+    cluster.server.create(code_map("ml"))
+
+    first = training_job("first", namespace="ml")
+    created = json.loads(batch.create_namespaced_job("ml", first, _preload_content=False).data)
+    assert created["spec"]["suspend"] is True
+
+    def released() -> Dict[str, Any]:
+        obj = json.loads(batch.read_namespaced_job("first", "ml", _preload_content=False).data)
+        return obj if labels.HELD_REASON not in obj["metadata"]["annotations"] else None
+
+    request = template_annotations(wait(released, 120, "the first Job's release"))[
+        labels.REQUEST_BYTES]
+
+    def sized_at_once() -> Dict[str, Any]:
+        # dryRun: no side effects, so the answer can be asked for until the watch has caught up
+        answer = json.loads(batch.create_namespaced_job(
+            "ml", training_job("second", namespace="ml"), dry_run="All",
+            _preload_content=False).data)
+        return answer if not answer["spec"].get("suspend") else None
+
+    second = wait(sized_at_once, 30, "the webhook's store to see the recorded estimate")
+    assert template_annotations(second)[labels.REQUEST_BYTES] == request
+    assert labels.HELD_REASON not in second["metadata"].get("annotations", {})
+    assert serve.poll() is None

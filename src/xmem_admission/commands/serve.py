@@ -84,6 +84,22 @@ def _cluster_source(args: argparse.Namespace, on_error: Any) -> Any:
     return ClusterPolicySource(client.ApiClient(), args.policy_name, on_error=on_error)
 
 
+def _cluster_store() -> Any:
+    """In a cluster: the GPUMemoryEstimate resources the controller records, watched into memory.
+
+    The watch fills the store in the background: until it has synced, a workload simply finds no
+    estimate and is held, and the controller reuses the recorded estimate for its fingerprint.
+    """
+    from kubernetes import client
+
+    from xmem_admission.controller.kube import Kube
+    from xmem_admission.controller.store import KubeStore
+
+    store = KubeStore(Kube(client.ApiClient()))
+    store.informer.start()
+    return store
+
+
 def run(args: argparse.Namespace) -> int:
     from xmem_admission.admission.webhook import Webhook
     from xmem_admission.metrics import AdmissionMetrics
@@ -109,7 +125,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         policy = _cluster_source(args, on_error)
         where = f"GPUAdmissionPolicy/{args.policy_name}"
-    store = MemoryStore.from_directory(args.estimates) if args.estimates else MemoryStore()
+    if args.estimates or args.policy:
+        # Stand-alone: an in-memory store, seeded from estimate files when given.
+        store: Any = (MemoryStore.from_directory(args.estimates) if args.estimates
+                      else MemoryStore())
+    else:
+        store = _cluster_store()
     server = AdmissionServer(
         Webhook(policy, store, metrics),
         policy,
