@@ -69,6 +69,18 @@ def test_a_job_with_a_recorded_estimate_is_patched_at_create(served: HttpsWebhoo
     assert given == 12800 << 20
 
 
+def test_a_released_jobs_pod_records_its_request_under_the_job(served: HttpsWebhook) -> None:
+    pod = (make_pod("train-x7k2p").opt_in().gpus(1).owned_by("Job", "train")
+           .template_annotation(labels.REQUEST_BYTES, str(12 << 30))
+           .template_annotation(labels.GPU_MODEL, "A100-80GB").obj())
+    patched = served.send(review(pod)).patched()
+    assert patched["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] == "12288"
+    text = served.health.get("/metrics").text
+    given = metric(text, "xmem_estimate_request_bytes", workload="train", namespace="ml",
+                   kind="Job")
+    assert given == 12 << 30
+
+
 def test_workloads_without_the_opt_in_or_without_gpus_pass_unchanged(served: HttpsWebhook) -> None:
     plain = served.send(review(make_job("a").gpus(1).obj()))
     cpu_only = served.send(review(make_job("b").opt_in().obj()))

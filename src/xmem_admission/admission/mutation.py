@@ -58,6 +58,7 @@ class Outcome:
     decision: Decision = Decision.ALLOWED
     warnings: List[str] = field(default_factory=list)
     applied: List[Plan] = field(default_factory=list)  # plans made from a recorded estimate
+    carried: List[Plan] = field(default_factory=list)  # plans read from request annotations
     held: bool = False
     message: str = ""  # the denial message when decision is DENIED
 
@@ -179,6 +180,7 @@ def mutate(
     if all(plan is not None for plan in carried):
         for template, plan in zip(templates, carried):
             assert plan is not None
+            outcome.carried.append(plan)
             outcome.warnings.extend(apply_backend(draft, template, plan))
     elif ctx.record is not None:
         for template, plan in zip(templates, carried):

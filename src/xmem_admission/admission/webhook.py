@@ -205,4 +205,13 @@ class Webhook:
                 self.metrics.record_request(
                     req.namespace, workload.name, integration.kind, gpu, plan.request_bytes
                 )
+            owner = integration.owner(obj) if outcome.carried else None
+            for plan in outcome.carried:
+                # A released workload's pods carry the request in an annotation: record it under
+                # the owning workload (the Job), which is what dashboards join actual usage on.
+                kind, name = ((str(owner.get("kind") or ""), str(owner.get("name") or ""))
+                              if owner else (integration.kind, workload.name))
+                self.metrics.record_request(
+                    req.namespace, name, kind, plan.target.gpu.key, plan.request_bytes
+                )
         return Verdict(decision, patch=ops, warnings=outcome.warnings)
