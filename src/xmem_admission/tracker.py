@@ -51,6 +51,11 @@ _NO_VALUE_PACKETS = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_e
 _BLAS_PACKETS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.mv,
                  aten.dot, aten.vdot, aten._addmm_activation}
 
+# NaN/Inf checks and the answer they give on values fake mode does not know (see
+# _propagate_shadows); HF Trainer, for one, filters its logged loss this way every step.
+_FINITE_CHECKS = {aten.isnan: False, aten.isinf: False, aten.isposinf: False,
+                  aten.isneginf: False, aten.isfinite: True}
+
 # Provisional categories by phase; refined when the block is freed (see ``_on_free``).
 _PHASE_CATEGORY = {
     "forward": Category.ACTIVATION.value,
@@ -190,6 +195,12 @@ class AllocationTracker(TorchDispatchMode):
             self._forget_mutated(func, args)
             return
         real = self._run_real(func, args, kwargs, inputs, limit)
+        if real is _MISSING and func.overloadpacket in _FINITE_CHECKS and len(outs) == 1:
+            # Values fake mode does not know are taken to be finite (as the patched GradScaler
+            # does): a NaN/Inf check on them answers "no" instead of stopping the trace.
+            with _disable_current_modes():
+                real = torch.full(tuple(outs[0].shape), _FINITE_CHECKS[func.overloadpacket],
+                                  dtype=torch.bool)
         if real is _MISSING:
             self._forget_mutated(func, args)
             return

@@ -131,3 +131,22 @@ def test_activation_checkpointing_recomputes_under_the_virtual_gpu(probe_run, am
     # the recomputation in backward allocates the block's activations a second time
     forward_allocs = sum(1 for e in allocs(ckpt.trace) if e[5] == "backward")
     assert forward_allocs > sum(1 for e in allocs(plain.trace) if e[5] == "backward")
+
+
+def test_a_hugging_face_trainer_with_gradient_accumulation_traces_in_fake_mode(probe_run, script):
+    result, _ = probe_run([script("hf_trainer.py")], "fake", steps=2)
+    assert result.status == "ok", result.reason
+    assert result.steps == 2
+    by_cat = bytes_by_category(result.trace)
+    # GPT-2, 2 layers, 64 wide, 256 tokens, 64 positions (lm_head tied to the token embedding):
+    # wte 16,384 + wpe 4,096 + 2 x 49,984 per block + ln_f 128 = 120,576 fp32 parameters;
+    # AdamW keeps two states per parameter
+    params = 256 * 64 + 64 * 64 + 2 * (2 * 128 + 64 * 192 + 192 + 64 * 64 + 64
+                                       + 64 * 256 + 256 + 256 * 64 + 64) + 128
+    assert params == 120_576
+    assert by_cat["parameter"] == params * 4
+    # On CUDA the Trainer picks fused AdamW, which keeps each of the 28 parameter tensors' step
+    # counter on the GPU as a 4-byte float (optimizer.py, _get_scalar_dtype / fused init)
+    assert by_cat["optimizer_state"] == 2 * params * 4 + 28 * 4
+    # two micro-batches per optimizer step, each its own forward
+    assert sum(1 for e in result.trace.events if e[0] == "mark" and e[1].startswith("step")) == 2
