@@ -27,7 +27,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import httpx
 import jsonschema
@@ -238,6 +238,7 @@ def stack(tmp_path_factory) -> Iterator[Dict[str, Any]]:
     client = httpx.Client(base_url=f"https://localhost:{port}", timeout=10,
                           verify=ssl.create_default_context(cafile=str(certs / "ca.crt")))
     answers: Dict[str, Dict[str, Any]] = {}
+    sender: Optional[threading.Thread] = None
     try:
         _wait_for(lambda: httpx.get(f"http://127.0.0.1:{metrics_port}/readyz").status_code == 200,
                   "xmem serve ready", serve)
@@ -266,6 +267,8 @@ def stack(tmp_path_factory) -> Iterator[Dict[str, Any]]:
         yield {"api": api, "answers": answers}
     finally:
         stop.set()
+        if sender is not None:
+            sender.join(15)  # let a request in flight finish before its client closes
         client.close()
         for process in (prom, serve, controller):
             process.terminate()
