@@ -59,6 +59,8 @@ _FINITE_CHECKS = {aten.isnan: False, aten.isinf: False, aten.isposinf: False,
 # Provisional categories by phase; refined when the block is freed (see ``_on_free``).
 _PHASE_CATEGORY = {
     "forward": Category.ACTIVATION.value,
+    # between the model's forward and backward: the loss, whose inputs autograd keeps
+    "loss": Category.ACTIVATION.value,
     "backward": Category.TEMPORARY.value,
     "optimizer": Category.OPTIMIZER_STATE.value,
 }
