@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import IO, Any, Dict, List, Optional, Sequence
 
 from xmem_admission import gpus as catalogue
@@ -76,7 +76,6 @@ class Estimate:
     probe_seconds: float = 0.0
     probe_peak_rss_bytes: int = 0
     trace_events: int = 0
-    extra: Dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"mode": self.mode, "steps": self.steps,

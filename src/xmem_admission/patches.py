@@ -7,7 +7,7 @@ that goes on afterwards (tests, the estimation pod's ``sitecustomize``).
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -99,7 +99,6 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
                     tracker: AllocationTracker) -> None:
     cuda = torch.cuda
     capability = (props.major, props.minor)
-    state: Dict[str, int] = {"peak_reset": 0}
 
     def rng_state(*_a: Any, **_k: Any) -> torch.Tensor:
         from torch.utils._python_dispatch import _disable_current_modes
@@ -108,7 +107,7 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
             return torch.zeros(16, dtype=torch.uint8)
 
     def peak(*_a: Any, **_k: Any) -> int:
-        return max(tracker.peak_live_bytes, state["peak_reset"])
+        return tracker.peak_live_bytes
 
     def reset_peak(*_a: Any, **_k: Any) -> None:
         tracker.peak_live_bytes = tracker.live_bytes

@@ -21,7 +21,7 @@ Runs inside users' images: Python >= 3.9, torch >= 2.1, no other dependency.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -136,7 +136,7 @@ class AllocationTracker(TorchDispatchMode):
 
     def shadow(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
         """The real value behind ``tensor`` when it is known (always, outside fake mode)."""
-        if not self.fake or not _is_fake(tensor):
+        if not self.fake or not is_fake(tensor):
             return tensor
         return self._shadows.get(tensor)
 
@@ -210,7 +210,7 @@ class AllocationTracker(TorchDispatchMode):
         if len(real_outs) != len(outs):
             return
         for fake_t, real_t in zip(outs, real_outs):
-            if _is_fake(fake_t):
+            if is_fake(fake_t):
                 self._shadows[fake_t] = real_t
 
     def _run_real(self, func, args, kwargs, inputs, limit):  # noqa: ANN001
@@ -365,13 +365,7 @@ class _NullTrace(Trace):
 _MISSING = object()
 
 
-def _is_fake(t: Any) -> bool:
+def is_fake(t: Any) -> bool:
+    """A FakeTensor (checked by name: the class lives in a private torch module)."""
     return type(t).__name__ == "FakeTensor"
 
-
-def is_fake(t: Any) -> bool:
-    return _is_fake(t)
-
-
-def tensors_in(value: Any) -> List[torch.Tensor]:
-    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
