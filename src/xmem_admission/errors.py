@@ -182,3 +182,7 @@ class ApiStatusError(Exception):
         self.message = message
         self.details = details or {}
         self.headers = headers or {}
+
+
+class NoClusterCredentials(XmemError):
+    """Raised when neither in-cluster credentials nor a kubeconfig file can be loaded."""

@@ -91,21 +91,14 @@ def register(subparsers: Any) -> None:
 
 
 def _api_client(kubeconfig: Optional[str]) -> Any:
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
+    from xmem_admission.errors import NoClusterCredentials
+    from xmem_admission.kubeconfig import api_client
 
     try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except ConfigException:
-        pass
-    try:
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    except (ConfigException, OSError, TypeError, ValueError) as exc:
+        return api_client(kubeconfig)
+    except NoClusterCredentials as exc:
         raise ControllerError(f"no cluster credentials: run in a pod, or pass --kubeconfig "
                               f"({exc})") from None
-    return client.ApiClient(configuration)
 
 
 def _lease_namespace(value: Optional[str]) -> str:

@@ -65,37 +65,29 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _cluster_source(args: argparse.Namespace, on_error: Any) -> Any:
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-
-    from xmem_admission.sources import ClusterPolicySource
+def _cluster_api(args: argparse.Namespace) -> Any:
+    from xmem_admission.errors import NoClusterCredentials
+    from xmem_admission.kubeconfig import api_client
 
     try:
-        config.load_incluster_config()
-    except ConfigException:
-        try:
-            config.load_kube_config(config_file=args.kubeconfig)
-        except (ConfigException, OSError, TypeError) as exc:
-            raise ServeError(
-                "no policy: pass --policy FILE.yaml, or run where cluster credentials exist "
-                f"(in a pod, or with a kubeconfig) ({exc})"
-            ) from None
-    return ClusterPolicySource(client.ApiClient(), args.policy_name, on_error=on_error)
+        return api_client(args.kubeconfig)
+    except NoClusterCredentials as exc:
+        raise ServeError(
+            "no policy: pass --policy FILE.yaml, or run where cluster credentials exist "
+            f"(in a pod, or with a kubeconfig) ({exc})"
+        ) from None
 
 
-def _cluster_store() -> Any:
+def _cluster_store(api: Any) -> Any:
     """In a cluster: the GPUMemoryEstimate resources the controller records, watched into memory.
 
     The watch fills the store in the background: until it has synced, a workload simply finds no
     estimate and is held, and the controller reuses the recorded estimate for its fingerprint.
     """
-    from kubernetes import client
-
     from xmem_admission.controller.kube import Kube
     from xmem_admission.controller.store import KubeStore
 
-    store = KubeStore(Kube(client.ApiClient()))
+    store = KubeStore(Kube(api))
     store.informer.start()
     return store
 
@@ -105,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from xmem_admission.metrics import AdmissionMetrics
     from xmem_admission.server import AdmissionServer, ServeConfig
     from xmem_admission.server import run as serve_forever
-    from xmem_admission.sources import FilePolicySource
+    from xmem_admission.sources import ClusterPolicySource, FilePolicySource
     from xmem_admission.store import MemoryStore
 
     logging.basicConfig(
@@ -119,18 +111,19 @@ def run(args: argparse.Namespace) -> int:
     def on_error(reason: str) -> None:
         metrics.policy_errors.labels(reason).inc()
 
+    api = None if args.policy else _cluster_api(args)
     if args.policy:
         policy: Any = FilePolicySource(args.policy, on_error=on_error)
         where = args.policy
     else:
-        policy = _cluster_source(args, on_error)
+        policy = ClusterPolicySource(api, args.policy_name, on_error=on_error)
         where = f"GPUAdmissionPolicy/{args.policy_name}"
-    if args.estimates or args.policy:
+    if api is None or args.estimates:
         # Stand-alone: an in-memory store, seeded from estimate files when given.
         store: Any = (MemoryStore.from_directory(args.estimates) if args.estimates
                       else MemoryStore())
     else:
-        store = _cluster_store()
+        store = _cluster_store(api)
     server = AdmissionServer(
         Webhook(policy, store, metrics),
         policy,
