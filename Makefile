@@ -28,6 +28,12 @@ test: $(STAMP) tools
 	$(PY) -m ruff check src tests bench examples
 	$(PY) -m pytest -q
 
+# The speed benchmarks (minutes); the accuracy one is `xmem bench paper` (bench/README.md).
+bench: $(STAMP)
+	$(PY) bench/allocator_speed.py
+	$(PY) bench/webhook_load.py
+	$(PY) bench/estimator_speed.py
+
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench examples
 
