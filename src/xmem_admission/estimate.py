@@ -99,6 +99,12 @@ def resolve_gpus(names: Sequence[str]) -> List[catalogue.GPU]:
     return found
 
 
+def allocator_config(alloc_conf: Optional[str] = None) -> AllocatorConfig:
+    """The allocator settings to simulate: the given string, else the environment's."""
+    return parse_alloc_conf(alloc_conf if alloc_conf is not None
+                            else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+
+
 def allocator_capacity(gpu: catalogue.GPU) -> int:
     """What cudaMalloc can still hand the caching allocator: the card minus what lives outside."""
     return gpu.capacity_bytes - gpu.overhead_bytes
@@ -187,8 +193,7 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     gpus = resolve_gpus(gpu_names)
     if not gpus:
         raise EstimateError("no GPU given")
-    config = parse_alloc_conf(alloc_conf if alloc_conf is not None
-                              else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    config = allocator_config(alloc_conf)
     _check_command(command)
     say = (lambda msg: print(msg, file=progress, flush=True)) if progress else (lambda msg: None)
     started = time.perf_counter()

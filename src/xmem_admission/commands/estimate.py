@@ -116,9 +116,8 @@ def _columns(rows: List[tuple]) -> List[str]:
 
 
 def _plot(trace: Any, names: List[str], args: argparse.Namespace, path: str) -> None:
-    from xmem_admission.alloc_conf import parse_alloc_conf
     from xmem_admission.errors import EstimateError
-    from xmem_admission.estimate import allocator_capacity, resolve_gpus
+    from xmem_admission.estimate import allocator_capacity, allocator_config, resolve_gpus
     from xmem_admission.orchestrate import for_gpu
     from xmem_admission.simulate import simulate
 
@@ -129,7 +128,7 @@ def _plot(trace: Any, names: List[str], args: argparse.Namespace, path: str) -> 
         import matplotlib.pyplot as plt
     except ImportError:
         raise EstimateError("--plot needs matplotlib (pip install matplotlib)") from None
-    config = parse_alloc_conf(args.alloc_conf or "")
+    config = allocator_config(args.alloc_conf)
     fig, ax = plt.subplots(figsize=(10, 4))
     for gpu in resolve_gpus(names):
         sim = simulate(for_gpu(trace, gpu), config, capacity_bytes=allocator_capacity(gpu),
