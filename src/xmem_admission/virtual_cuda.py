@@ -104,8 +104,6 @@ class DeviceMode(TorchFunctionMode):
             torch.Tensor.to: self._to,
             torch.Tensor.cuda: self._cuda,
             torch.Tensor.cpu: self._cpu,
-            torch.Tensor.pin_memory: lambda f, a, k: a[0],
-            torch.Tensor.is_pinned: lambda f, a, k: False,
             torch.Tensor.record_stream: lambda f, a, k: None,
             torch.Tensor.is_cuda.__get__: lambda f, a, k: self.tracker.is_cuda(a[0]),
             torch.Tensor.device.__get__: self._device,
