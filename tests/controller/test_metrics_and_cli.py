@@ -25,10 +25,13 @@ def test_metrics_count_estimations_by_outcome_and_show_held_workloads(harness):
             url = f"http://127.0.0.1:{health.port}/metrics"
             return urllib.request.urlopen(url, timeout=5).read().decode()
 
-        def settled(text: str) -> bool:  # the releases are counted after their Events
+        def settled(text: str) -> bool:
+            # The releases are counted after their Events, and the held gauge is published at
+            # the next resync from the watch cache, which may not have seen the last release yet.
             return bool(metric(text, "xmem_controller_estimates", gpu_model="A100-80GB")) and \
                 sum(metric(text, "xmem_controller_released_workloads_total", kind="Job",
-                           outcome=o) or 0 for o in ("estimated", "unchanged")) == 2
+                           outcome=o) or 0 for o in ("estimated", "unchanged")) == 2 and \
+                metric(text, "xmem_controller_held_workloads", kind="Job") == 0
 
         text = wait(lambda: (lambda t: t if settled(t) else None)(scrape()), 10,
                     "the resync to publish the gauges and both releases")
