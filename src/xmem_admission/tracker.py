@@ -33,9 +33,11 @@ from xmem_admission.trace import ALLOC, Category, Trace
 aten = torch.ops.aten
 
 # Shadows: factory ops with no tensor input get a real value only when small (a step counter, a
-# handful of widths), so building a 7B model never computes real weights. Ops on shadowed inputs
-# are replayed for real up to this many elements (token ids and masks of a batch fit).
-SMALL_FACTORY_NUMEL = 4096
+# handful of widths, a batch's ``torch.ones(batch, seq)`` attention mask up to 64K tokens, which
+# transformers 4.x inspects with ``torch.all(mask == 1)``), so building a 7B model never computes
+# real weights (those start as ``empty``, which has no value). Ops on shadowed inputs are replayed
+# for real up to DERIVED_NUMEL_LIMIT elements (token ids and masks of a batch fit).
+SMALL_FACTORY_NUMEL = 1 << 16
 DERIVED_NUMEL_LIMIT = 1 << 22
 
 # Ops whose output is the input's value, kept for any size (the data the script brought in).
@@ -107,6 +109,9 @@ class AllocationTracker(TorchDispatchMode):
         # > 0 while an op runs: torch's own code then sees real devices (see patches).
         self.dispatch_depth = 0
         self._blas_threads: set = set()
+        # The autograd node whose ops run now, and the first block id made under it.
+        self._node_key: Optional[Tuple[int, int]] = None
+        self._node_first_block = 0
 
     # -- phases -----------------------------------------------------------------------------
     def enter_phase(self, phase: str) -> None:
@@ -150,6 +155,11 @@ class AllocationTracker(TorchDispatchMode):
             with _disable_current_modes():  # the fake mode below must not see the real tensor
                 return real.item()
         inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if self.phase == "backward":
+            self._note_autograd_node()
+            if self._engine_accumulates(func, args, kwargs):
+                # autograd's own gradient accumulation: in place in a run without this mode
+                func = aten.add_.Tensor
         self.dispatch_depth += 1
         try:
             if self.fake:
@@ -165,6 +175,49 @@ class AllocationTracker(TorchDispatchMode):
         finally:
             self.dispatch_depth -= 1
         return out
+
+    def _note_autograd_node(self) -> None:
+        """Track which autograd node runs, and the first block id allocated under it."""
+        node = _current_autograd_node()
+        if node is None:
+            self._node_key = None
+            return
+        key = (id(node), node._sequence_nr())
+        if key != self._node_key:  # the first op under this node: the node starts here
+            self._node_key = key
+            self._node_first_block = self._next_id
+
+    def _engine_accumulates(self, func, args, kwargs) -> bool:  # noqa: ANN001
+        """Is this ``add`` autograd summing two gradients of one input (a residual, a tied weight)?
+
+        The engine's ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) computes
+        ``old + new`` and, when its buffer holds the last reference to a dense ``old``, does it
+        in place (``old.add_(new)``, ``can_accumulate_inplace``, PyTorch >= 2.1). It never does
+        while a dispatch mode is active (``at::isTensorSubclassLike`` answers true then), so
+        under this tracker, in fake and profile mode alike, every residual junction and tied
+        weight would record a gradient-sized block that the job's GPU run does not allocate.
+        The engine's add comes with no alpha, outside grad mode, under the node that produced
+        ``new``, while ``old`` was made before that node started (a formula's own ``a + b``
+        adds temporaries of its node, and stays out of place).
+        """
+        if func is not aten.add.Tensor or kwargs or len(args) != 2 or torch.is_grad_enabled():
+            return False
+        old, new = args
+        if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)) or old is new:
+            return False
+        if self._node_key is None:
+            return False
+        if (old.shape != new.shape or old.dtype != new.dtype or old.storage_offset() != 0
+                or not _dense(old)):
+            return False
+        try:
+            old_storage, new_storage = old.untyped_storage(), new.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return False
+        block = self._storages.get(old_storage)
+        return (block is not None and block.ident < self._node_first_block
+                and old_storage.nbytes() == old.numel() * old.element_size()
+                and new_storage is not old_storage)
 
     def _run_fake(self, func, args, kwargs, inputs):  # noqa: ANN001
         from torch._subclasses.fake_tensor import (
@@ -363,6 +416,17 @@ class _NullTrace(Trace):
 
 
 _MISSING = object()
+
+
+def _current_autograd_node() -> Any:
+    """The autograd node being evaluated on this thread (None outside backward, or torch < 2.0)."""
+    getter = getattr(torch._C, "_current_autograd_node", None)
+    return getter() if getter is not None else None
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense, as ``can_accumulate_inplace`` requires."""
+    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
 
 
 def is_fake(t: Any) -> bool:
