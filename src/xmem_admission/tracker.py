@@ -207,8 +207,10 @@ class AllocationTracker(TorchDispatchMode):
             return False
         if self._node_key is None:
             return False
+        # A view keeps its base's storage referenced (storage use_count > 1): out of place, as
+        # for a tied weight whose first gradient comes through ``t()``.
         if (old.shape != new.shape or old.dtype != new.dtype or old.storage_offset() != 0
-                or not _dense(old)):
+                or not _dense(old) or old._is_view()):
             return False
         try:
             old_storage, new_storage = old.untyped_storage(), new.untyped_storage()
