@@ -130,7 +130,7 @@ def run_rows(rows: Sequence[Row], mode: str, jobs: int, log: IO[str],
 
 
 # -- statistics ---------------------------------------------------------------------------
-def _quantile(values: List[float], q: float) -> float:
+def quantile(values: List[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
         return math.nan
@@ -169,7 +169,7 @@ def stats(name: str, pairs: Iterable[Tuple[Dict[str, Any], Optional[Dict[str, An
             errors.append(abs(est - measured) / measured)
             under += est < measured
     return Stats(name, len(errors), statistics.median(errors) if errors else math.nan,
-                 _quantile(errors, 0.9), under / len(errors) if errors else math.nan, missed,
+                 quantile(errors, 0.9), under / len(errors) if errors else math.nan, missed,
                  oom_right / oom_total if oom_total else math.nan,
                  statistics.median(times) if times else math.nan)
 
