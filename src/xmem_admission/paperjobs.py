@@ -27,10 +27,12 @@ from typing import Any, Dict, List, Optional
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf_configs")
 
-# Architectures that had no SDPA path in the transformers releases of the artifact's time
-# (PyTorch 2.6, Qwen3 support: transformers 4.51, 2025): T5 got SDPA only with transformers PR
-# 47014 (merged 2026-07); until then it always ran eager attention, whose S x S scores and
-# softmax are real allocations. Build those models eager, as they ran.
+# The artifact's GPU runs used transformers 4.51.3 (its paper_container/config.py), which the
+# development environment pins (requirements/constraints.txt): the model and loss code are
+# theirs. Should the script run under a newer release, two of its changes are undone here:
+# T5 got an SDPA path only with transformers PR 47014 (2026-07), so it is built eager as it ran
+# (its S x S scores and softmax are real allocations), and from_config ignores the published
+# config's torch_dtype (the artifact built fp32).
 EAGER_ONLY_THEN = {"t5"}
 
 # name in the data -> (torchvision constructor, keyword arguments)
