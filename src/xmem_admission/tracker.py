@@ -182,7 +182,8 @@ class AllocationTracker(TorchDispatchMode):
         if node is None:
             self._node_key = None
             return
-        key = (id(node), node._sequence_nr())
+        sequence_nr = getattr(node, "_sequence_nr", None)
+        key = (id(node), sequence_nr() if sequence_nr is not None else 0)
         if key != self._node_key:  # the first op under this node: the node starts here
             self._node_key = key
             self._node_first_block = self._next_id
