@@ -419,12 +419,9 @@ class _NullTrace(Trace):
 
 
 _MISSING = object()
-
-
-def _current_autograd_node() -> Any:
-    """The autograd node being evaluated on this thread (None outside backward, or torch < 2.0)."""
-    getter = getattr(torch._C, "_current_autograd_node", None)
-    return getter() if getter is not None else None
+# The autograd node being evaluated on this thread: None outside backward (and always, on a
+# torch without the binding). Looked up once: the tracker asks at every op of a backward.
+_current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: None)
 
 
 def _dense(t: torch.Tensor) -> bool:

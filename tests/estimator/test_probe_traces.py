@@ -13,6 +13,16 @@ def allocs(trace):
     return [e for e in trace.events if e[0] == ALLOC]
 
 
+def allocs_in(trace, step, phase):
+    """The allocations of one phase within step ``step`` (0-based) of a trace."""
+    current = 0
+    for e in trace.events:
+        if e[0] == MARK and e[1].startswith("step"):
+            current += 1
+        elif current == step and e[0] == ALLOC and e[5] == phase:
+            yield e
+
+
 def bytes_by_category(trace):
     total = Counter()
     for e in allocs(trace):
@@ -46,8 +56,7 @@ def test_gradient_sums_allocate_what_autograd_allocates_with_no_dispatch_mode(
     for mode in ("fake", "profile"):
         result, _ = probe_run([script("residual.py")], mode)
         assert result.status == "ok", result.reason
-        last = list(_phase_events(result.trace, 2, "backward"))
-        traced = Counter(e[2] for e in last if e[0] == ALLOC)
+        traced = Counter(e[2] for e in allocs_in(result.trace, 2, "backward"))
         # residual gradients (3,072 B), the weight used twice without a view (4,096 B: summed in
         # place), the tied weight whose first gradient is a view (6,144 B: summed out of place)
         for size in (3072, 4096, 6144):
@@ -69,16 +78,6 @@ def test_autograd_sums_gradients_in_place_when_no_dispatch_mode_is_active():
     h.register_hook(lambda g: seen.__setitem__("sum", g.data_ptr()))
     y.square().sum().backward()
     assert seen["sum"] == seen["branch"]
-
-
-def _phase_events(trace, step, phase):
-    """Events of one phase within step ``step`` (0-based) of a trace."""
-    current = 0
-    for e in trace.events:
-        if e[0] == MARK and e[1].startswith("step"):
-            current += 1
-        elif current == step and (e[0] != ALLOC or e[5] == phase):
-            yield e
 
 
 def test_the_script_sees_the_target_gpu_and_its_tensors_on_cuda(probe_run, script):
