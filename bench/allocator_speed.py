@@ -1,7 +1,7 @@
 """How fast the caching-allocator simulator replays real allocation streams.
 
 Replays the alloc/free streams of the three real GPU snapshots in ``tests/data/snapshots/``
-through ``xmem_admission.simulate.simulate`` (full PyTorch-style statistics and the
+through ``xmem_admission.estimator.allocator.simulate.simulate`` (full PyTorch-style statistics and the
 per-category peak breakdown, as the estimator uses it) over and over until at least
 1,000,000 events have run, on one core, and prints the rate. The last line is
 ``events_per_second: N``. Target (issue 2): at least 250,000 events per second.
@@ -18,9 +18,9 @@ import sys
 import time
 from typing import List
 
-from xmem_admission.simulate import simulate
-from xmem_admission.snapshot import load_snapshot, trace_from_snapshot
-from xmem_admission.trace import Trace
+from xmem_admission.estimator.allocator.simulate import simulate
+from xmem_admission.estimator.allocator.snapshot import load_snapshot, trace_from_snapshot
+from xmem_admission.estimator.trace import Trace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SNAPSHOTS = os.path.join(HERE, "..", "tests", "data", "snapshots")

@@ -23,8 +23,8 @@ import math
 import sys
 from collections import defaultdict
 
-from xmem_admission import gpus
-from xmem_admission.paperbench import quantile
+from bench.paper.benchmark import quantile
+from xmem_admission.contract import gpus
 
 MiB = 1 << 20
 # At most this share of a GPU's measured jobs may need more than the estimate.

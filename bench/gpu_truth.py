@@ -711,8 +711,8 @@ def run_replay(archive: Path, member: str, tmp: Path) -> Dict[str, Any]:
 
 def gpu_key(name: str) -> str:
     """The catalogue's key for a GPU name (bench/data/<key>/), or a clear error."""
-    from xmem_admission.errors import UnknownGPUError
-    from xmem_admission.gpus import lookup
+    from xmem_admission.contract.errors import UnknownGPUError
+    from xmem_admission.contract.gpus import lookup
 
     try:
         return lookup(name).key

@@ -8,7 +8,7 @@ integrations, backends, policy, controller).
 
 from __future__ import annotations
 
-from xmem_admission.errors import XmemError
+from xmem_admission.contract.errors import XmemError
 
 __version__ = "0.1.0"
 

@@ -1,13 +1,14 @@
-"""Build the probe bundle: the pure-Python estimator, copied alone into a user's container.
+"""Build the probe bundle: the estimator package, copied alone into a user's container.
 
-``python -m xmem_admission.bundle DIR`` writes ``DIR/sitecustomize.py`` (see ``sitehook``) and
-``DIR/xmem_admission/`` holding exactly the modules the probe needs: the import closure of
-``sitehook`` (probe, tracker, virtual CUDA and patches, trace, orchestration, allocator
-simulator, GPU catalogue, errors, termination message...), found by reading their imports, so a
-module the estimator engineers add is carried along without anyone editing a list. The closure
-must stay on the estimator's side of the house: a module that imports anything but the standard
-library and torch (kubernetes, fastapi, yaml) makes the build fail, because the user's image
-has none of those.
+``python -m xmem_admission.bundle DIR`` writes ``DIR/sitecustomize.py`` (see
+``estimator.probe.sitehook``) and ``DIR/xmem_admission/`` holding the package root and the two
+packages the probe runs on: ``estimator`` (probe, trace, orchestration, allocator simulator,
+estimate) and ``contract`` (GPU catalogue, termination message, probe environment, errors). A
+module the estimator engineers add to those packages is carried along without anyone editing a
+list. Every bundled module is checked against the wall as it is copied: it may import the
+standard library, torch and the bundled packages only, because the user's image has nothing
+else (import-linter keeps the same wall in the source tree; this check also covers a bundle
+built from a modified copy).
 
 The estimation pod's init container runs this with the controller's image and an emptyDir as
 ``DIR``; the training container then gets ``PYTHONPATH=DIR``. Standard library only.
@@ -20,12 +21,13 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Dict, List, Optional, Sequence, Set
+from typing import List, Optional, Sequence, Set
 
-from xmem_admission.errors import BundleError
+from xmem_admission.contract.errors import BundleError
 
 PACKAGE = "xmem_admission"
-ROOTS = ("sitehook",)
+# The packages copied into the bundle, beside the package root's ``__init__.py``.
+BUNDLED = ("contract", "estimator")
 # Third-party top-level modules a bundle module may import (the user's image has them).
 ALLOWED_THIRD_PARTY = frozenset({"torch", "typing_extensions"})
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))  # Python 3.10+
@@ -52,46 +54,66 @@ def package_dir() -> str:
 
 
 def _imports(path: str) -> Set[str]:
-    """Top-level names and ``xmem_admission.X`` submodules a source file imports (anywhere)."""
+    """The absolute module names a source file imports, anywhere in it (``from P import m``
+    counts as ``P.m`` as well, since ``m`` may be a module)."""
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read(), filename=path)
     out: Set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                out.add(alias.name)
+            out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.add(node.module)
-            if node.module == PACKAGE:
-                out.update(f"{PACKAGE}.{alias.name}" for alias in node.names)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
     return out
 
 
-def closure(roots: Sequence[str] = ROOTS, source: Optional[str] = None) -> List[str]:
-    """The modules of the package the roots need, transitively (sorted); checks the wall."""
+def _inside_bundle(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) == 1 or parts[1] in BUNDLED or parts[1] == "__version__"
+
+
+def _files(source: str) -> List[str]:
+    """The bundled source files, relative to ``source`` (sorted)."""
+    found = ["__init__.py"]
+    for package in BUNDLED:
+        root = os.path.join(source, package)
+        if not os.path.isfile(os.path.join(root, "__init__.py")):
+            raise BundleError(f"{PACKAGE}.{package} is part of the probe bundle but is not a "
+                              f"package in {source}")
+        for folder, dirs, names in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            found += [os.path.relpath(os.path.join(folder, n), source)
+                      for n in names if n.endswith(".py")]
+    return sorted(found)
+
+
+def _module_name(relpath: str) -> str:
+    parts = relpath[:-len(".py")].split(os.sep)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join([PACKAGE] + parts)
+
+
+def modules(source: Optional[str] = None) -> List[str]:
+    """The bundle's module names (sorted), each checked against the wall."""
     source = source or package_dir()
-    seen: Dict[str, str] = {}
-    pending = list(roots)
-    while pending:
-        name = pending.pop()
-        if name in seen:
-            continue
-        path = os.path.join(source, f"{name}.py")
-        if not os.path.isfile(path):
-            raise BundleError(f"{PACKAGE}.{name} is imported by the probe bundle but is not a "
-                              f"single module in {source}")
-        seen[name] = path
-        for imported in _imports(path):
+    names = []
+    for relpath in _files(source):
+        name = _module_name(relpath)
+        for imported in sorted(_imports(os.path.join(source, relpath))):
             top = imported.split(".")[0]
             if top == PACKAGE:
-                parts = imported.split(".")
-                if len(parts) >= 2:
-                    pending.append(parts[1])
+                if not _inside_bundle(imported):
+                    raise BundleError(f"{name} imports {imported!r}, which is not part of the "
+                                      "probe bundle: the estimator never imports the cluster "
+                                      "side or the commands")
             elif top not in ALLOWED_THIRD_PARTY and not _is_stdlib(top):
-                raise BundleError(f"{PACKAGE}.{name} imports {imported!r}, which a user's image "
-                                  "does not have: the probe bundle may only use the standard "
-                                  "library and torch")
-    return sorted(seen)
+                raise BundleError(f"{name} imports {imported!r}, which a user's image does not "
+                                  "have: the probe bundle may only use the standard library "
+                                  "and torch")
+        names.append(name)
+    return names
 
 
 def build(target: str, source: Optional[str] = None) -> List[str]:
@@ -100,18 +122,17 @@ def build(target: str, source: Optional[str] = None) -> List[str]:
     Written into a temporary directory next to the target and moved into place, so a
     container that starts while the copy runs never sees half a bundle.
     """
-    from xmem_admission.sitehook import SITECUSTOMIZE
+    from xmem_admission.estimator.probe.sitehook import SITECUSTOMIZE
 
     source = source or package_dir()
-    modules = closure(source=source)
+    names = modules(source)
     try:
         os.makedirs(target, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=".xmem-bundle-", dir=target)
-        package = os.path.join(staging, PACKAGE)
-        os.makedirs(package)
-        shutil.copyfile(os.path.join(source, "__init__.py"), os.path.join(package, "__init__.py"))
-        for name in modules:
-            shutil.copyfile(os.path.join(source, f"{name}.py"), os.path.join(package, f"{name}.py"))
+        for relpath in _files(source):
+            dest = os.path.join(staging, PACKAGE, relpath)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(os.path.join(source, relpath), dest)
         with open(os.path.join(staging, "sitecustomize.py"), "w", encoding="utf-8") as handle:
             handle.write(SITECUSTOMIZE)
         for entry in (PACKAGE, "sitecustomize.py"):
@@ -124,7 +145,7 @@ def build(target: str, source: Optional[str] = None) -> List[str]:
         os.rmdir(staging)
     except OSError as exc:
         raise BundleError(f"cannot write the probe bundle to {target}: {exc}") from None
-    return modules
+    return names
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -133,11 +154,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("usage: python -m xmem_admission.bundle DIR", file=sys.stderr)
         return 2
     try:
-        modules = build(args[0])
+        names = build(args[0])
     except BundleError as exc:
         print(f"xmem bundle: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(f"xmem bundle: {len(modules)} modules and sitecustomize.py written to {args[0]}",
+    print(f"xmem bundle: {len(names)} modules and sitecustomize.py written to {args[0]}",
           file=sys.stderr)
     return 0
 

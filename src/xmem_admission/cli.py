@@ -14,7 +14,7 @@ import sys
 from typing import List, Optional, Sequence
 
 from xmem_admission import __version__
-from xmem_admission.errors import XmemError
+from xmem_admission.contract.errors import XmemError
 
 # (module that defines the subcommand). Order is the order ``xmem --help`` lists them.
 COMMANDS: List[str] = [

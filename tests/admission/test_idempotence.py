@@ -19,7 +19,7 @@ from tests.support.builders import make_job, make_pod, make_pytorchjob, review
 from tests.support.estimates import record_for
 from tests.support.harness import LocalWebhook, make_policy
 from tests.support.schemas import validate_object
-from xmem_admission import labels
+from xmem_admission.cluster import labels
 
 BACKENDS = ("annotation", "hami", "volcano", "gpushare", "kai", "mig-mixed", "mig-single")
 GPU_SETS = (("A100-80GB", "H100-80GB"), ("H100-80GB",), ("A100-40GB", "A30"), ("H200",))

@@ -136,7 +136,7 @@ def test_arbitrary_bytes_get_a_ranked_answer(body: bytes) -> None:
 
 
 def _endpoint() -> Any:
-    from xmem_admission.admission.webhook import Endpoint
+    from xmem_admission.cluster.admission.webhook import Endpoint
 
     return Endpoint.MUTATE
 

@@ -9,7 +9,7 @@ import jsonpatch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xmem_admission.patch import Draft, diff, pointer
+from xmem_admission.cluster.kube.jsonpatch import Draft, diff, pointer
 
 keys = st.text(alphabet=st.sampled_from("ab/~.-_xyz0"), min_size=0, max_size=4)
 scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.floats(allow_nan=False) | st.text(max_size=3)

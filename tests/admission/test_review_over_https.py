@@ -14,7 +14,7 @@ from tests.support.builders import make_job, make_pod, review
 from tests.support.estimates import record_for
 from tests.support.harness import FIXED_NOW, HttpsWebhook, make_policy, metric
 from tests.support.schemas import validate_object
-from xmem_admission import labels
+from xmem_admission.cluster import labels
 
 GPUS = ("A100-80GB", "H100-80GB")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tests.support.builders import make_job, make_pod, make_pytorchjob, review
 from tests.support.estimates import record_for
 from tests.support.harness import HttpsWebhook, make_policy
-from xmem_admission import labels
+from xmem_admission.cluster import labels
 
 GPUS = ("A100-80GB", "H100-80GB")
 TOO_BIG = {"A100-80GB": 95.0, "H100-80GB": 95.3}

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional
 
-from xmem_admission.alloc_conf import AllocatorConfig, parse_alloc_conf
-from xmem_admission.allocator import Block, CachingAllocator
-from xmem_admission.errors import SimulatedOutOfMemory
+from xmem_admission.contract.errors import SimulatedOutOfMemory
+from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig, parse_alloc_conf
+from xmem_admission.estimator.allocator.caching import Block, CachingAllocator
 
 KiB = 1024
 MiB = 1024 * 1024

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from xmem_admission.alloc_conf import (
+from xmem_admission.contract.errors import AllocConfError
+from xmem_admission.estimator.allocator.alloc_conf import (
     UNLIMITED,
     AllocatorConfig,
     Backend,
@@ -12,7 +13,6 @@ from xmem_admission.alloc_conf import (
     parse_alloc_conf,
     tokenize,
 )
-from xmem_admission.errors import AllocConfError
 
 MiB = 1024 * 1024
 

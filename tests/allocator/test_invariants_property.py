@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xmem_admission.errors import SimulatedOutOfMemory
+from xmem_admission.contract.errors import SimulatedOutOfMemory
 
 from .helpers import GiB, KiB, MiB, make
 

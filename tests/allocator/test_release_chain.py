@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xmem_admission.errors import SimulatedOutOfMemory
+from xmem_admission.contract.errors import SimulatedOutOfMemory
 
 from .helpers import MiB, make
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from xmem_admission.errors import AllocConfError
+from xmem_admission.contract.errors import AllocConfError
 
 from .helpers import MiB, make
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from xmem_admission.alloc_conf import parse_alloc_conf
-from xmem_admission.errors import TraceError
-from xmem_admission.simulate import simulate
-from xmem_admission.trace import Category, Trace
+from xmem_admission.contract.errors import TraceError
+from xmem_admission.estimator.allocator.alloc_conf import parse_alloc_conf
+from xmem_admission.estimator.allocator.simulate import simulate
+from xmem_admission.estimator.trace import Category, Trace
 
 from .helpers import MiB
 

@@ -13,9 +13,13 @@ import random
 import pytest
 
 from xmem_admission import cli
-from xmem_admission.alloc_conf import parse_alloc_conf
-from xmem_admission.simulate import simulate
-from xmem_admission.snapshot import load_snapshot, replay_snapshot, trace_from_snapshot
+from xmem_admission.estimator.allocator.alloc_conf import parse_alloc_conf
+from xmem_admission.estimator.allocator.simulate import simulate
+from xmem_admission.estimator.allocator.snapshot import (
+    load_snapshot,
+    replay_snapshot,
+    trace_from_snapshot,
+)
 
 from .helpers import MiB, Recorder
 

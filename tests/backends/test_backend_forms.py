@@ -14,7 +14,8 @@ import pytest
 from tests.support.builders import PodBuilder, make_pod, review
 from tests.support.harness import HttpsWebhook, make_policy
 from tests.support.schemas import validate_object
-from xmem_admission import gpus, labels
+from xmem_admission.cluster import labels
+from xmem_admission.contract import gpus
 
 MiB, GiB = 1 << 20, 1 << 30
 

@@ -19,7 +19,7 @@ from typing import Any, Dict, List
 
 import pytest
 
-from xmem_admission.gpus import lookup
+from xmem_admission.contract.gpus import lookup
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOTS = ROOT / "tests" / "data" / "snapshots"

@@ -19,15 +19,15 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import jsonpatch
 
-from xmem_admission import labels
-from xmem_admission.admission.webhook import Endpoint, Webhook
-from xmem_admission.controller.kube import Kube
-from xmem_admission.controller.manager import Controller
-from xmem_admission.policy import Policy
-from xmem_admission.sources import StaticPolicySource
-from xmem_admission.store import MemoryStore
-from xmem_admission.testing.apiserver import wait_for as wait  # noqa: F401 - tests poll with it
-from xmem_admission.testing.cluster import PROBE_IMAGE, Cluster
+from tests.fakekube.apiserver import wait_for as wait  # noqa: F401 - tests poll with it
+from tests.fakekube.cluster import PROBE_IMAGE, Cluster
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.admission.webhook import Endpoint, Webhook
+from xmem_admission.cluster.controller.manager import Controller
+from xmem_admission.cluster.kube.client import Kube
+from xmem_admission.cluster.policy.model import Policy
+from xmem_admission.cluster.policy.sources import StaticPolicySource
+from xmem_admission.cluster.policy.store import MemoryStore
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = [str(REPO / "helm/xmem-admission/crds/gpumemoryestimates.xmem.io.yaml"),

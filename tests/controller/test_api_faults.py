@@ -7,9 +7,9 @@ outcome is read from the API: one estimate, one estimation pod, the Job released
 from __future__ import annotations
 
 from tests.controller.support import Harness, template_annotations, training_job, wait
-from xmem_admission import labels
-from xmem_admission.controller import workloads
-from xmem_admission.errors import KubeApiError
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.controller import workloads
+from xmem_admission.contract.errors import KubeApiError
 
 
 def _estimated(harness: Harness, name: str) -> list:

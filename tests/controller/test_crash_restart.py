@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.controller.support import template_annotations, training_job, wait
-from xmem_admission import labels
+from xmem_admission.cluster import labels
 
 # (method, path pattern, which occurrence): every write of one estimation, in order.
 KILL_POINTS = {

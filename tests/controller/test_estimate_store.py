@@ -8,13 +8,13 @@ import json
 import jsonpatch
 
 from tests.controller.support import training_job, wait
-from xmem_admission import labels
-from xmem_admission.admission.webhook import Endpoint, Webhook
-from xmem_admission.controller import records
-from xmem_admission.controller.kube import GME
-from xmem_admission.controller.store import KubeStore
-from xmem_admission.sources import StaticPolicySource
-from xmem_admission.store import EstimateRecord
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.admission.webhook import Endpoint, Webhook
+from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.controller.gme_store import KubeStore
+from xmem_admission.cluster.kube.client import GME
+from xmem_admission.cluster.policy.sources import StaticPolicySource
+from xmem_admission.cluster.policy.store import EstimateRecord
 
 FP = "0123456789abcdef0123456789abcdef"
 

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 
 from tests.controller.support import make_policy, training_job
-from xmem_admission.controller import podspec, records
+from xmem_admission.cluster.controller import podspec, records
 
 VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
 

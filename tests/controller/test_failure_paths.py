@@ -16,9 +16,9 @@ from tests.controller.support import (
     training_pytorchjob,
     wait,
 )
-from xmem_admission import labels
-from xmem_admission.controller import records
-from xmem_admission.controller.kube import GME
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.kube.client import GME
 
 
 def _warning(harness: Harness, name: str) -> dict:

@@ -13,7 +13,7 @@ import threading
 import time
 
 from tests.controller.support import training_job, wait
-from xmem_admission.controller.leader import LeaderElector
+from xmem_admission.cluster.kube.leader import LeaderElector
 
 FAST = dict(lease_duration=1.5, renew_deadline=1.0, retry_period=0.2)
 

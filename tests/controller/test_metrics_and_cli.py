@@ -9,7 +9,7 @@ import pytest
 from tests.controller.support import UNPULLABLE, training_job, wait
 from tests.support.harness import metric
 from xmem_admission import cli
-from xmem_admission.controller.manager import HealthServer
+from xmem_admission.cluster.controller.manager import HealthServer
 
 
 def test_metrics_count_estimations_by_outcome_and_show_held_workloads(harness):

@@ -18,8 +18,9 @@ from typing import Any, Dict, List
 import pytest
 
 from tests.controller.support import REPO, SCRIPTS, TINY_GPT
-from xmem_admission import bundle, termination
-from xmem_admission.errors import BundleError
+from xmem_admission import bundle
+from xmem_admission.contract import termination
+from xmem_admission.contract.errors import BundleError
 
 CLUSTER_SIDE = {"policy", "store", "admission", "controller", "server", "sizing", "backends",
                 "integrations", "metrics", "fingerprint", "testing", "sources"}

@@ -12,9 +12,9 @@ from typing import Any, Dict
 import pytest
 
 from tests.controller.support import Harness, template_annotations, training_job, wait
-from xmem_admission import labels
-from xmem_admission.controller import estimation, records, workloads
-from xmem_admission.controller.manager import Controller
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.controller import estimation_pods, records, workloads
+from xmem_admission.cluster.controller.manager import Controller
 
 
 @pytest.fixture()
@@ -58,8 +58,8 @@ def test_the_estimate_step_creates_one_pod_and_records_it_running(harness, cache
     [gme] = harness.gmes()
     name = gme["metadata"]["name"]
     _fresh(caches, "gme", name, lambda o: True)
-    estimation.reconcile(caches.ctx, "default", name)
-    estimation.reconcile(caches.ctx, "default", name)  # again: no second pod
+    estimation_pods.reconcile(caches.ctx, "default", name)
+    estimation_pods.reconcile(caches.ctx, "default", name)  # again: no second pod
     [pod] = harness.estimation_pods()
     assert pod["metadata"]["name"] == f"{name}-1"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == gme["metadata"]["uid"]
@@ -73,10 +73,10 @@ def test_a_finished_pod_is_recorded_and_the_release_step_annotates_and_unsuspend
     workloads.reconcile(caches.ctx, "Job", "default", "train")
     name = harness.gmes()[0]["metadata"]["name"]
     _fresh(caches, "gme", name, lambda o: True)
-    estimation.reconcile(caches.ctx, "default", name)
+    estimation_pods.reconcile(caches.ctx, "default", name)
     _fresh(caches, "pod", f"{name}-1",
            lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
-    estimation.reconcile(caches.ctx, "default", name)
+    estimation_pods.reconcile(caches.ctx, "default", name)
     status = harness.gmes()[0]["status"]
     assert status["phase"] == "Succeeded", status
     assert [e["gpu"] for e in status["estimates"]] == ["A100-80GB", "H100-80GB"]
@@ -114,7 +114,7 @@ def test_a_failure_older_than_the_hold_starts_a_new_attempt(harness, caches):
     job = harness.submit(training_job("train"))
     fp = job["metadata"]["annotations"][labels.FINGERPRINT]
     kube = harness.kube()
-    from xmem_admission.controller.kube import GME
+    from xmem_admission.cluster.kube.client import GME
 
     created = kube.create(GME, "default", records.new(job, fp, ["A100-80GB", "H100-80GB"], "x"))
     kube.replace_status(GME, dict(created, status={

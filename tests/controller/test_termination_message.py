@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from xmem_admission import termination
-from xmem_admission.errors import TerminationMessageError
+from xmem_admission.contract import termination
+from xmem_admission.contract.errors import TerminationMessageError
 
 GPU = {"gpu": "A100-80GB", "capacity_bytes": 84970559242, "peak_reserved_bytes": 12 << 30,
        "total_bytes": (12 << 30) + (290 << 20), "recommended_request_bytes": 13 << 30,

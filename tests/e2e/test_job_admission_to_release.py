@@ -32,8 +32,8 @@ from tests.controller.support import (
     wait,
 )
 from tests.support.harness import Certificates
-from xmem_admission import labels
-from xmem_admission.quantity import MiB, ceil_div
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.kube.quantity import MiB, ceil_div
 
 MANIFESTS = REPO / "deploy/xmem-admission-self-signed.yaml"
 

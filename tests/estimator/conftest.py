@@ -21,10 +21,10 @@ def script():
 @pytest.fixture
 def probe_run(capfd):
     """Run the probe in this process (torch is already imported: fast)."""
-    from xmem_admission import probe
+    from xmem_admission.estimator.probe import runner
 
     def run(argv, mode="fake", steps=3, device=H200):
-        result = probe.run(list(argv), mode, steps, device)
+        result = runner.run(list(argv), mode, steps, device)
         out = capfd.readouterr().out
         return result, out
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from xmem_admission import gpus
-from xmem_admission.orchestrate import cublas_workspace_bytes, for_gpu
-from xmem_admission.trace import Trace
+from xmem_admission.contract import gpus
+from xmem_admission.estimator.orchestrate import cublas_workspace_bytes, for_gpu
+from xmem_admission.estimator.trace import Trace
 
 
 def traced():

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from xmem_admission.trace import ALLOC, FREE, MARK
+from xmem_admission.estimator.trace import ALLOC, FREE, MARK
 
 
 def allocs(trace):

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from xmem_admission import cli
-from xmem_admission.errors import UnknownGPUError, XmemError
-from xmem_admission.gpus import (
+from xmem_admission.contract.errors import UnknownGPUError, XmemError
+from xmem_admission.contract.gpus import (
     CUBLAS_WORKSPACE_DEFAULT,
     GiB,
     MigProfile,

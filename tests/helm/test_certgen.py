@@ -62,11 +62,11 @@ def test_generated_certificate_is_signed_by_the_ca_for_every_service_name(genera
 def test_the_webhook_server_serves_the_generated_pair_to_a_client_that_checks_the_name(
         generated: Path) -> None:
     from tests.support.harness import make_policy
-    from xmem_admission.admission.webhook import Webhook
-    from xmem_admission.metrics import AdmissionMetrics
-    from xmem_admission.server import AdmissionServer, ServeConfig, ServerThread
-    from xmem_admission.sources import StaticPolicySource
-    from xmem_admission.store import MemoryStore
+    from xmem_admission.cluster.admission.metrics import AdmissionMetrics
+    from xmem_admission.cluster.admission.server import AdmissionServer, ServeConfig, ServerThread
+    from xmem_admission.cluster.admission.webhook import Webhook
+    from xmem_admission.cluster.policy.sources import StaticPolicySource
+    from xmem_admission.cluster.policy.store import MemoryStore
 
     policy = StaticPolicySource(make_policy())
     server = AdmissionServer(
@@ -149,8 +149,8 @@ def test_the_hooks_create_the_secrets_once_and_patch_both_configurations_on_an_a
 
     from kubernetes import client
 
+    from tests.fakekube.apiserver import ApiServer
     from tests.helm.chart import RELEASE, one, render
-    from xmem_admission.testing.apiserver import ApiServer
 
     objects = render({})
     secret_name = f"{RELEASE}-xmem-admission-webhook-tls"

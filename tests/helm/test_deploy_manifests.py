@@ -16,8 +16,8 @@ from tests.helm.test_chart_renders import CUSTOM_KINDS
 from tests.support.builders import review
 from tests.support.harness import LocalWebhook
 from tests.support.schemas import validate_builtin, validate_custom
-from xmem_admission import labels
-from xmem_admission.policy import Policy
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.policy.model import Policy
 
 DEPLOY = ROOT / "deploy"
 EXAMPLES = sorted((DEPLOY / "examples").glob("*.yaml"))

@@ -83,8 +83,8 @@ def test_the_image_installs_the_server_extra_and_never_torch() -> None:
 
 
 def test_the_image_builds_the_probe_bundle_the_controller_copies() -> None:
-    _require("xmem_admission.controller.podspec", "the controller, issue 6")
-    from xmem_admission.controller import podspec
+    _require("xmem_admission.cluster.controller.podspec", "the controller, issue 6")
+    from xmem_admission.cluster.controller import podspec
 
     runs = [shlex.split(args) for word, args in _instructions() if word == "RUN"]
     bundle = [r for r in runs if "xmem_admission.bundle" in r]
@@ -123,10 +123,10 @@ class Refuse:
             raise ImportError('no torch in the xmem-admission image: ' + name)
 sys.meta_path.insert(0, Refuse())
 import importlib, importlib.util, pkgutil
-import xmem_admission.admission.app, xmem_admission.server, xmem_admission.sources
-import xmem_admission.store, xmem_admission.policy, xmem_admission.backends
-import xmem_admission.integrations, xmem_admission.metrics
-for name in ('xmem_admission.bundle', 'xmem_admission.controller'):
+import xmem_admission.cluster.admission.app, xmem_admission.cluster.admission.server, xmem_admission.cluster.policy.sources
+import xmem_admission.cluster.policy.store, xmem_admission.cluster.policy.model, xmem_admission.cluster.backends
+import xmem_admission.cluster.integrations, xmem_admission.cluster.admission.metrics
+for name in ('xmem_admission.bundle', 'xmem_admission.cluster.controller'):
     if importlib.util.find_spec(name) is None:
         continue  # not landed in this checkout yet
     module = importlib.import_module(name)

@@ -14,8 +14,8 @@ import pytest
 
 from tests.helm.chart import VALUE_SETS, find, render
 from tests.support.builders import make_job, make_pod, make_pytorchjob
-from xmem_admission import integrations
-from xmem_admission.admission.mutation import gpu_templates
+from xmem_admission.cluster import integrations
+from xmem_admission.cluster.admission.mutation import gpu_templates
 
 cel = pytest.importorskip(
     "cel_expr_python.cel",

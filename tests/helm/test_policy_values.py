@@ -9,9 +9,9 @@ import yaml
 
 from tests.helm.chart import CHART, VALUE_SETS, find, one, render
 from tests.observability.rules import rule_groups
-from xmem_admission import gpus
-from xmem_admission.errors import PolicyError
-from xmem_admission.policy import Policy
+from xmem_admission.cluster.policy.model import Policy
+from xmem_admission.contract import gpus
+from xmem_admission.contract.errors import PolicyError
 
 
 def test_the_default_policy_parses_and_names_the_policy_the_servers_read() -> None:

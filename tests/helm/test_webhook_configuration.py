@@ -9,7 +9,7 @@ from typing import Any, Dict, List
 import pytest
 
 from tests.helm.chart import NAMESPACE, RELEASE, VALUE_SETS, find, one, render
-from xmem_admission import labels
+from xmem_admission.cluster import labels
 
 KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
@@ -44,11 +44,11 @@ def test_the_release_namespace_and_system_namespaces_are_never_sent() -> None:
 
 def test_paths_are_the_ones_the_server_answers_on() -> None:
     from tests.support.harness import make_policy
-    from xmem_admission.admission.app import create_admission_app
-    from xmem_admission.admission.webhook import Webhook
-    from xmem_admission.metrics import AdmissionMetrics
-    from xmem_admission.sources import StaticPolicySource
-    from xmem_admission.store import MemoryStore
+    from xmem_admission.cluster.admission.app import create_admission_app
+    from xmem_admission.cluster.admission.metrics import AdmissionMetrics
+    from xmem_admission.cluster.admission.webhook import Webhook
+    from xmem_admission.cluster.policy.sources import StaticPolicySource
+    from xmem_admission.cluster.policy.store import MemoryStore
 
     app = create_admission_app(Webhook(StaticPolicySource(make_policy()), MemoryStore(),
                                        AdmissionMetrics()))

@@ -16,8 +16,9 @@ from tests.support.builders import make_job, make_pod, make_pytorchjob, review
 from tests.support.estimates import record_for
 from tests.support.harness import HttpsWebhook, make_policy
 from tests.support.schemas import validate_object
-from xmem_admission import labels, sizing
-from xmem_admission.policy import Policy
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.policy import sizing
+from xmem_admission.cluster.policy.model import Policy
 
 GPUS = ("A100-80GB", "H100-80GB")
 ESTIMATE = {"A100-80GB": 11.7, "H100-80GB": 11.9}

@@ -6,7 +6,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from xmem_admission.testing.apiserver import ApiServer
+from tests.fakekube.apiserver import ApiServer
 
 
 @pytest.fixture()

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.kube.support import job, pod, raw, status_of
 from tests.support.harness import Certificates, HttpsWebhook, make_policy
-from xmem_admission import labels
+from xmem_admission.cluster import labels
 
 
 @pytest.fixture(scope="module")

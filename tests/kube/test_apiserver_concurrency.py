@@ -11,8 +11,8 @@ import threading
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from tests.fakekube.errors import ApiStatusError
 from tests.kube.support import job, raw, status_of
-from xmem_admission.errors import ApiStatusError
 
 
 def test_create_stamps_uid_version_generation_and_the_job_selector(batch):

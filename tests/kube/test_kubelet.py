@@ -13,8 +13,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.fakekube.kubelet import Kubelet
 from tests.kube.support import pod
-from xmem_admission.testing.kubelet import Kubelet
 
 
 @pytest.fixture()

@@ -38,7 +38,7 @@ from tests.helm.chart import CHART, ROOT, run, tool
 from tests.observability.rules import write_rule_file
 from tests.support.builders import make_job, make_pod, review
 from tests.support.estimates import record_dict, workload_fingerprint
-from xmem_admission import labels
+from xmem_admission.cluster import labels
 
 DASHBOARD = CHART / "files" / "dashboards" / "xmem-admission.json"
 DASHBOARD_SCHEMA = ROOT / "tests" / "data" / "schemas" / "grafana-dashboard.jsonschema.json"
@@ -149,7 +149,7 @@ def _held(obj: Dict[str, Any]) -> Dict[str, Any]:
     from datetime import datetime, timezone
 
     from tests.support.harness import LocalWebhook
-    from xmem_admission.policy import Policy
+    from xmem_admission.cluster.policy.model import Policy
 
     held = LocalWebhook(Policy.from_file(str(POLICY))).send(review(obj), "mutate", "object")
     job = held.patched()
@@ -163,7 +163,7 @@ def _start_controller(work: Path) -> Tuple[Any, subprocess.Popen, int]:
     """The stand-in cluster with two held Jobs, and `xmem controller` estimating them."""
     from kubernetes import client
 
-    from xmem_admission.testing.cluster import PROBE_IMAGE, Cluster
+    from tests.fakekube.cluster import PROBE_IMAGE, Cluster
 
     root = work / "cluster"
     root.mkdir()
@@ -359,8 +359,8 @@ def test_metric_names_in_rules_and_dashboard_are_the_ones_xmem_defines() -> None
     from prometheus_client import CollectorRegistry
 
     from tests.observability.rules import rule_groups
-    from xmem_admission.controller.metrics import ControllerMetrics
-    from xmem_admission.metrics import AdmissionMetrics
+    from xmem_admission.cluster.admission.metrics import AdmissionMetrics
+    from xmem_admission.cluster.controller.metrics import ControllerMetrics
 
     defined: Set[str] = set()
     for cls in (AdmissionMetrics, ControllerMetrics):

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from xmem_admission import paperbench
-from xmem_admission.errors import RunsFileError
+from bench.paper import benchmark as paperbench
+from xmem_admission.contract.errors import RunsFileError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

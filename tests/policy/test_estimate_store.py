@@ -11,9 +11,9 @@ import pytest
 from tests.support.builders import make_job, make_pod, make_pytorchjob, review
 from tests.support.estimates import record_dict, workload_fingerprint
 from tests.support.harness import LocalWebhook, make_policy
-from xmem_admission import sizing
-from xmem_admission.errors import EstimateRecordError
-from xmem_admission.store import EstimateRecord, MemoryStore
+from xmem_admission.cluster.policy import sizing
+from xmem_admission.cluster.policy.store import EstimateRecord, MemoryStore
+from xmem_admission.contract.errors import EstimateRecordError
 
 GPUS = ("A100-80GB", "H100-80GB")
 GiB, MiB = 1 << 30, 1 << 20

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from tests.support.schemas import POLICY_CRD, ROOT, crd_schema, crd_validator, validate_custom
-from xmem_admission.errors import PolicyError
-from xmem_admission.policy import DEFAULTS, Estimation, FailureAction, Policy
+from xmem_admission.cluster.policy.model import DEFAULTS, Estimation, FailureAction, Policy
+from xmem_admission.contract.errors import PolicyError
 
 EXAMPLE = ROOT / "examples" / "policy.yaml"
 

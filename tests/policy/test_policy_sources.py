@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tests.support.schemas import ROOT
-from xmem_admission.errors import PolicyError
-from xmem_admission.sources import ClusterPolicySource, FilePolicySource
+from xmem_admission.cluster.policy.sources import ClusterPolicySource, FilePolicySource
+from xmem_admission.contract.errors import PolicyError
 
 EXAMPLE = ROOT / "examples" / "policy.yaml"
 PATH = "/apis/xmem.io/v1alpha1/gpuadmissionpolicies/default"

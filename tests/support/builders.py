@@ -14,7 +14,7 @@ import copy
 import itertools
 from typing import Any, Dict, List, Optional, Tuple
 
-from xmem_admission import labels
+from xmem_admission.cluster import labels
 
 _uids = itertools.count(1)
 

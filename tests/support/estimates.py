@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Sequence
 
-from xmem_admission import fingerprint, gpus
-from xmem_admission.integrations import for_kind
-from xmem_admission.store import EstimateRecord
+from xmem_admission.cluster.integrations import for_kind
+from xmem_admission.cluster.policy import fingerprint
+from xmem_admission.cluster.policy.store import EstimateRecord
+from xmem_admission.contract import gpus
 
 GiB = 1 << 30
 

@@ -1,6 +1,6 @@
 """Driving the webhook: over real HTTPS on loopback, or in-process through the same entry point.
 
-``HttpsWebhook`` runs the real server (``xmem_admission.server``: uvicorn, the TLS context it
+``HttpsWebhook`` runs the real server (``xmem_admission.cluster.admission.server``: uvicorn, the TLS context it
 reloads, the FastAPI app) in a thread with a trustme CA and a serving certificate with SANs,
 and posts AdmissionReview JSON with httpx, verifying the certificate. ``LocalWebhook`` calls
 ``Webhook.review`` with the same bytes, for the property tests that send thousands of reviews.
@@ -22,12 +22,12 @@ import jsonpatch
 import orjson
 import trustme
 
-from xmem_admission.admission.webhook import Endpoint, Scope, Webhook
-from xmem_admission.metrics import AdmissionMetrics
-from xmem_admission.policy import Policy
-from xmem_admission.server import AdmissionServer, ServeConfig, ServerThread
-from xmem_admission.sources import StaticPolicySource
-from xmem_admission.store import EstimateRecord, MemoryStore
+from xmem_admission.cluster.admission.metrics import AdmissionMetrics
+from xmem_admission.cluster.admission.server import AdmissionServer, ServeConfig, ServerThread
+from xmem_admission.cluster.admission.webhook import Endpoint, Scope, Webhook
+from xmem_admission.cluster.policy.model import Policy
+from xmem_admission.cluster.policy.sources import StaticPolicySource
+from xmem_admission.cluster.policy.store import EstimateRecord, MemoryStore
 
 FIXED_NOW = "2026-01-31T12:00:00Z"
 

@@ -77,7 +77,7 @@ CEL for the matchCondition: does the object ask for a GPU, whatever its kind? Th
 of the object are gathered first (a Pod is its own template, a Job has one, a PyTorchJob one per
 replica type), then one predicate is applied to each. A template asks for a GPU when a container
 limit or request name starts with one of webhook.matchConditions.gpuResourcePrefixes, or when its
-metadata carries one of gpuAnnotations (KAI). This mirrors xmem_admission.resources.gpu_count,
+metadata carries one of gpuAnnotations (KAI). This mirrors xmem_admission.cluster.kube.resources.gpu_count,
 which reads containers only (not init containers). Other kinds, and objects without a spec, give
 no templates and are skipped, which is what the webhook would answer for them anyway.
 */}}

@@ -1,4 +1,9 @@
-"""``xmem bench paper``: the accuracy yardstick on the xMem paper's measured jobs."""
+"""``xmem bench paper``: the accuracy yardstick on the xMem paper's measured jobs.
+
+The benchmark's model zoo (torchvision and Hugging Face models) is not part of the product: it
+lives in the repository's ``bench/`` folder, which this command imports from the source checkout
+that the package was installed from (``pip install -e .``, as ``make`` does).
+"""
 
 from __future__ import annotations
 
@@ -32,9 +37,26 @@ def register(sub: Any) -> None:
     paper.set_defaults(func=run_paper)
 
 
+def _checkout() -> str:
+    """The source checkout holding ``bench/``; BenchError when the package is not installed
+    from one."""
+    from xmem_admission.contract.errors import BenchError
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    if not os.path.isfile(os.path.join(root, "bench", "paper", "benchmark.py")):
+        raise BenchError("xmem bench needs the source checkout's bench/ folder (the benchmark's "
+                         f"model zoo), which is not beside this installation ({root}): install "
+                         "the package from a clone with `pip install -e .` (make does)")
+    return root
+
+
 def run_paper(args: argparse.Namespace) -> int:
-    from xmem_admission import paperbench
-    from xmem_admission.errors import RunsFileError
+    root = _checkout()
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from bench.paper import benchmark as paperbench
+    from xmem_admission.contract.errors import RunsFileError
 
     rows = paperbench.load_runs(args.runs)
     if args.explain:

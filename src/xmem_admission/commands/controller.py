@@ -18,7 +18,7 @@ import threading
 import uuid
 from typing import Any, Optional
 
-from xmem_admission.errors import ControllerError, KubeUnavailable
+from xmem_admission.contract.errors import ControllerError, KubeUnavailable
 
 ENV = {
     "kubeconfig": "KUBECONFIG",
@@ -91,8 +91,8 @@ def register(subparsers: Any) -> None:
 
 
 def _api_client(kubeconfig: Optional[str]) -> Any:
-    from xmem_admission.errors import NoClusterCredentials
-    from xmem_admission.kubeconfig import api_client
+    from xmem_admission.cluster.kube.kubeconfig import api_client
+    from xmem_admission.contract.errors import NoClusterCredentials
 
     try:
         return api_client(kubeconfig)
@@ -112,11 +112,11 @@ def _lease_namespace(value: Optional[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmem_admission.controller.kube import Kube
-    from xmem_admission.controller.leader import LeaderElector
-    from xmem_admission.controller.manager import KINDS, Controller, HealthServer
-    from xmem_admission.controller.metrics import ControllerMetrics
-    from xmem_admission.sources import ClusterPolicySource, FilePolicySource
+    from xmem_admission.cluster.controller.manager import KINDS, Controller, HealthServer
+    from xmem_admission.cluster.controller.metrics import ControllerMetrics
+    from xmem_admission.cluster.kube.client import Kube
+    from xmem_admission.cluster.kube.leader import LeaderElector
+    from xmem_admission.cluster.policy.sources import ClusterPolicySource, FilePolicySource
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -51,8 +51,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmem_admission.errors import EstimateError
-    from xmem_admission.estimate import DEFAULT_GPUS, estimate
+    from xmem_admission.contract.errors import EstimateError
+    from xmem_admission.estimator.estimate import DEFAULT_GPUS, estimate
 
     command: List[str] = list(args.command)
     if command and command[0] == "--":
@@ -82,7 +82,7 @@ def _gib(n: int) -> str:
 
 
 def _table(est: Any) -> str:
-    from xmem_admission.estimate import BREAKDOWN_KEYS
+    from xmem_admission.estimator.estimate import BREAKDOWN_KEYS
 
     lines = [f"mode {est.mode}, {est.steps} steps, {est.seconds:.1f} s"
              + (f" (fell back from fake: {est.fallback_reason})" if est.fallback_reason else ""),
@@ -116,10 +116,10 @@ def _columns(rows: List[tuple]) -> List[str]:
 
 
 def _plot(trace: Any, names: List[str], args: argparse.Namespace, path: str) -> None:
-    from xmem_admission.errors import EstimateError
-    from xmem_admission.estimate import allocator_capacity, allocator_config, resolve_gpus
-    from xmem_admission.orchestrate import for_gpu
-    from xmem_admission.simulate import simulate
+    from xmem_admission.contract.errors import EstimateError
+    from xmem_admission.estimator.allocator.simulate import simulate
+    from xmem_admission.estimator.estimate import allocator_capacity, allocator_config, resolve_gpus
+    from xmem_admission.estimator.orchestrate import for_gpu
 
     try:
         import matplotlib

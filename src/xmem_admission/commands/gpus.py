@@ -72,7 +72,7 @@ def _table(gpus: List[Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print the catalogue as a table or, with ``--json``, as one JSON object."""
-    from xmem_admission.gpus import all_gpus
+    from xmem_admission.contract.gpus import all_gpus
 
     gpus = all_gpus()
     if args.json:

@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: Any) -> int:
-    from xmem_admission.snapshot import load_snapshot, replay_snapshot
+    from xmem_admission.estimator.allocator.snapshot import load_snapshot, replay_snapshot
 
     report = replay_snapshot(load_snapshot(args.snapshot))
     result = report.to_dict()

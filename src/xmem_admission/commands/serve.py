@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from xmem_admission.errors import ServeError
+from xmem_admission.contract.errors import ServeError
 
 ENV = {
     "cert_file": "XMEM_CERT_FILE",
@@ -66,8 +66,8 @@ def register(subparsers: Any) -> None:
 
 
 def _cluster_api(args: argparse.Namespace) -> Any:
-    from xmem_admission.errors import NoClusterCredentials
-    from xmem_admission.kubeconfig import api_client
+    from xmem_admission.cluster.kube.kubeconfig import api_client
+    from xmem_admission.contract.errors import NoClusterCredentials
 
     try:
         return api_client(args.kubeconfig)
@@ -84,8 +84,8 @@ def _cluster_store(api: Any) -> Any:
     The watch fills the store in the background: until it has synced, a workload simply finds no
     estimate and is held, and the controller reuses the recorded estimate for its fingerprint.
     """
-    from xmem_admission.controller.kube import Kube
-    from xmem_admission.controller.store import KubeStore
+    from xmem_admission.cluster.controller.gme_store import KubeStore
+    from xmem_admission.cluster.kube.client import Kube
 
     store = KubeStore(Kube(api))
     store.informer.start()
@@ -93,12 +93,12 @@ def _cluster_store(api: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from xmem_admission.admission.webhook import Webhook
-    from xmem_admission.metrics import AdmissionMetrics
-    from xmem_admission.server import AdmissionServer, ServeConfig
-    from xmem_admission.server import run as serve_forever
-    from xmem_admission.sources import ClusterPolicySource, FilePolicySource
-    from xmem_admission.store import MemoryStore
+    from xmem_admission.cluster.admission.metrics import AdmissionMetrics
+    from xmem_admission.cluster.admission.server import AdmissionServer, ServeConfig
+    from xmem_admission.cluster.admission.server import run as serve_forever
+    from xmem_admission.cluster.admission.webhook import Webhook
+    from xmem_admission.cluster.policy.sources import ClusterPolicySource, FilePolicySource
+    from xmem_admission.cluster.policy.store import MemoryStore
 
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,

@@ -48,9 +48,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: Any) -> int:
-    from xmem_admission.alloc_conf import parse_alloc_conf
-    from xmem_admission.simulate import simulate
-    from xmem_admission.trace import Trace
+    from xmem_admission.estimator.allocator.alloc_conf import parse_alloc_conf
+    from xmem_admission.estimator.allocator.simulate import simulate
+    from xmem_admission.estimator.trace import Trace
 
     config = parse_alloc_conf(args.alloc_conf)
     trace = Trace.load(args.trace)

@@ -1,0 +1,1 @@
+"""Benchmarks: speed and accuracy figures, printed (not asserted); see bench/README.md."""

@@ -1,0 +1,234 @@
+"""``xmem bench paper``: estimate the xMem paper's measured jobs and compare every estimator.
+
+Each row of a runs file (``shared/data/xmem-paper/runs.jsonl`` format) is one training job
+measured on a real GPU. The job is rebuilt by ``paperjobs`` and estimated through exactly the
+path ``xmem estimate`` takes (``estimate.estimate``), for the row's GPU. The quantity compared
+is the row's ``measured_peak_bytes``: NVML device memory at its peak minus the first sample,
+taken after CUDA was initialised, so the CUDA context is excluded while the allocator's
+segments and what training loads outside the allocator are included. Ours is therefore the
+simulated peak reserved plus the GPU's ``runtime_overhead_bytes`` (catalogue), context left out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import IO, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from xmem_admission.contract.errors import EstimateError, RunsFileError
+
+# Each row runs as a training script, unmodified, the way a user would run it.
+JOBS_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs.py")
+OTHER_ESTIMATORS = ("xmem", "dnnmem", "schedtune", "llmem")
+_REQUIRED = {"id": str, "family": str, "model": str, "optimizer": str, "batch_size": int,
+             "gpu_name": str, "measured_peak_bytes": int, "measured_oom": bool}
+
+
+@dataclass
+class Row:
+    data: Dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return self.data["id"]
+
+    def command(self) -> List[str]:
+        argv = [sys.executable, JOBS_SCRIPT, "--model", self.data["model"],
+                "--optimizer", self.data["optimizer"], "--batch-size",
+                str(self.data["batch_size"]), "--zero-grad-mode",
+                str(self.data.get("zero_grad_mode") or 0), "--steps",
+                str(self.data.get("optimizer_steps") or 4)]
+        if self.data.get("max_seq_len"):
+            # Batches were padded to the longest of randomly drawn sequences, at most 128
+            # tokens, with no seed: the safe side is the maximum.
+            argv += ["--seq-len", str(self.data["max_seq_len"])]
+        return argv
+
+
+def load_runs(path: str) -> List[Row]:
+    """Parse a runs file; raise ``RunsFileError`` naming the line and what is wrong."""
+    rows: List[Row] = []
+    seen = set()
+    try:
+        fh = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise RunsFileError(f"{path}: cannot read: {exc.strerror}") from None
+    with fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RunsFileError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
+            if not isinstance(data, dict):
+                raise RunsFileError(f"{path}:{number}: expected a JSON object")
+            for key, kind in _REQUIRED.items():
+                value = data.get(key)
+                if value is None:
+                    raise RunsFileError(f"{path}:{number}: missing field {key!r}")
+                if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                    raise RunsFileError(f"{path}:{number}: field {key!r} must be "
+                                        f"{kind.__name__}, got {value!r}")
+            if data["batch_size"] < 1 or data["measured_peak_bytes"] < 0:
+                raise RunsFileError(f"{path}:{number}: batch_size must be positive and "
+                                    f"measured_peak_bytes non-negative")
+            if data["id"] in seen:
+                raise RunsFileError(f"{path}:{number}: duplicate id {data['id']!r}")
+            seen.add(data["id"])
+            for name in OTHER_ESTIMATORS:
+                other = data.get(name)
+                if other is not None and not (isinstance(other, dict) and isinstance(
+                        other.get("estimate_bytes"), (int, float))):
+                    raise RunsFileError(f"{path}:{number}: {name!r} must be null or an object "
+                                        f"with estimate_bytes")
+            rows.append(Row(data))
+    if not rows:
+        raise RunsFileError(f"{path}: no rows")
+    return rows
+
+
+def estimate_row(row: Row, mode: str, log: Optional[IO[str]]) -> Dict[str, Any]:
+    """Run one row through ``xmem estimate``'s path; returns the output line's object."""
+    from xmem_admission.contract.gpus import lookup
+    from xmem_admission.estimator.estimate import estimate
+
+    gpu = lookup(row.data["gpu_name"])
+    started = time.perf_counter()
+    est, _trace = estimate(row.command(), [gpu.key], mode=mode,
+                           steps=int(row.data.get("optimizer_steps") or 4), margin=0.0,
+                           stream=log, progress=None)
+    result = est.gpus[0]
+    # measured_peak_bytes excludes the CUDA context (sampled after CUDA init): so do we.
+    estimate_bytes = result.peak_reserved_bytes + gpu.runtime_overhead_bytes
+    return {"id": row.id, "estimate_bytes": estimate_bytes, "predicted_oom": not result.fits,
+            "seconds": round(time.perf_counter() - started, 3), "mode": est.mode,
+            "peak_allocated_bytes": result.peak_allocated_bytes,
+            "peak_reserved_bytes": result.peak_reserved_bytes,
+            "breakdown": result.breakdown, "oom": result.oom}
+
+
+def run_rows(rows: Sequence[Row], mode: str, jobs: int, log: IO[str],
+             progress: Optional[IO[str]] = None) -> List[Dict[str, Any]]:
+    def one(row: Row) -> Dict[str, Any]:
+        try:
+            out = estimate_row(row, mode, log)
+        except EstimateError as exc:
+            out = {"id": row.id, "error": str(exc).splitlines()[0]}
+        if progress is not None:
+            shown = (f"{out['estimate_bytes'] / 2**30:7.2f} GiB vs measured "
+                     f"{row.data['measured_peak_bytes'] / 2**30:7.2f} GiB"
+                     if "estimate_bytes" in out else f"error: {out['error']}")
+            print(f"xmem bench: {row.id}: {shown}", file=progress, flush=True)
+        return out
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, rows))
+
+
+# -- statistics ---------------------------------------------------------------------------
+def quantile(values: List[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q
+    low, high = math.floor(pos), math.ceil(pos)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+@dataclass
+class Stats:
+    name: str
+    n: int
+    median: float
+    p90: float
+    under: float
+    missed_oom: int
+    oom_right: float
+    seconds: float
+
+
+def stats(name: str, pairs: Iterable[Tuple[Dict[str, Any], Optional[Dict[str, Any]]]]) -> Stats:
+    """Errors on rows that did not OOM; OOM agreement on every row with an answer."""
+    errors, under, oom_total, oom_right, missed, times = [], 0, 0, 0, 0, []
+    for row, answer in pairs:
+        if answer is None or answer.get("estimate_bytes") is None:
+            continue
+        est = float(answer["estimate_bytes"])
+        predicted = bool(answer.get("predicted_oom"))
+        oom_total += 1
+        oom_right += predicted == row["measured_oom"]
+        missed += row["measured_oom"] and not predicted
+        if answer.get("runtime_s") is not None or answer.get("seconds") is not None:
+            times.append(float(answer.get("seconds", answer.get("runtime_s")) or 0.0))
+        if not row["measured_oom"] and row["measured_peak_bytes"] > 0 and est > 0:
+            measured = row["measured_peak_bytes"]
+            errors.append(abs(est - measured) / measured)
+            under += est < measured
+    return Stats(name, len(errors), statistics.median(errors) if errors else math.nan,
+                 quantile(errors, 0.9), under / len(errors) if errors else math.nan, missed,
+                 oom_right / oom_total if oom_total else math.nan,
+                 statistics.median(times) if times else math.nan)
+
+
+def comparison(rows: Sequence[Row], ours: Dict[str, Dict[str, Any]]) -> List[Stats]:
+    """Ours on all rows, then each estimator next to ours on the rows that estimator answered."""
+    data = [r.data for r in rows]
+    table = [stats("xmem-admission (ours)", ((r, ours.get(r["id"])) for r in data))]
+    for name in OTHER_ESTIMATORS:
+        answered = [r for r in data if r.get(name) and r[name].get("estimate_bytes", -1) > 0]
+        if not answered:
+            continue
+        table.append(stats(name, ((r, r[name]) for r in answered)))
+        table.append(stats(f"  ours on {name}'s rows",
+                           ((r, ours.get(r["id"])) for r in answered)))
+    return table
+
+
+def format_table(title: str, table: List[Stats]) -> str:
+    lines = [title, f"{'estimator':28} {'n':>4} {'median':>8} {'p90':>8} {'under':>7} "
+             f"{'missed OOM':>10} {'OOM right':>9} {'time s':>8}"]
+    for s in table:
+        lines.append(f"{s.name:28} {s.n:4d} {s.median:8.2%} {s.p90:8.2%} {s.under:7.1%} "
+                     f"{s.missed_oom:10d} {s.oom_right:9.1%} {s.seconds:8.2f}")
+    return "\n".join(lines)
+
+
+def report(rows: Sequence[Row], results: Sequence[Dict[str, Any]]) -> str:
+    ours = {r["id"]: r for r in results if "estimate_bytes" in r}
+    parts = [format_table("all rows (error on rows that did not OOM; median time per job)",
+                          comparison(rows, ours))]
+    for key in ("family", "gpu_name"):
+        for value in sorted({r.data[key] for r in rows}):
+            subset = [r for r in rows if r.data[key] == value]
+            table = [s for s in comparison(subset, ours)
+                     if s.name.startswith(("xmem", "  ours on xmem"))]
+            parts.append(format_table(f"{key} = {value}", table))
+    failed = [r for r in results if "error" in r]
+    if failed:
+        parts.append(f"{len(failed)} row(s) failed: " + "; ".join(
+            f"{r['id']}: {r['error']}" for r in failed))
+    return "\n\n".join(parts)
+
+
+def explain(row: Row, result: Dict[str, Any]) -> str:
+    """One row: the simulated breakdown next to the measured peak."""
+    measured = row.data["measured_peak_bytes"]
+    est = result["estimate_bytes"]
+    lines = [f"{row.id}: measured {measured / 2**30:.3f} GiB (oom={row.data['measured_oom']}), "
+             f"estimated {est / 2**30:.3f} GiB ({(est - measured) / max(measured, 1):+.2%})",
+             f"  peak allocated {result['peak_allocated_bytes'] / 2**30:.3f} GiB, "
+             f"peak reserved {result['peak_reserved_bytes'] / 2**30:.3f} GiB",
+             "  breakdown (overhead here = catalogue overhead incl. context; the estimate "
+             "leaves the context out):"]
+    for key, value in result["breakdown"].items():
+        lines.append(f"    {key:16} {value / 2**30:8.3f} GiB")
+    if row.data.get("xmem"):
+        lines.append(f"  xMem estimated {row.data['xmem']['estimate_bytes'] / 2**30:.3f} GiB")
+    return "\n".join(lines)

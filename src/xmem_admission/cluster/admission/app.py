@@ -1,0 +1,85 @@
+"""The ASGI apps: admission (``/mutate``, ``/validate``) and health (``/metrics``, ``/healthz``,
+``/readyz``), kept apart so admission can sit behind TLS and health stay plain HTTP for kubelet
+probes and Prometheus.
+
+The handlers are thin on purpose: read the body, hand the bytes to ``Webhook.review``, send back
+what it returns with HTTP 200 (the API server reads the verdict from the review, and treats any
+other status as a failed call). The body is read as bytes and never parsed by the framework.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+from fastapi import FastAPI, Request
+from fastapi.responses import PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from xmem_admission.cluster.admission import response
+from xmem_admission.cluster.admission.metrics import AdmissionMetrics
+from xmem_admission.cluster.admission.response import Decision, Verdict
+from xmem_admission.cluster.admission.webhook import Endpoint, Scope, Webhook
+
+# The API server caps request bodies at 3 MiB (etcd's object limit is 1.5 MiB); anything far
+# beyond is not from an API server.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+JSON = "application/json"
+
+# The paths each endpoint answers on, and which webhook entry each one stands for.
+ROUTES = (("", Scope.OBJECT), ("/object", Scope.OBJECT), ("/namespace", Scope.NAMESPACE))
+
+
+def _too_large() -> bytes:
+    return response.build("", Verdict(
+        Decision.ERRORED, code=413, reason="RequestEntityTooLarge",
+        message=f"admission review larger than {MAX_BODY_BYTES} bytes",
+    ))
+
+
+def create_admission_app(webhook: Webhook) -> FastAPI:
+    """The TLS app the API server calls."""
+    app = FastAPI(title="xmem admission", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def route(endpoint: Endpoint, scope: Scope) -> Callable:
+        async def handle(request: Request) -> Response:
+            length = request.headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+                return Response(_too_large(), media_type=JSON)
+            body = await request.body()
+            if len(body) > MAX_BODY_BYTES:
+                return Response(_too_large(), media_type=JSON)
+            return Response(webhook.review(body, endpoint, scope), media_type=JSON)
+
+        return handle
+
+    for endpoint in Endpoint:
+        for suffix, scope in ROUTES:
+            app.add_api_route(
+                f"/{endpoint.value}{suffix}", route(endpoint, scope), methods=["POST"],
+                include_in_schema=False,
+            )
+    return app
+
+
+ReadyCheck = Callable[[], Tuple[bool, str]]
+
+
+def create_health_app(metrics: AdmissionMetrics, ready: Optional[ReadyCheck] = None) -> FastAPI:
+    """The plain-HTTP app for kubelet probes and Prometheus."""
+    app = FastAPI(title="xmem health", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        # Answering at all proves the event loop is alive, which is what liveness asks.
+        return PlainTextResponse("ok\n")
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> Response:
+        ok, why = ready() if ready is not None else (True, "ready")
+        return PlainTextResponse(why + "\n", status_code=200 if ok else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,234 @@
+"""Running the webhook: TLS admission port and plain-HTTP health port, under uvicorn.
+
+Both ports are served by one event loop in one process. The serving certificate is reloaded
+when its files change on disk (cert-manager and the chart's hook rotate them in place): the
+``ssl.SSLContext`` the listener uses is updated with ``load_cert_chain``, which applies to every
+new handshake, so rotation needs no restart and drops no connection. A half-written pair that
+fails to load is retried on the next check while the old certificate keeps serving. The same
+periodic task refreshes the policy source (a file or the cluster object), in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import signal
+import socket
+import ssl
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Tuple
+
+import uvicorn
+
+from xmem_admission.cluster.admission.app import create_admission_app, create_health_app
+from xmem_admission.cluster.admission.webhook import Webhook
+from xmem_admission.cluster.policy.sources import PolicySource
+from xmem_admission.contract.errors import ServeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServeConfig:
+    """Where and how to serve."""
+
+    cert_file: str
+    key_file: str
+    host: str = "0.0.0.0"
+    port: int = 8443
+    metrics_port: int = 8080
+    reload_seconds: float = 2.0  # how often certificate and policy are checked for changes
+    log_level: str = "info"
+
+
+def _stamp(paths: Tuple[str, ...]) -> Tuple[Any, ...]:
+    out = []
+    for path in paths:
+        info = os.stat(path)  # follows the ..data symlink of a mounted Secret
+        out.append((info.st_mtime_ns, info.st_size, info.st_ino))
+    return tuple(out)
+
+
+class ReloadingTLS:
+    """A server ``SSLContext`` whose certificate follows the files on disk."""
+
+    def __init__(self, cert_file: str, key_file: str):
+        self.cert_file = cert_file
+        self.key_file = key_file
+        for path in (cert_file, key_file):
+            if not os.path.isfile(path):
+                raise ServeError(f"{path}: no such file (pass --cert-file and --key-file)")
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.context.set_alpn_protocols(["http/1.1"])
+        try:
+            self._stamp = _stamp((cert_file, key_file))
+            self.context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ServeError(f"cannot load certificate {cert_file} with key {key_file}: {exc}") from None
+        self.reloads = 0
+
+    def check(self) -> bool:
+        """Reload if either file changed; True when a new certificate was loaded."""
+        try:
+            stamp = _stamp((self.cert_file, self.key_file))
+        except OSError as exc:
+            log.warning("certificate files unreadable, keeping the current one: %s", exc)
+            return False
+        if stamp == self._stamp:
+            return False
+        try:
+            self.context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:  # mid-rotation: try again next time
+            log.warning("new certificate does not load yet, keeping the current one: %s", exc)
+            return False
+        self._stamp = stamp
+        self.reloads += 1
+        log.info("serving certificate reloaded from %s", self.cert_file)
+        return True
+
+
+class _Server(uvicorn.Server):
+    """A uvicorn server that leaves signals to us: two servers share one process."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0 picks a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ServeError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+class AdmissionServer:
+    """The admission and health servers of one ``xmem serve`` process."""
+
+    def __init__(self, webhook: Webhook, policy: PolicySource, config: ServeConfig):
+        self.webhook = webhook
+        self.policy = policy
+        self.config = config
+        self.tls = ReloadingTLS(config.cert_file, config.key_file)
+        self.admission_socket = bind(config.host, config.port)
+        self.health_socket = bind(config.host, config.metrics_port)
+        common = dict(log_config=None, access_log=False, lifespan="off", http="httptools",
+                      log_level=config.log_level, timeout_keep_alive=30)
+        admission = uvicorn.Config(create_admission_app(webhook), **common)
+        admission.load()
+        admission.ssl = self.tls.context  # ours, so that reloads reach the live listener
+        health = uvicorn.Config(create_health_app(webhook.metrics, self.readiness), **common)
+        self._servers: List[_Server] = [_Server(admission), _Server(health)]
+
+    @property
+    def ports(self) -> Tuple[int, int]:
+        """(admission port, health port) actually bound."""
+        return (self.admission_socket.getsockname()[1], self.health_socket.getsockname()[1])
+
+    @property
+    def started(self) -> bool:
+        return all(s.started for s in self._servers)
+
+    def readiness(self) -> Tuple[bool, str]:
+        if not self.started:
+            return False, "starting"
+        if self.policy.current() is None:
+            return False, f"no policy loaded: {self.policy.error}"
+        return True, "ready"
+
+    def stop(self) -> None:
+        for server in self._servers:
+            server.should_exit = True
+
+    async def _refresh(self) -> None:
+        while not self._servers[0].should_exit:
+            await asyncio.sleep(self.config.reload_seconds)
+            self.tls.check()
+            await asyncio.get_running_loop().run_in_executor(None, self.policy.refresh)
+
+    async def serve(self) -> None:
+        """Serve until ``stop`` is called (or SIGTERM/SIGINT in the main thread)."""
+        loop = asyncio.get_running_loop()
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+        await loop.run_in_executor(None, self.policy.refresh)
+        refresher = asyncio.ensure_future(self._refresh())
+        try:
+            await asyncio.gather(
+                self._servers[0].serve(sockets=[self.admission_socket]),
+                self._servers[1].serve(sockets=[self.health_socket]),
+            )
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+            self.admission_socket.close()
+            self.health_socket.close()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (the server extra has it), asyncio's loop otherwise."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def run(server: AdmissionServer) -> None:
+    """Serve in this thread until stopped."""
+    # Everything built so far (FastAPI, uvicorn, the catalogue) lives as long as the process:
+    # moving it out of the collector's sight keeps full collections, triggered by the dicts
+    # each 20 KB review allocates, from pausing an admission for milliseconds.
+    gc.collect()
+    gc.freeze()
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(server.serve())
+    finally:
+        loop.close()
+
+
+class ServerThread:
+    """An ``AdmissionServer`` in a background thread: for tests and embedding."""
+
+    def __init__(self, server: AdmissionServer):
+        self.server = server
+        self._thread = threading.Thread(target=run, args=(server,), name="xmem-serve", daemon=True)
+
+    def start(self, timeout: float = 20.0) -> ServerThread:
+        self._thread.start()
+        deadline = timeout
+        while not self.server.started and deadline > 0:
+            if not self._thread.is_alive():
+                raise ServeError("the server stopped while starting")
+            self._thread.join(0.02)
+            deadline -= 0.02
+        if not self.server.started:
+            raise ServeError(f"the server did not start within {timeout} s")
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.stop()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: Optional[BaseException]) -> None:
+        self.stop()

@@ -1,0 +1,160 @@
+"""The interface every backend implements: write a request in its form, read one back.
+
+A backend never overrides a request that already exists in its form: that is a request set by
+hand (validation then checks it against the estimate) or one the webhook wrote earlier (so a
+second pass changes nothing, which is what makes reinvocation give an empty patch).
+"""
+
+from __future__ import annotations
+
+import abc
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from xmem_admission.cluster.integrations.base import TemplateRef
+from xmem_admission.cluster.kube import quantity
+from xmem_admission.cluster.kube.jsonpatch import Draft
+from xmem_admission.cluster.kube.quantity import MiB, ceil_div
+from xmem_admission.cluster.kube.resources import NVIDIA_GPU, container_resources, resource_value
+from xmem_admission.cluster.policy.model import BackendName
+from xmem_admission.contract import gpus
+from xmem_admission.contract.errors import InvalidObjectError, QuantityError
+
+# (index, container, GPU count) as resources.gpu_containers yields them.
+GpuContainer = Tuple[int, Mapping[str, Any], int]
+
+
+@dataclass(frozen=True)
+class Existing:
+    """A request already present in a backend's form."""
+
+    what: str  # as a person would write it: "nvidia.com/gpumem: 8000"
+    bytes_per_gpu: Optional[int]  # None when it cannot be converted (an unknown MIG profile)
+    field: str  # field path, relative to the template, for validation messages
+
+
+@dataclass
+class Applied:
+    """What ``apply`` wrote (for the kubectl warning) and anything the user should know."""
+
+    written: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+
+
+@contextmanager
+def quantity_at(where: str) -> Iterator[None]:
+    """Turn a quantity that does not parse into ``InvalidObjectError`` naming ``where`` it stands.
+
+    A malformed hand-set request is the object's fault (the API server answers 400 with the
+    field), not the webhook's; every backend reads its form through this so the message agrees.
+    """
+    try:
+        yield
+    except QuantityError as exc:
+        raise InvalidObjectError(f"{where}: {exc}") from None
+
+
+def resource_request(
+    container: Mapping[str, Any], index: int, name: str, unit: int, cards: int = 1
+) -> Optional[Existing]:
+    """A request written as an extended resource (``name``: N ``unit``s for ``cards`` GPUs)."""
+    value = resource_value(container, name)
+    if value is None:
+        return None
+    field = f"spec.containers[{index}].resources.limits[{name}]"
+    with quantity_at(field):
+        size = quantity.parse_count(value) * unit // cards
+    return Existing(f"{name}: {value}", size, field)
+
+
+def mib(request_bytes: int) -> int:
+    """Whole MiB holding a request (HAMi, Volcano and KAI count in MiB)."""
+    return ceil_div(request_bytes, MiB)
+
+
+def drop_resource(draft: Draft, ref: TemplateRef, index: int, name: str) -> None:
+    """Remove a resource from a container's limits and requests, where present."""
+    limits, requests = container_resources(draft.get(ref.at("spec", "containers", index)))
+    for kind, present in (("limits", limits), ("requests", requests)):
+        if name in present:
+            draft.delete(ref.at("spec", "containers", index, "resources", kind, name))
+
+
+def set_limit(draft: Draft, ref: TemplateRef, index: int, name: str, value: str) -> None:
+    """Set an extended resource in limits (requests default to limits for extended resources)."""
+    draft.set(ref.at("spec", "containers", index, "resources", "limits", name), value)
+    limits, requests = container_resources(draft.get(ref.at("spec", "containers", index)))
+    if name in requests:  # requests must equal limits for extended resources
+        draft.set(ref.at("spec", "containers", index, "resources", "requests", name), value)
+
+
+def uses_nvidia_gpu(container: Mapping[str, Any]) -> bool:
+    limits, requests = container_resources(container)
+    return NVIDIA_GPU in limits or NVIDIA_GPU in requests
+
+
+class Backend(abc.ABC):
+    """One way of expressing a GPU memory request."""
+
+    name: ClassVar[BackendName]
+
+    @abc.abstractmethod
+    def existing(
+        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+    ) -> Optional[Existing]:
+        """The request this container already has in this backend's form, if any."""
+
+    @abc.abstractmethod
+    def apply(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        """Write ``request_bytes`` per GPU into every listed container that has no request yet."""
+
+    def pending(
+        self, ref: TemplateRef, containers: Sequence[GpuContainer], gpu: gpus.GPU
+    ) -> List[GpuContainer]:
+        """The containers without a request in this backend's form (the ones ``apply`` writes)."""
+        return [c for c in containers if self.existing(ref.template, c[0], c[1], gpu) is None]
+
+
+class ContainerBackend(Backend):
+    """A backend whose form lives in each container, so ``apply`` writes pending ones one by one.
+
+    One ``apply`` for all of them keeps their order the same: nothing pending writes and warns
+    nothing; a refusal (a pod the form cannot express) writes nothing in any container, so the
+    pod keeps whole GPUs rather than a half-converted mix; otherwise every pending one is written.
+    """
+
+    def apply(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        pending = self.pending(ref, containers, gpu)
+        if not pending:
+            return Applied()
+        refusal = self.refusal(pending, request_bytes, gpu)
+        if refusal is not None:
+            return Applied(warnings=[refusal])
+        return Applied(written=[self.write(draft, ref, c, request_bytes, gpu) for c in pending])
+
+    def refusal(
+        self, pending: Sequence[GpuContainer], request_bytes: int, gpu: gpus.GPU
+    ) -> Optional[str]:
+        """Why this pod cannot take the form (the warning), or None to write every container."""
+        return None
+
+    @abc.abstractmethod
+    def write(
+        self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
+    ) -> str:
+        """Write one pending container's request; returns what was written, for the warning."""

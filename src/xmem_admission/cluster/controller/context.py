@@ -1,0 +1,86 @@
+"""What every reconcile step needs, in one object: API, caches, policy, metrics, settings.
+
+The reconcilers (``estimation`` for GPUMemoryEstimates and their pods, ``workloads`` for held
+workloads) are functions of this context and a key; all their state lives in the API objects
+the caches mirror, which is what makes a restarted controller pick up where it left off.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+from xmem_admission.cluster.controller.metrics import ControllerMetrics
+from xmem_admission.cluster.integrations.base import Integration
+from xmem_admission.cluster.kube.client import EVENT, Kind, Kube, Obj
+from xmem_admission.cluster.kube.informer import Informer, WorkQueue
+from xmem_admission.contract.errors import KubeApiError, KubeUnavailable
+
+log = logging.getLogger(__name__)
+
+EVENT_MESSAGE_LIMIT = 1024  # events.k8s.io caps a note at 1 KiB; keep core Events as short
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+@dataclass
+class Workload:
+    """One workload kind the controller releases: its integration, REST kind and cache."""
+
+    integration: Integration
+    kind: Kind
+    informer: Informer
+
+
+@dataclass
+class Context:
+    """See the module docstring."""
+
+    kube: Kube
+    policy: Any  # a sources.PolicySource
+    workloads: Dict[str, Workload]  # by kind name: "Job", "PyTorchJob"
+    estimates: Informer
+    pods: Informer
+    queue: WorkQueue
+    metrics: ControllerMetrics
+    probe_image: str
+    identity: str = "xmem-controller"
+    log_lines: int = 20  # lines of the script's output quoted in a failure Event
+    deadline_slack: float = 60.0  # beyond activeDeadlineSeconds before the controller gives up
+    max_attempts: int = 3  # estimation pods per attempt lost to eviction or deletion
+    now: Callable[[], datetime.datetime] = utcnow
+
+    def settings(self, namespace: str) -> Optional[Any]:
+        """The policy's settings for a namespace, or None while no policy is loaded."""
+        policy = self.policy.current()
+        return policy.for_namespace(namespace) if policy is not None else None
+
+    def emit(self, obj: Obj, type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on an object (best effort: a lost Event never blocks a reconcile)."""
+        m = obj["metadata"]
+        if len(message) > EVENT_MESSAGE_LIMIT:
+            message = message[: EVENT_MESSAGE_LIMIT // 2 - 4] + " ... " + \
+                message[-(EVENT_MESSAGE_LIMIT // 2 - 4):]
+        stamp = self.now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{m['name']}.{uuid.uuid4().hex[:16]}",
+                         "namespace": m["namespace"]},
+            "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+                               "name": m["name"], "namespace": m["namespace"],
+                               "uid": m.get("uid"), "resourceVersion": m.get("resourceVersion")},
+            "reason": reason, "message": message, "type": type_, "count": 1,
+            "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "source": {"component": "xmem-controller"},
+            "reportingComponent": "xmem.io/controller", "reportingInstance": self.identity,
+        }
+        try:
+            self.kube.create(EVENT, m["namespace"], body)
+        except (KubeApiError, KubeUnavailable) as exc:
+            log.warning("event %s on %s/%s not recorded: %s", reason, m["namespace"],
+                        m["name"], exc)

@@ -1,0 +1,315 @@
+"""Reconcile one ``GPUMemoryEstimate``: run its estimation pod and record how it ended.
+
+Steps, each idempotent and each ending in one write (so a crash between two leaves a state the
+next reconcile continues from):
+
+1. a terminal estimate (``Succeeded``/``Failed``) only has leftovers cleaned: a pod that is
+   still pending or running after a failure (stuck pulling an image) is deleted;
+2. no pod for the current attempt: create it (409 AlreadyExists means a previous run did), then
+   record ``Running``, ``podName`` and ``startTime``; a pod that vanished while running (evicted,
+   deleted by hand) is replaced by a new attempt, up to ``max_attempts``;
+3. a pod that finished, or is stuck (image pull failure, bad config), or outlived
+   ``activeDeadlineSeconds`` plus a slack (an unschedulable pod never starts its own clock):
+   classify it and record ``Succeeded`` with the estimates, or ``Failed`` with a reason and a
+   message that quotes the script's last log lines;
+4. ``actualBytes`` set by whoever measures the job on a GPU: the ``actual`` and ``error`` columns
+   are filled in.
+
+Failure reasons: ``ScriptFailed``, ``NoOptimizerStep``, ``NeedsRealValues``, ``Unsupported``,
+``ProbeError``, ``NoResult``, ``OOMKilled``, ``DeadlineExceeded``, ``ImagePullFailed``,
+``ContainerConfigError``, ``ProbeInjectionFailed``, ``Error``, ``PodDeleted``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from xmem_admission.cluster.admission.mutation import gpu_templates
+from xmem_admission.cluster.controller import podspec, records
+from xmem_admission.cluster.controller.context import Context, Workload
+from xmem_admission.cluster.kube.client import GME, POD, Obj
+from xmem_admission.cluster.policy import sizing
+from xmem_admission.contract import termination
+from xmem_admission.contract.errors import InvalidObjectError, TerminationMessageError
+
+log = logging.getLogger(__name__)
+
+IMAGE_PULL_FAILURES = ("ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+STATUS_REASONS = {"script_error": "ScriptFailed", "no_step": "NoOptimizerStep",
+                  "needs_real_values": "NeedsRealValues", "unsupported": "Unsupported",
+                  "probe_error": "ProbeError"}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an estimation pod ended: a result, or a failure reason and message."""
+
+    result: Optional[termination.Result] = None
+    reason: str = ""
+    message: str = ""
+
+
+def owner(ctx: Context, gme: Obj) -> Optional[Tuple[Workload, Obj]]:
+    """The first live workload among the GME's owners (the pod is built from it)."""
+    ns = gme["metadata"]["namespace"]
+    for ref in gme["metadata"].get("ownerReferences") or []:
+        workload = ctx.workloads.get(ref.get("kind", ""))
+        if workload is None:
+            continue
+        obj = workload.informer.get(ns, ref.get("name", ""))
+        if obj is not None and obj["metadata"].get("uid") == ref.get("uid"):
+            return workload, obj
+    return None
+
+
+def _statuses(pod: Obj, field: str) -> List[Dict[str, Any]]:
+    return (pod.get("status") or {}).get(field) or []
+
+
+def _main_status(pod: Obj) -> Dict[str, Any]:
+    name = pod["spec"]["containers"][0]["name"]
+    for status in _statuses(pod, "containerStatuses"):
+        if status.get("name") == name:
+            return status
+    return {}
+
+
+def _tail(ctx: Context, pod: Obj, container: Optional[str] = None) -> str:
+    name = container or pod["spec"]["containers"][0]["name"]
+    text = ctx.kube.pod_log(pod["metadata"]["namespace"], pod["metadata"]["name"], name,
+                            ctx.log_lines).strip()
+    return f"; last log lines:\n{text}" if text else ""
+
+
+def _decoded(message: Optional[str]) -> Optional[termination.Result]:
+    try:
+        return termination.decode(message)
+    except TerminationMessageError:
+        return None
+
+
+def classify(ctx: Context, pod: Obj) -> Optional[Outcome]:
+    """The outcome of an estimation pod, or None while it is still on its way."""
+    status = pod.get("status") or {}
+    phase = status.get("phase", "Pending")
+    main = _main_status(pod)
+    terminated = (main.get("state") or {}).get("terminated") or {}
+    result = _decoded(terminated.get("message"))
+    if phase == "Succeeded":
+        if result is not None and result.ok:
+            return Outcome(result=result)
+        if result is not None:
+            return _failed_result(ctx, pod, result)
+        return Outcome(reason="NoResult", message="the estimation container exited 0 without a "
+                       "result: did the command start Python with the probe on PYTHONPATH?"
+                       + _tail(ctx, pod))
+    if phase == "Failed":
+        limit = pod["spec"].get("activeDeadlineSeconds")
+        if status.get("reason") == "DeadlineExceeded":
+            return Outcome(reason="DeadlineExceeded", message=f"the estimation did not finish "
+                           f"within activeDeadlineSeconds={limit}" + _tail(ctx, pod))
+        for init in _statuses(pod, "initContainerStatuses"):
+            code = ((init.get("state") or {}).get("terminated") or {}).get("exitCode")
+            if code not in (None, 0):
+                return Outcome(reason="ProbeInjectionFailed", message="the init container that "
+                               f"installs the probe failed (exit code {code})"
+                               + _tail(ctx, pod, init.get("name")))
+        if terminated.get("reason") == "OOMKilled":
+            memory = pod["spec"]["containers"][0]["resources"]["limits"].get("memory")
+            return Outcome(reason="OOMKilled", message=f"the estimation pod exceeded its memory "
+                           f"limit ({memory}): raise spec.estimation.resources.memory in the "
+                           "policy, or use fake mode (spec.estimation.mode)" + _tail(ctx, pod))
+        if result is not None and not result.ok:
+            return _failed_result(ctx, pod, result)
+        code = terminated.get("exitCode")
+        return Outcome(reason="Error", message=f"the estimation container failed (exit code "
+                       f"{code}, {terminated.get('reason') or 'no reason'})" + _tail(ctx, pod))
+    for item in _statuses(pod, "initContainerStatuses") + _statuses(pod, "containerStatuses"):
+        waiting = (item.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_FAILURES:
+            return Outcome(reason="ImagePullFailed", message=f"cannot pull image "
+                           f"{item.get('image')!r} ({waiting.get('reason')}): "
+                           f"{waiting.get('message', '')}".rstrip(": "))
+        if waiting.get("reason") in CONFIG_FAILURES:
+            return Outcome(reason="ContainerConfigError", message=f"container "
+                           f"{item.get('name')!r} cannot start ({waiting.get('reason')}): "
+                           f"{waiting.get('message', '')}".rstrip(": "))
+    return None
+
+
+def _failed_result(ctx: Context, pod: Obj, result: termination.Result) -> Outcome:
+    text = result.reason
+    if result.traceback:
+        text += "\n" + "\n".join(result.traceback.strip().splitlines()[-ctx.log_lines:])
+    else:
+        text += _tail(ctx, pod)
+    return Outcome(reason=STATUS_REASONS.get(result.status, "Error"), message=text)
+
+
+def _summary(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:
+    """The kubectl columns: the GPU the policy would pick, estimate and request there."""
+    settings = ctx.settings(gme["metadata"]["namespace"])
+    record = records.record(dict(gme, status=status))
+    if record is None or settings is None:
+        return
+    plan = sizing.plan(record, settings)
+    if plan is None:
+        smallest = min(record.gpus, key=lambda g: g.total_bytes)
+        status.update(gpu="none fits", estimateBytes=smallest.total_bytes,
+                      estimate=records.human(smallest.total_bytes))
+        return
+    status.update(gpu=plan.target.gpu.key, estimateBytes=plan.estimate_bytes,
+                  estimate=records.human(plan.estimate_bytes), requestBytes=plan.request_bytes,
+                  request=records.human(plan.request_bytes))
+
+
+def _write_status(ctx: Context, gme: Obj, status: Dict[str, Any]) -> Obj:
+    written = ctx.kube.replace_status(GME, dict(gme, status=status))
+    ctx.estimates.put(written)
+    return written
+
+
+def _enqueue_workloads(ctx: Context, gme: Obj) -> None:
+    """Wake the held workloads waiting on this estimate."""
+    ns = gme["metadata"]["namespace"]
+    for ref in gme["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") in ctx.workloads:
+            ctx.queue.add(("workload", ref["kind"], ns, ref.get("name", "")))
+
+
+def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
+    """One pass over a GME; returns the delay after which to look again, or None."""
+    gme = ctx.estimates.get(namespace, name)
+    if gme is None or "deletionTimestamp" in gme["metadata"]:
+        return None
+    status = dict(gme.get("status") or {})
+    phase = records.phase(gme)
+    pod = ctx.pods.get(namespace, records.pod_name(gme))
+    if phase in records.TERMINAL:
+        _fill_error(ctx, gme, status)
+        if pod is not None and phase == records.FAILED and \
+                (pod.get("status") or {}).get("phase") in (None, "Pending", "Running") and \
+                "deletionTimestamp" not in pod["metadata"]:
+            ctx.kube.delete_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"])
+        return None
+    found = owner(ctx, gme)
+    if found is None:
+        return None  # every workload is gone: the garbage collector removes the GME
+    workload, obj = found
+    settings = ctx.settings(namespace)
+    if settings is None:
+        return 5.0  # no policy yet: limits and deadline unknown
+    if pod is None or "deletionTimestamp" in pod["metadata"]:
+        if phase == records.RUNNING and status.get("podName") == records.pod_name(gme):
+            return _pod_lost(ctx, gme, status)
+        if pod is not None:
+            return 1.0  # the old pod is still terminating
+        return _start(ctx, gme, status, workload, obj, settings)
+    outcome = classify(ctx, pod)
+    if outcome is None:
+        started = records.parse_time(status.get("startTime")) or ctx.now()
+        limit = float(pod["spec"].get("activeDeadlineSeconds") or
+                      settings.estimation.active_deadline_seconds)
+        overdue = started + datetime.timedelta(seconds=limit + ctx.deadline_slack)
+        if ctx.now() < overdue:
+            return min(30.0, max(1.0, (overdue - ctx.now()).total_seconds()))
+        waiting = [((s.get("state") or {}).get("waiting") or {}).get("reason", "")
+                   for s in _statuses(pod, "containerStatuses")]
+        outcome = Outcome(reason="DeadlineExceeded", message=f"the estimation pod did not finish "
+                          f"within activeDeadlineSeconds={int(limit)} (phase "
+                          f"{(pod.get('status') or {}).get('phase', 'Pending')}"
+                          f"{', ' + ', '.join(w for w in waiting if w) if any(waiting) else ''})")
+    _finish(ctx, gme, status, pod, outcome)
+    return None
+
+
+def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, obj: Obj,
+           settings: Any) -> Optional[float]:
+    try:
+        templates = gpu_templates(workload.integration, obj)
+    except InvalidObjectError:
+        templates = []
+    if not templates:
+        status.update(phase=records.FAILED, reason="Error", completionTime=records.stamp(ctx.now()),
+                      message="the workload has no GPU container to estimate")
+        _write_status(ctx, gme, status)
+        _enqueue_workloads(ctx, gme)
+        return None
+    ref, containers = templates[0]
+    body = podspec.build(gme, obj, ref.template, containers[0][1], settings, ctx.probe_image)
+    try:
+        created = ctx.kube.create(POD, gme["metadata"]["namespace"], body)
+        ctx.pods.put(created)
+        ctx.metrics.started.inc()
+    except Exception as exc:
+        if not getattr(exc, "already_exists", False):
+            raise
+    status.update(phase=records.RUNNING, attempt=records.attempt(gme),
+                  podName=records.pod_name(gme))
+    status.setdefault("startTime", records.stamp(ctx.now()))
+    _write_status(ctx, gme, status)
+    return float(settings.estimation.active_deadline_seconds) + ctx.deadline_slack
+
+
+def _pod_lost(ctx: Context, gme: Obj, status: Dict[str, Any]) -> Optional[float]:
+    attempt = records.attempt(gme)
+    if attempt >= ctx.max_attempts:
+        _finish(ctx, gme, status, None, Outcome(
+            reason="PodDeleted", message=f"the estimation pod was deleted before it finished, "
+            f"{attempt} times"))
+        return None
+    log.info("estimation pod %s vanished; starting attempt %d", status.get("podName"), attempt + 1)
+    status.update(phase=records.PENDING, attempt=attempt + 1)
+    for key in ("podName", "startTime"):
+        status.pop(key, None)
+    _write_status(ctx, gme, status)
+    return 0.1
+
+
+def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
+            outcome: Outcome) -> None:
+    now = ctx.now()
+    status["completionTime"] = records.stamp(now)
+    for key in ("reason", "message", "estimates"):
+        status.pop(key, None)
+    if outcome.result is not None:
+        result = outcome.result
+        status.update(phase=records.SUCCEEDED, mode=result.mode, steps=result.steps,
+                      seconds=result.seconds, estimates=records.estimates_from(result.gpus))
+        if result.fallback:
+            status["fallbackReason"] = result.fallback[:1000]
+        _summary(ctx, gme, status)
+    else:
+        status.update(phase=records.FAILED, reason=outcome.reason,
+                      message=outcome.message[-4000:])
+    _write_status(ctx, gme, status)
+    started = records.parse_time(status.get("startTime"))
+    if outcome.result is not None:
+        ctx.metrics.succeeded.inc()
+        if started is not None:
+            ctx.metrics.duration.observe(max(0.0, (now - started).total_seconds()))
+    else:
+        ctx.metrics.failed.labels(outcome.reason).inc()
+        log.info("estimation %s failed: %s", gme["metadata"]["name"], outcome.reason)
+    if pod is not None and outcome.result is None and \
+            (pod.get("status") or {}).get("phase") in (None, "Pending", "Running"):
+        ctx.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"],
+                            pod["metadata"]["uid"])
+    _enqueue_workloads(ctx, gme)
+
+
+def _fill_error(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:
+    """Fill the ``actual`` and ``error`` columns once someone recorded ``actualBytes``."""
+    actual = status.get("actualBytes")
+    estimate = status.get("estimateBytes")
+    if not isinstance(actual, int) or not isinstance(estimate, int) or actual <= 0:
+        return
+    text = records.error_text(estimate, actual)
+    if status.get("error") == text and status.get("actual") == records.human(actual):
+        return
+    status.update(actual=records.human(actual), error=text)
+    _write_status(ctx, gme, status)

@@ -1,0 +1,83 @@
+"""The webhook's estimate store, backed by ``GPUMemoryEstimate`` resources.
+
+Implements ``xmem_admission.cluster.policy.store.EstimateStore``: ``get`` answers from memory (it is on the
+API server's request path), from a cache an informer keeps in step with every succeeded GME in
+the cluster; ``put`` records an estimate as a GME (created, then its status written: status is a
+subresource), in the namespace of the record's workload. A fingerprint recorded in several
+namespaces answers with the most recently completed record. ``xmem serve`` can use it in a
+cluster instead of the in-memory store (``KubeStore(kube).start()``).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional, Tuple
+
+from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.kube.client import GME, Kube, Obj
+from xmem_admission.cluster.kube.informer import Informer
+from xmem_admission.cluster.policy.store import EstimateRecord
+from xmem_admission.contract.errors import KubeApiError
+
+
+class KubeStore:
+    """See the module docstring."""
+
+    def __init__(self, kube: Kube, default_namespace: str = "default") -> None:
+        self.kube = kube
+        self.default_namespace = default_namespace
+        self._lock = threading.Lock()
+        self._records: Dict[str, Dict[Tuple[str, str], EstimateRecord]] = {}
+        self._best: Dict[str, EstimateRecord] = {}
+        self._where: Dict[Tuple[str, str], str] = {}  # (namespace, name) -> fingerprint
+        self.informer = Informer(kube, GME, self._on_event)
+
+    def start(self, timeout: float = 30.0) -> KubeStore:
+        self.informer.start()
+        self.informer.synced.wait(timeout)
+        return self
+
+    def stop(self) -> None:
+        self.informer.stop()
+
+    def __len__(self) -> int:
+        return len(self._best)
+
+    def get(self, fingerprint: str) -> Optional[EstimateRecord]:
+        return self._best.get(fingerprint)  # a dict read: atomic, no lock on the hot path
+
+    def put(self, record: EstimateRecord) -> None:
+        namespace = record.workload.namespace if record.workload and record.workload.namespace \
+            else self.default_namespace
+        obj = records.from_record(record, namespace)
+        status = obj.pop("status")
+        try:
+            created = self.kube.create(GME, namespace, obj)
+        except KubeApiError as exc:
+            if not exc.already_exists:
+                raise
+            created = self.kube.get(GME, namespace, obj["metadata"]["name"])
+        written = self.kube.replace_status(GME, dict(created, status=status))
+        self._on_event("MODIFIED", written)
+
+    def _on_event(self, kind: str, gme: Obj) -> None:
+        m = gme["metadata"]
+        key = (m.get("namespace", ""), m["name"])
+        record = None if kind == "DELETED" else records.record(gme)
+        with self._lock:
+            old = self._where.pop(key, None)
+            if old is not None:
+                self._records.get(old, {}).pop(key, None)
+                self._refresh(old)
+            if record is not None:
+                self._where[key] = record.fingerprint
+                self._records.setdefault(record.fingerprint, {})[key] = record
+                self._refresh(record.fingerprint)
+
+    def _refresh(self, fingerprint: str) -> None:
+        found = self._records.get(fingerprint) or {}
+        if not found:
+            self._records.pop(fingerprint, None)
+            self._best.pop(fingerprint, None)
+            return
+        self._best[fingerprint] = max(found.values(), key=lambda r: r.created or "")

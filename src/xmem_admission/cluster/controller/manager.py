@@ -1,0 +1,271 @@
+"""The controller's moving parts, wired: caches, queue, workers, resync, leadership, health.
+
+``Controller.start()`` starts the informers (held-workload kinds, GPUMemoryEstimates, estimation
+pods), waits for their first lists, then the workers that drain the queue and a resync loop
+that re-queues every held workload and unfinished estimate (deadlines, missed events), reloads
+the policy and refreshes the gauges. ``run()`` does that under leader election: only the replica
+holding the Lease reconciles; losing it stops the controller and makes ``run()`` return False
+(``xmem controller`` then exits non-zero and the Deployment restarts it as a standby).
+
+Errors per work item: a 409 or 404 (someone wrote or deleted the object) retries at once from
+fresh state; an unavailable API (429/5xx outlasting the client's retries) retries with a
+per-item exponential backoff; anything else is logged, counted and retried in a few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+
+from xmem_admission.cluster.controller import estimation_pods, records, workloads
+from xmem_admission.cluster.controller.context import Context, Workload
+from xmem_admission.cluster.controller.metrics import ControllerMetrics
+from xmem_admission.cluster.integrations.job import JobIntegration
+from xmem_admission.cluster.integrations.pytorchjob import PyTorchJobIntegration
+from xmem_admission.cluster.kube.client import GME, JOB, POD, PYTORCHJOB, Kube, Obj
+from xmem_admission.cluster.kube.informer import Informer, WorkQueue
+from xmem_admission.cluster.kube.leader import LeaderElector
+from xmem_admission.contract.errors import KubeApiError, KubeUnavailable
+
+log = logging.getLogger(__name__)
+
+KINDS = {"Job": (JobIntegration(), JOB), "PyTorchJob": (PyTorchJobIntegration(), PYTORCHJOB)}
+POD_SELECTOR = f"{records.MANAGED_BY[0]}={records.MANAGED_BY[1]},{records.COMPONENT[0]}={records.COMPONENT[1]}"
+
+
+class Controller:
+    """See the module docstring."""
+
+    def __init__(self, kube: Kube, policy: Any, probe_image: str,
+                 kinds: Sequence[str] = ("Job", "PyTorchJob"),
+                 metrics: Optional[ControllerMetrics] = None, identity: str = "xmem-controller",
+                 workers: int = 2, resync_seconds: float = 30.0, sync_timeout: float = 30.0,
+                 log_lines: int = 20, deadline_slack: float = 60.0) -> None:
+        self.kube = kube
+        self.metrics = metrics or ControllerMetrics()
+        self.queue = WorkQueue()
+        self.workers = workers
+        self.resync_seconds = resync_seconds
+        self.sync_timeout = sync_timeout
+        self.policy = policy
+        self._stop = threading.Event()
+        self._threads: List[threading.Thread] = []
+        self._failures: Dict[Hashable, int] = {}
+        self.running = threading.Event()
+        kinds_map: Dict[str, Workload] = {}
+        for kind in kinds:
+            integration, rest = KINDS[kind]
+            kinds_map[kind] = Workload(integration, rest, Informer(
+                kube, rest, self._on_workload(kind)))
+        self.ctx = Context(
+            kube=kube, policy=policy, workloads=kinds_map,
+            estimates=Informer(kube, GME, self._on_estimate),
+            pods=Informer(kube, POD, self._on_pod, label_selector=POD_SELECTOR),
+            queue=self.queue, metrics=self.metrics, probe_image=probe_image, identity=identity,
+            log_lines=log_lines, deadline_slack=deadline_slack,
+        )
+
+    # --- events -> work ---------------------------------------------------------------------
+
+    def _on_workload(self, kind: str) -> Any:
+        def handler(_type: str, obj: Obj) -> None:
+            if workloads.is_held(obj):
+                m = obj["metadata"]
+                self.queue.add(("workload", kind, m.get("namespace", ""), m["name"]))
+        return handler
+
+    def _on_estimate(self, _type: str, gme: Obj) -> None:
+        m = gme["metadata"]
+        self.queue.add(("estimate", m.get("namespace", ""), m["name"]))
+        for ref in m.get("ownerReferences") or []:
+            if ref.get("kind") in self.ctx.workloads:
+                self.queue.add(("workload", ref["kind"], m.get("namespace", ""), ref.get("name")))
+
+    def _on_pod(self, _type: str, pod: Obj) -> None:
+        m = pod["metadata"]
+        for ref in m.get("ownerReferences") or []:
+            if ref.get("kind") == GME.kind:
+                self.queue.add(("estimate", m.get("namespace", ""), ref.get("name")))
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def informers(self) -> List[Informer]:
+        return [w.informer for w in self.ctx.workloads.values()] + [self.ctx.estimates,
+                                                                    self.ctx.pods]
+
+    def start(self) -> Controller:
+        self._stop.clear()
+        self.policy.refresh()
+        for informer in self.informers():
+            informer.start()
+        for informer in (self.ctx.estimates, self.ctx.pods):
+            if not informer.synced.wait(self.sync_timeout):
+                raise KubeUnavailable(f"could not list {informer.kind.plural}: {informer.error}")
+        for workload in self.ctx.workloads.values():  # an absent CRD (no PyTorchJob) is no stop
+            if not workload.informer.synced.wait(min(5.0, self.sync_timeout)):
+                log.warning("%s not available (%s); its workloads are not released until it is",
+                            workload.kind.plural, workload.informer.error)
+        for index in range(self.workers):
+            self._spawn(self._work, f"worker-{index}")
+        self._spawn(self._resync, "resync")
+        self.running.set()
+        self.metrics.leader.set(1)
+        return self
+
+    def _spawn(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=f"xmem-controller-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.queue.close()
+        for informer in self.informers():
+            informer.stop()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._threads = []
+        self.running.clear()
+        self.metrics.leader.set(0)
+
+    # --- work -------------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            key = self.queue.get(timeout=0.5)
+            if key is None:
+                continue
+            try:
+                delay = self.reconcile(key)
+                self._failures.pop(key, None)
+                if delay is not None and not self._stop.is_set():
+                    self.queue.add(key, delay)
+            except KubeApiError as exc:
+                if exc.conflict or exc.already_exists or exc.not_found:
+                    log.debug("%s: %s; starting over", key, exc)
+                    self.queue.add(key, 0.05)
+                else:
+                    self._retry(key, exc)
+            except KubeUnavailable as exc:
+                self._retry(key, exc)
+            except Exception as exc:  # noqa: BLE001 - one bad object must not stop the rest
+                log.exception("reconcile %s failed", key)
+                self._retry(key, exc)
+            finally:
+                self.queue.done(key)
+
+    def _retry(self, key: Hashable, exc: Exception) -> None:
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        self.metrics.errors.labels(str(key[0])).inc()
+        delay = min(0.2 * 2 ** failures, 30.0)
+        log.warning("reconcile %s: %s; again in %.1fs", key, exc, delay)
+        self.queue.add(key, delay)
+
+    def reconcile(self, key: Tuple[Any, ...]) -> Optional[float]:
+        """One reconcile of a queue key; the delay after which to look again, or None."""
+        if key[0] == "workload":
+            _, kind, namespace, name = key
+            if not self.ctx.workloads[kind].informer.synced.is_set():
+                return 5.0
+            return workloads.reconcile(self.ctx, kind, namespace, name)
+        _, namespace, name = key
+        return estimation_pods.reconcile(self.ctx, namespace, name)
+
+    def _resync(self) -> None:
+        while not self._stop.wait(self.resync_seconds):
+            self.resync()
+
+    def resync(self) -> None:
+        """Queue everything that may need attention; reload the policy; refresh the gauges."""
+        self.policy.refresh()
+        now = self.ctx.now()
+        ages: Dict[str, List[float]] = {}
+        for kind, workload in self.ctx.workloads.items():
+            for obj in workload.informer.find(workloads.is_held):
+                m = obj["metadata"]
+                self.queue.add(("workload", kind, m.get("namespace", ""), m["name"]))
+                ages.setdefault(kind, []).append(
+                    (now - workloads.held_since(obj)).total_seconds())
+        self.metrics.set_held(ages, tuple(self.ctx.workloads))
+        counts: Dict[str, int] = {}
+        for gme in self.ctx.estimates.items():
+            m = gme["metadata"]
+            if records.phase(gme) not in records.TERMINAL or \
+                    (gme.get("status") or {}).get("actualBytes") is not None:
+                self.queue.add(("estimate", m.get("namespace", ""), m["name"]))
+            for estimate in (gme.get("status") or {}).get("estimates") or []:
+                counts[estimate.get("gpu", "")] = counts.get(estimate.get("gpu", ""), 0) + 1
+        self.metrics.set_estimates(counts)
+
+    # --- leadership -------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event, elector: Optional[LeaderElector]) -> bool:
+        """Reconcile until ``stop`` (True) or until leadership is lost (False)."""
+        if elector is None:
+            self.start()
+            stop.wait()
+            self.stop()
+            return True
+        return elector.run(stop, self.start, self.stop)
+
+
+class HealthServer:
+    """``/metrics``, ``/healthz`` and ``/readyz`` on a plain HTTP port."""
+
+    def __init__(self, controller: Controller, host: str, port: int,
+                 elector: Optional[LeaderElector] = None) -> None:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.path.startswith("/metrics"):
+                    body = generate_latest(controller.metrics.registry)
+                    self._send(200, body, CONTENT_TYPE_LATEST)
+                elif self.path.startswith("/healthz"):
+                    self._send(200, b"ok\n", "text/plain")
+                elif self.path.startswith("/readyz"):
+                    ok, text = owner.readiness()
+                    self._send(200 if ok else 503, text.encode() + b"\n", "text/plain")
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+            def _send(self, code: int, body: bytes, kind: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.controller = controller
+        self.elector = elector
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True,
+                                       name="xmem-controller-health")
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def readiness(self) -> Tuple[bool, str]:
+        if self.controller.running.is_set():
+            return True, "leading"
+        if self.elector is not None:
+            return True, "standby"
+        return False, "starting"
+
+    def start(self) -> HealthServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,75 @@
+"""Prometheus metrics of the controller (the admission side's are in ``xmem_admission.cluster.admission.metrics``).
+
+Each ``ControllerMetrics`` owns a registry, like ``AdmissionMetrics``, so several controllers can
+live in one process (tests, leader-election replicas) without clashing; ``xmem controller``
+serves it on ``/metrics`` of its metrics port.
+
+Series (all prefixed ``xmem_controller_``):
+- ``estimations_started_total``, ``estimations_succeeded_total``,
+  ``estimations_failed_total{reason}``: estimation pods run, and how they ended
+  (``ScriptFailed``, ``OOMKilled``, ``DeadlineExceeded``, ``ImagePullFailed``, ...);
+- ``estimation_duration_seconds``: from the estimation pod's creation to its result;
+- ``held_workloads{kind}`` and ``held_workload_oldest_age_seconds{kind}``: workloads held now,
+  and how long the oldest has waited (an alert fires well before the policy's maxHoldSeconds);
+- ``released_workloads_total{kind,outcome}``: ``estimated``, ``default``, ``unchanged``;
+- ``estimates{gpu_model}``: recorded estimates that cover each GPU model;
+- ``reconcile_errors_total{kind}``: reconciles that failed and were requeued;
+- ``leader``: 1 while this replica leads.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, Optional, Tuple
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Estimations take from seconds (fake mode, small models) to the policy's deadline (15 min).
+DURATION_BUCKETS = (5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
+
+
+class ControllerMetrics:
+    """The controller's metrics and the registry that holds them."""
+
+    def __init__(self, registry: Optional[CollectorRegistry] = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.started = Counter("xmem_controller_estimations_started",
+                               "Estimation pods created.", registry=r)
+        self.succeeded = Counter("xmem_controller_estimations_succeeded",
+                                 "Estimations that recorded an estimate.", registry=r)
+        self.failed = Counter("xmem_controller_estimations_failed",
+                              "Estimations that ended without an estimate, by reason.",
+                              ("reason",), registry=r)
+        self.duration = Histogram("xmem_controller_estimation_duration_seconds",
+                                  "From estimation pod creation to its result.",
+                                  buckets=DURATION_BUCKETS, registry=r)
+        self.held = Gauge("xmem_controller_held_workloads", "Workloads held by xmem now.",
+                          ("kind",), registry=r)
+        self.oldest = Gauge("xmem_controller_held_workload_oldest_age_seconds",
+                            "How long the longest-held workload has waited.", ("kind",),
+                            registry=r)
+        self.released = Counter("xmem_controller_released_workloads",
+                                "Held workloads released, by outcome.", ("kind", "outcome"),
+                                registry=r)
+        self.estimates = Gauge("xmem_controller_estimates",
+                               "Recorded estimates covering each GPU model.", ("gpu_model",),
+                               registry=r)
+        self.errors = Counter("xmem_controller_reconcile_errors",
+                              "Reconciles that failed and were requeued.", ("kind",), registry=r)
+        self.leader = Gauge("xmem_controller_leader", "1 while this replica leads.", registry=r)
+        self._gpu_models: set = set()
+
+    def set_held(self, ages_by_kind: Dict[str, Iterable[float]], kinds: Tuple[str, ...]) -> None:
+        """Publish the held workloads: their count and the oldest age, per kind."""
+        for kind in kinds:
+            ages = list(ages_by_kind.get(kind, ()))
+            self.held.labels(kind).set(len(ages))
+            self.oldest.labels(kind).set(max(ages) if ages else 0.0)
+
+    def set_estimates(self, counts: Dict[str, int]) -> None:
+        """Publish how many recorded estimates cover each GPU model."""
+        for model in self._gpu_models - set(counts):
+            self.estimates.labels(model).set(0)
+        for model, count in counts.items():
+            self.estimates.labels(model).set(count)
+        self._gpu_models |= set(counts)

@@ -1,0 +1,161 @@
+"""The estimation pod: the workload's program, on a CPU, under the probe.
+
+Built from the workload's first GPU pod template and its first GPU container (the training
+process; single-process estimation):
+
+- the same image, command, args, working directory, ``env`` and ``envFrom``, service account
+  (for its image pull secrets) and ``imagePullSecrets``, pod security context;
+- its volumes that carry inputs (config maps, secrets, downward API, projected sources without
+  service-account tokens, persistent volume claims, NFS, CSI), all mounted read-only, and its
+  ``emptyDir`` scratch space; never host paths;
+- no GPU: no GPU resources, no node selector, affinity or tolerations aimed at GPU nodes,
+  ``CUDA_VISIBLE_DEVICES=""`` and ``NVIDIA_VISIBLE_DEVICES=void`` so that a node whose default
+  runtime is NVIDIA's does not hand it a device anyway;
+- CPU and memory limits and ``activeDeadlineSeconds`` from the policy, ``restartPolicy:
+  Never``, ``automountServiceAccountToken: false``, ``enableServiceLinks: false``;
+- an init container from the controller's image that writes the probe bundle into an emptyDir
+  (``python -m xmem_admission.bundle``), and ``PYTHONPATH`` pointing there first (before the
+  user's own ``PYTHONPATH`` from the pod spec, kept by reference); ``XMEM_PROBE=1`` and the
+  probe settings make the bundle's ``sitecustomize`` trace the program (see ``sitehook``).
+
+Known limit: a ``PYTHONPATH`` set only in the image (Dockerfile ``ENV``) is replaced, since a pod
+spec cannot refer to the image's environment; put it in the pod spec to keep it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping
+
+from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.kube.client import Obj
+from xmem_admission.cluster.policy.model import Settings
+from xmem_admission.contract import probe_env
+
+PROBE_DIR = "/xmem/probe"
+PROBE_VOLUME = "xmem-probe"
+RESULT_PATH = probe_env.DEFAULT_RESULT_PATH
+INIT_NAME = "xmem-probe"
+USER_PYTHONPATH = "XMEM_USER_PYTHONPATH"
+INPUT_VOLUMES = ("configMap", "secret", "downwardAPI", "projected", "persistentVolumeClaim",
+                 "nfs", "csi", "emptyDir")
+OURS = probe_env.ALL + ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", USER_PYTHONPATH)
+
+
+def _volume(volume: Mapping[str, Any]) -> Any:
+    """A copy of an input volume, made read-only where the source allows; None to leave out."""
+    kind = next((k for k in INPUT_VOLUMES if k in volume), None)
+    if kind is None:
+        return None
+    out = dict(volume)
+    if kind == "projected":
+        sources = [s for s in volume["projected"].get("sources") or []
+                   if "serviceAccountToken" not in s]
+        if not sources:
+            return None
+        out["projected"] = dict(volume["projected"], sources=sources)
+    elif kind in ("persistentVolumeClaim", "nfs", "csi"):
+        out[kind] = dict(volume[kind], readOnly=True)
+    return out
+
+
+def _env(container: Mapping[str, Any], gme: Obj, settings: Settings) -> List[Dict[str, Any]]:
+    env: List[Dict[str, Any]] = []
+    user_path = None
+    for item in container.get("env") or []:
+        if item.get("name") in OURS:
+            continue
+        if item.get("name") == "PYTHONPATH":
+            user_path = item
+            continue
+        env.append(dict(item))
+    if user_path is None:
+        python_path = PROBE_DIR
+    elif "valueFrom" in user_path:
+        env.append({"name": USER_PYTHONPATH, "valueFrom": user_path["valueFrom"]})
+        python_path = f"{PROBE_DIR}:$({USER_PYTHONPATH})"
+    else:
+        value = str(user_path.get("value", ""))
+        python_path = f"{PROBE_DIR}:{value}" if value else PROBE_DIR
+    estimation = settings.estimation
+    env += [
+        {"name": "PYTHONPATH", "value": python_path},
+        {"name": probe_env.ON, "value": probe_env.ON_VALUE},
+        {"name": probe_env.GPUS, "value": ",".join((gme.get("spec") or {}).get("gpus") or [])},
+        {"name": probe_env.STEPS, "value": str(estimation.steps)},
+        {"name": probe_env.MODE, "value": estimation.mode},
+        {"name": probe_env.RESULT_PATH, "value": RESULT_PATH},
+        {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+    ]
+    return env
+
+
+def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mapping[str, Any],
+          settings: Settings, probe_image: str) -> Obj:
+    """The estimation pod for a GME, from the workload's GPU template and container."""
+    spec = template.get("spec") or {}
+    limits = {"cpu": settings.estimation.cpu, "memory": settings.estimation.memory}
+    volumes = []
+    kept = set()
+    for volume in spec.get("volumes") or []:
+        copied = _volume(volume)
+        if copied is not None:
+            volumes.append(copied)
+            kept.add(volume["name"])
+    volumes.append({"name": PROBE_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
+    scratch = {v["name"] for v in volumes if "emptyDir" in v}
+    mounts = [dict(m, readOnly=m["name"] not in scratch or bool(m.get("readOnly")))
+              for m in container.get("volumeMounts") or [] if m.get("name") in kept]
+    mounts.append({"name": PROBE_VOLUME, "mountPath": PROBE_DIR, "readOnly": True})
+    main: Dict[str, Any] = {
+        "name": container.get("name") or "train",
+        "image": container["image"],
+        "env": _env(container, gme, settings),
+        "resources": {"limits": dict(limits), "requests": dict(limits)},
+        "volumeMounts": mounts,
+        "terminationMessagePath": RESULT_PATH,
+        "terminationMessagePolicy": "File",
+    }
+    for key in ("command", "args", "workingDir", "envFrom", "imagePullPolicy", "securityContext"):
+        if container.get(key) is not None:
+            main[key] = container[key]
+    init = {
+        "name": INIT_NAME,
+        "image": probe_image,
+        "command": ["python", "-m", "xmem_admission.bundle", PROBE_DIR],
+        "resources": {"limits": {"cpu": "200m", "memory": "128Mi"},
+                      "requests": {"cpu": "50m", "memory": "64Mi"}},
+        "volumeMounts": [{"name": PROBE_VOLUME, "mountPath": PROBE_DIR}],
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+    }
+    m = workload["metadata"]
+    gme_meta = gme["metadata"]
+    pod_spec: Dict[str, Any] = {
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": settings.estimation.active_deadline_seconds,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 10,
+        "initContainers": [init],
+        "containers": [main],
+        "volumes": volumes,
+    }
+    for key in ("serviceAccountName", "imagePullSecrets", "securityContext"):
+        if spec.get(key):
+            pod_spec[key] = spec[key]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": records.pod_name(gme),
+            "namespace": m["namespace"],
+            "labels": {records.FINGERPRINT_LABEL: gme["spec"]["fingerprint"],
+                       records.MANAGED_BY[0]: records.MANAGED_BY[1],
+                       records.COMPONENT[0]: records.COMPONENT[1]},
+            "annotations": {"xmem.io/workload": f"{workload['kind']}/{m['name']}"},
+            "ownerReferences": [{"apiVersion": gme["apiVersion"], "kind": gme["kind"],
+                                 "name": gme_meta["name"], "uid": gme_meta["uid"],
+                                 "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": pod_spec,
+    }

@@ -1,0 +1,258 @@
+"""Reconcile one held workload: see it estimated, then release it, whatever happens.
+
+A workload is ours while it carries ``xmem.io/held-reason`` (the webhook's hold). Each pass:
+
+1. gone, or unsuspended by someone else meanwhile: nothing to hold (the hold annotations are
+   removed from a workload released behind our back, with an Event);
+2. no policy loaded: wait, but never past the default ``maxHoldSeconds``;
+3. the fingerprint is recomputed from the workload as it is now (an edit while held, or a
+   policy whose target GPUs changed, means a different program to estimate): a changed one is
+   written back and estimation follows the new one;
+4. a ``GPUMemoryEstimate`` for the fingerprint is created (owned by the workload) or joined
+   (the workload is added to its owners);
+5. succeeded: every GPU pod template gets the sizing annotations (``xmem.io/request-bytes`` and
+   friends, allowed while a Job is suspended), the hold annotations go, the workload is
+   unsuspended (unless its owner had suspended it), in one update with the resourceVersion read,
+   and an Event says what was estimated and what will be requested;
+6. failed (for this hold), or ``maxHoldSeconds`` passed: the policy's ``onEstimationFailure``:
+   ``Release`` unchanged, ``Default`` request, or ``Hold`` (until ``maxHoldSeconds``, then
+   released unchanged), with a Warning Event quoting why (and the script's last log lines).
+
+An estimate that fits no GPU of the policy is a failure (``FitsNoGPU``) with the misfit message.
+Every write carries the resourceVersion it was computed from: a 409 starts the pass over.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+from xmem_admission.cluster import backends, labels
+from xmem_admission.cluster.admission.mutation import gpu_templates
+from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.controller.context import Context, Workload
+from xmem_admission.cluster.kube.client import GME, Obj
+from xmem_admission.cluster.kube.jsonpatch import Draft
+from xmem_admission.cluster.kube.quantity import gib
+from xmem_admission.cluster.policy import fingerprint, sizing
+from xmem_admission.cluster.policy.model import Estimation, FailureAction, Settings
+from xmem_admission.cluster.policy.sizing import Plan
+from xmem_admission.contract.errors import InvalidObjectError
+
+log = logging.getLogger(__name__)
+
+ESTIMATE_NAME = "xmem.io/estimate-name"  # on released workloads: which GME sized them
+
+
+def annotations(obj: Obj) -> Dict[str, str]:
+    return (obj.get("metadata") or {}).get("annotations") or {}
+
+
+def is_held(obj: Obj) -> bool:
+    return labels.HELD_REASON in annotations(obj)
+
+
+def held_since(obj: Obj) -> datetime.datetime:
+    when = records.parse_time(annotations(obj).get(labels.HELD_SINCE))
+    return when or records.parse_time(obj["metadata"].get("creationTimestamp")) or \
+        datetime.datetime.now(datetime.timezone.utc)
+
+
+def _annotate(obj: Obj, path: Tuple[Any, ...], values: Dict[str, str]) -> None:
+    node = obj
+    for part in path:
+        node = node[part]
+    node.setdefault("metadata", {}).setdefault("annotations", {}).update(values)
+
+
+def _released(workload: Workload, obj: Obj) -> Obj:
+    """A copy of the workload without our hold: annotations gone, unsuspended unless the owner
+    had suspended it."""
+    out = copy.deepcopy(obj)
+    ann = out["metadata"].setdefault("annotations", {})
+    user_suspended = ann.get(labels.USER_SUSPENDED) == "true"
+    for key in labels.HELD_ANNOTATIONS:
+        ann.pop(key, None)
+    if not user_suspended:
+        node = out
+        for part in workload.integration.suspend_path[:-1]:
+            node = node.setdefault(part, {})
+        node[workload.integration.suspend_path[-1]] = False
+    return out
+
+
+def _write(ctx: Context, workload: Workload, obj: Obj) -> Obj:
+    written = ctx.kube.replace(workload.kind, obj)
+    workload.informer.put(written)
+    return written
+
+
+def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[float]:
+    """One pass over a workload; returns the delay after which to look again, or None."""
+    workload = ctx.workloads[kind]
+    obj = workload.informer.get(namespace, name)
+    if obj is None or "deletionTimestamp" in obj["metadata"] or not is_held(obj):
+        return None
+    if not workload.integration.is_suspended(obj):
+        _write(ctx, workload, _released(workload, obj))
+        ctx.emit(obj, "Normal", "ReleasedElsewhere", "xmem: the workload was unsuspended before "
+                 "its GPU memory was estimated; it runs with the request it has")
+        ctx.metrics.released.labels(kind, "external").inc()
+        return None
+    now = ctx.now()
+    since = held_since(obj)
+    settings = ctx.settings(namespace)
+    estimation = settings.estimation if settings is not None else Estimation()
+    deadline = since + datetime.timedelta(seconds=estimation.max_hold_seconds)
+    if settings is None:
+        if now >= deadline:
+            return _fail(ctx, workload, obj, None, "NoPolicy", "no GPU admission policy could be "
+                         "loaded", deadline, timed_out=True)
+        return 5.0
+    if not settings.enabled:
+        return _fail(ctx, workload, obj, settings, "PolicyDisabled", "the policy for this "
+                     "namespace is disabled", deadline, timed_out=True)
+    try:
+        templates = gpu_templates(workload.integration, obj)
+        fp = fingerprint.of_templates([r.template for r in workload.integration.pod_templates(obj)],
+                                      settings.gpu_keys)
+    except InvalidObjectError as exc:
+        return _fail(ctx, workload, obj, settings, "InvalidWorkload", str(exc), deadline,
+                     timed_out=True)
+    if not templates:
+        return _fail(ctx, workload, obj, settings, "NoGPU", "the workload no longer requests a "
+                     "GPU", deadline, timed_out=True)
+    old_fp = annotations(obj).get(labels.FINGERPRINT)
+    if old_fp != fp:
+        new = copy.deepcopy(obj)
+        new["metadata"].setdefault("annotations", {})[labels.FINGERPRINT] = fp
+        _write(ctx, workload, new)
+        if old_fp:
+            ctx.emit(obj, "Normal", "WorkloadChanged", f"xmem: the workload changed while held "
+                     f"(fingerprint {old_fp[:12]} -> {fp[:12]}); estimating the new version")
+        return 0.05
+    gme = ctx.estimates.get(namespace, records.name_for(fp))
+    phase = records.phase(gme)
+    if gme is not None and phase == records.SUCCEEDED:
+        return _release_estimated(ctx, workload, obj, settings, gme, deadline)
+    if gme is not None and phase == records.FAILED:
+        failed_at = records.parse_time((gme.get("status") or {}).get("completionTime"))
+        if failed_at is None or failed_at >= since:
+            status = gme.get("status") or {}
+            return _fail(ctx, workload, obj, settings, status.get("reason") or "Error",
+                         status.get("message") or "", deadline)
+    if now >= deadline:
+        return _fail(ctx, workload, obj, settings, "HoldTimeout", f"no estimate within "
+                     f"maxHoldSeconds={estimation.max_hold_seconds}", deadline, timed_out=True)
+    if gme is None:
+        image = templates[0][1][0][1].get("image", "")
+        gme = ctx.kube.create(GME, namespace, records.new(obj, fp, list(settings.gpu_keys), image))
+        ctx.estimates.put(gme)
+        ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))
+    else:
+        joined = records.with_owner(gme, obj)
+        if joined is not None:
+            gme = ctx.kube.replace(GME, joined)
+            ctx.estimates.put(gme)
+        if phase == records.FAILED:  # an older failure: this hold gets a new attempt
+            status = {"phase": records.PENDING, "attempt": records.attempt(gme) + 1}
+            gme = ctx.kube.replace_status(GME, dict(gme, status=status))
+            ctx.estimates.put(gme)
+            ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))
+    if annotations(obj).get(labels.HELD_REASON) == labels.HeldReason.AWAITING_ESTIMATE.value:
+        new = copy.deepcopy(obj)
+        new["metadata"]["annotations"][labels.HELD_REASON] = labels.HeldReason.ESTIMATING.value
+        _write(ctx, workload, new)
+    return min(60.0, max(0.5, (deadline - now).total_seconds()))
+
+
+def _requests(draft_obj: Obj, workload: Workload, plans: List[Optional[Plan]]) -> List[str]:
+    """What each backend will write at Pod CREATE, for the Event (computed on a draft)."""
+    out: List[str] = []
+    draft = Draft(draft_obj)
+    for (ref, containers), plan in zip(gpu_templates(workload.integration, draft_obj), plans):
+        if plan is None:
+            continue
+        applied = backends.for_name(plan.target.backend).apply(
+            draft, ref, containers, plan.request_bytes, plan.target.gpu)
+        out.extend(applied.written or [f"{labels.REQUEST_BYTES} {plan.request_bytes}"])
+    return list(dict.fromkeys(out))
+
+
+def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Settings,
+                       gme: Obj, deadline: datetime.datetime) -> Optional[float]:
+    record = records.record(gme)
+    if record is None:
+        return _fail(ctx, workload, obj, settings, "InvalidEstimate", f"GPUMemoryEstimate "
+                     f"{gme['metadata']['name']} holds no usable estimate", deadline)
+    new = _released(workload, obj)
+    plans: List[Optional[Plan]] = []
+    for ref, _containers in gpu_templates(workload.integration, new):
+        template_annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
+        if labels.REQUEST_BYTES in template_annotations:
+            plans.append(None)  # sized by hand or already: validation checks it
+            continue
+        plan = sizing.plan(record, settings, sizing.pinned_gpu(template_annotations))
+        if plan is None:
+            return _fail(ctx, workload, obj, settings, "FitsNoGPU", sizing.misfit(record, settings),
+                         deadline)
+        plans.append(plan)
+    for (ref, _containers), plan in zip(gpu_templates(workload.integration, new), plans):
+        if plan is not None:
+            _annotate(new, ref.path, plan.annotations())
+    new["metadata"]["annotations"][ESTIMATE_NAME] = gme["metadata"]["name"]
+    requesting = _requests(new, workload, plans)
+    _write(ctx, workload, new)
+    chosen = next((p for p in plans if p is not None), None)
+    if chosen is not None:
+        message = (f"estimated {gib(chosen.estimate_bytes)} GiB peak on {chosen.target.gpu.key}; "
+                   f"requesting {', '.join(requesting)}")
+    else:
+        message = "GPU memory estimated; the pod templates already carry a request"
+    if labels.USER_SUSPENDED in annotations(obj):
+        message += " (left suspended, as its owner had it)"
+    ctx.emit(obj, "Normal", "Estimated", f"xmem: {message}")
+    ctx.metrics.released.labels(workload.kind.kind, "estimated").inc()
+    return None
+
+
+def _fail(ctx: Context, workload: Workload, obj: Obj, settings: Optional[Settings], reason: str,
+          message: str, deadline: datetime.datetime, timed_out: bool = False) -> Optional[float]:
+    """Apply the policy's onEstimationFailure (Hold turns into Release at the deadline)."""
+    action = settings.on_failure if settings is not None else FailureAction.RELEASE
+    now = ctx.now()
+    if action is FailureAction.HOLD and (timed_out or now >= deadline):
+        action = FailureAction.RELEASE
+    why = f"xmem: GPU memory estimation failed ({reason}): {message}".rstrip(": ")
+    if action is FailureAction.HOLD:
+        if annotations(obj).get(labels.HELD_REASON) != labels.HeldReason.ESTIMATION_FAILED.value:
+            new = copy.deepcopy(obj)
+            new["metadata"]["annotations"][labels.HELD_REASON] = \
+                labels.HeldReason.ESTIMATION_FAILED.value
+            _write(ctx, workload, new)
+            ctx.emit(obj, "Warning", "EstimationFailed", f"{why}; kept held until "
+                     f"{records.stamp(deadline)} (policy onEstimationFailure: Hold)")
+        return max(0.5, (deadline - now).total_seconds())
+    new = _released(workload, obj)
+    outcome = "unchanged"
+    if action is FailureAction.DEFAULT and settings is not None and \
+            settings.default_request_bytes is not None:
+        for ref, _containers in gpu_templates(workload.integration, new):
+            template_annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
+            if labels.REQUEST_BYTES in template_annotations:
+                continue
+            pinned = sizing.pinned_gpu(template_annotations)
+            target = (settings.target(pinned) if pinned else None) or settings.targets[0]
+            _annotate(new, ref.path, {labels.REQUEST_BYTES: str(settings.default_request_bytes),
+                                      labels.GPU_MODEL: target.gpu.key})
+        outcome = "default"
+        tail = f"; released with the policy's default request " \
+               f"{gib(settings.default_request_bytes)} GiB"
+    else:
+        tail = "; released unchanged"
+    _write(ctx, workload, new)
+    ctx.emit(obj, "Warning", "EstimationFailed", why + tail)
+    ctx.metrics.released.labels(workload.kind.kind, outcome).inc()
+    return None

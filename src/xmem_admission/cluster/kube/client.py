@@ -1,0 +1,201 @@
+"""The controller's access to the Kubernetes API: the official client, and nothing clever.
+
+Every call goes through the official ``kubernetes`` client's typed APIs (``BatchV1Api``,
+``CoreV1Api``, ``CoordinationV1Api``, ``CustomObjectsApi``); objects travel as plain dicts
+(``_preload_content=False`` on reads, dict bodies on writes) because the integrations, the
+fingerprint and the sizing code all work on dicts, and a dict round-trips every field, known to
+the client's models or not.
+
+Failures are sorted the way a controller must treat them:
+
+- 409 (``Conflict``: someone wrote the object since we read it; ``AlreadyExists``) and 404 are
+  raised as ``ApiError`` for the caller to handle: a conflict is never retried blindly, the
+  reconcile starts over from fresh state;
+- 429 and 5xx, connection errors and timeouts are retried here with exponential backoff
+  (``Retry-After`` honoured), then raised as ``Unavailable`` so the work item is requeued.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+from xmem_admission.contract.errors import KubeApiError as ApiError
+from xmem_admission.contract.errors import KubeUnavailable as Unavailable
+
+log = logging.getLogger(__name__)
+
+Obj = Dict[str, Any]
+RETRYABLE = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a kind lives in the REST tree."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+JOB = Kind("batch", "v1", "jobs", "Job")
+PYTORCHJOB = Kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+GME = Kind("xmem.io", "v1alpha1", "gpumemoryestimates", "GPUMemoryEstimate")
+POD = Kind("", "v1", "pods", "Pod")
+EVENT = Kind("", "v1", "events", "Event")
+LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease")
+
+
+def _error(exc: Any) -> ApiError:
+    reason, message = getattr(exc, "reason", "") or "", ""
+    try:
+        body = json.loads(exc.body or "{}")
+        reason, message = body.get("reason") or reason, body.get("message") or ""
+    except (ValueError, TypeError, AttributeError):
+        message = str(getattr(exc, "body", "") or "")
+    return ApiError(int(exc.status or 0), str(reason), message)
+
+
+class Kube:
+    """A thin, retrying facade over the official client for the kinds the controller touches."""
+
+    def __init__(self, api_client: Any, attempts: int = 5, backoff: float = 0.2,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+        self.attempts = attempts
+        self.backoff = backoff
+        self.sleep = sleep
+        self.retries = 0  # calls that were retried (tests and debugging)
+
+    # --- the retry loop ---------------------------------------------------------------------
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call an API method; JSON answers come back as dicts, text as str."""
+        from kubernetes.client.exceptions import ApiException
+
+        delay = self.backoff
+        for attempt in range(self.attempts):
+            try:
+                response = fn(*args, _preload_content=False, **kwargs)
+                data = response.data
+                kind = (response.headers or {}).get("Content-Type", "")
+                if "json" in kind:
+                    return json.loads(data) if data else None
+                return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+            except ApiException as exc:
+                if exc.status not in RETRYABLE:
+                    raise _error(exc) from None
+                wait = delay
+                retry_after = (exc.headers or {}).get("Retry-After") if exc.headers else None
+                if retry_after and str(retry_after).isdigit():
+                    wait = max(wait, float(retry_after))
+                problem = f"HTTP {exc.status}"
+            except (OSError, ValueError) as exc:  # urllib3 errors derive from these
+                wait, problem = delay, f"{type(exc).__name__}: {exc}"
+            if attempt + 1 == self.attempts:
+                raise Unavailable(f"{getattr(fn, '__name__', fn)}: {problem}")
+            self.retries += 1
+            log.debug("retrying %s after %s (%.1fs)", getattr(fn, "__name__", fn), problem, wait)
+            self.sleep(min(wait, 30.0))
+            delay = min(delay * 2, 10.0)
+        raise AssertionError("unreachable")
+
+    # --- generic object access --------------------------------------------------------------
+
+    def list_all(self, kind: Kind, label_selector: str = "") -> Obj:
+        """A cluster-wide list (the informers' first step)."""
+        extra = {"label_selector": label_selector} if label_selector else {}
+        if kind is JOB:
+            return self.call(self.batch.list_job_for_all_namespaces, **extra)
+        if kind is POD:
+            return self.call(self.core.list_pod_for_all_namespaces, **extra)
+        return self.call(self.custom.list_cluster_custom_object, kind.group, kind.version,
+                         kind.plural, **extra)
+
+    def list_function(self, kind: Kind) -> Callable[..., Any]:
+        """The list method a ``watch.Watch().stream`` drives for this kind."""
+        if kind is JOB:
+            return self.batch.list_job_for_all_namespaces
+        if kind is POD:
+            return self.core.list_pod_for_all_namespaces
+
+        def custom(**kwargs: Any) -> Any:
+            return self.custom.list_cluster_custom_object(kind.group, kind.version, kind.plural,
+                                                          **kwargs)
+
+        custom.__doc__ = ":return: object"  # the watch reads the return type from the docstring
+        return custom
+
+    def get(self, kind: Kind, namespace: str, name: str) -> Obj:
+        if kind is JOB:
+            return self.call(self.batch.read_namespaced_job, name, namespace)
+        if kind is POD:
+            return self.call(self.core.read_namespaced_pod, name, namespace)
+        return self.call(self.custom.get_namespaced_custom_object, kind.group, kind.version,
+                         namespace, kind.plural, name)
+
+    def replace(self, kind: Kind, obj: Obj) -> Obj:
+        """PUT with the object's resourceVersion: 409 when someone wrote it since."""
+        m = obj["metadata"]
+        if kind is JOB:
+            return self.call(self.batch.replace_namespaced_job, m["name"], m["namespace"], obj)
+        return self.call(self.custom.replace_namespaced_custom_object, kind.group, kind.version,
+                         m["namespace"], kind.plural, m["name"], obj)
+
+    def create(self, kind: Kind, namespace: str, obj: Obj) -> Obj:
+        if kind is POD:
+            return self.call(self.core.create_namespaced_pod, namespace, obj)
+        if kind is EVENT:
+            return self.call(self.core.create_namespaced_event, namespace, obj)
+        return self.call(self.custom.create_namespaced_custom_object, kind.group, kind.version,
+                         namespace, kind.plural, obj)
+
+    def replace_status(self, kind: Kind, obj: Obj) -> Obj:
+        m = obj["metadata"]
+        return self.call(self.custom.replace_namespaced_custom_object_status, kind.group,
+                         kind.version, m["namespace"], kind.plural, m["name"], obj)
+
+    def delete_pod(self, namespace: str, name: str, uid: Optional[str] = None) -> None:
+        body = {"preconditions": {"uid": uid}} if uid else None
+        try:
+            self.call(self.core.delete_namespaced_pod, name, namespace, body=body,
+                      propagation_policy="Background")
+        except ApiError as exc:
+            if not (exc.not_found or exc.conflict):
+                raise
+
+    def pod_log(self, namespace: str, name: str, container: str, lines: int) -> str:
+        """The last lines a container printed ('' when the kubelet has none)."""
+        try:
+            text = self.call(self.core.read_namespaced_pod_log, name, namespace,
+                             container=container, tail_lines=lines, limit_bytes=64 * 1024)
+        except ApiError:
+            return ""
+        return text if isinstance(text, str) else json.dumps(text)
+
+    # --- leases -----------------------------------------------------------------------------
+
+    def read_lease(self, namespace: str, name: str) -> Obj:
+        return self.call(self.coordination.read_namespaced_lease, name, namespace)
+
+    def create_lease(self, namespace: str, lease: Obj) -> Obj:
+        return self.call(self.coordination.create_namespaced_lease, namespace, lease)
+
+    def replace_lease(self, lease: Obj) -> Obj:
+        m = lease["metadata"]
+        return self.call(self.coordination.replace_namespaced_lease, m["name"], m["namespace"],
+                         lease)

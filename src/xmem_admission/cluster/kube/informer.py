@@ -1,0 +1,267 @@
+"""List-then-watch caches of API objects, and the work queue the reconcilers drain.
+
+``Informer`` keeps an in-memory copy of one kind (cluster-wide, optionally label-selected) the
+way client-go's informers do: list, remember the list's resourceVersion, watch from it, apply
+each event to the cache and tell the handler; on ``410 Gone`` (history compacted), on a dropped
+stream or any error, list again, so the cache converges whatever the connection does. Reads
+come from the cache; writes go to the API with the cached resourceVersion, and a 409 sends the
+reconcile back to the queue to try again on fresher state.
+
+``WorkQueue`` deduplicates keys (a key queued ten times is reconciled once), delays keys for
+retries and deadlines, and never hands one key to two workers at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from typing import Any, Callable, Dict, Hashable, List, Optional, Set, Tuple
+
+from xmem_admission.cluster.kube.client import Kind, Kube, Obj
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[str, Obj], None]  # (event type, object)
+Key = Tuple[str, str]  # (namespace, name)
+
+
+def key_of(obj: Obj) -> Key:
+    m = obj.get("metadata") or {}
+    return (m.get("namespace", ""), m.get("name", ""))
+
+
+class Informer:
+    """A watch-fed cache of one kind; see the module docstring."""
+
+    def __init__(self, kube: Kube, kind: Kind, handler: Optional[Handler] = None,
+                 label_selector: str = "", watch_timeout: int = 60,
+                 retry_seconds: float = 1.0) -> None:
+        self.kube = kube
+        self.kind = kind
+        self.handler = handler
+        self.label_selector = label_selector
+        self.watch_timeout = watch_timeout
+        self.retry_seconds = retry_seconds
+        self.synced = threading.Event()
+        self.error: Optional[str] = None
+        self._objects: Dict[Key, Obj] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watch: Any = None
+        self._thread: Optional[threading.Thread] = None
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def get(self, namespace: str, name: str) -> Optional[Obj]:
+        with self._lock:
+            return self._objects.get((namespace, name))
+
+    def items(self) -> List[Obj]:
+        with self._lock:
+            return list(self._objects.values())
+
+    def find(self, predicate: Callable[[Obj], bool]) -> List[Obj]:
+        with self._lock:
+            return [o for o in self._objects.values() if predicate(o)]
+
+    def put(self, obj: Obj) -> None:
+        """Record what a write of ours returned, so the next reconcile sees it at once."""
+        with self._lock:
+            key = key_of(obj)
+            old = self._objects.get(key)
+            if old is None or _newer(obj, old):
+                self._objects[key] = obj
+
+    # --- running ----------------------------------------------------------------------------
+
+    def start(self) -> Informer:
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind.plural}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        deadline = time.monotonic() + timeout
+        while self._thread is not None and self._thread.is_alive() and time.monotonic() < deadline:
+            self._interrupt()  # the stream may open just after a first attempt: keep trying
+            self._thread.join(0.05)
+
+    def _interrupt(self) -> None:
+        if self._watch is not None:
+            self._watch.stop()
+            interrupt_watch(self._watch)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                version = self._relist()
+                while not self._stop.is_set():  # resume from the last version seen
+                    version = self._stream(version)
+            except Exception as exc:  # noqa: BLE001 - the cache must outlive any failure
+                if self._stop.is_set():
+                    return
+                message = f"{type(exc).__name__}: {exc}"
+                if message != self.error:
+                    log.warning("%s informer: %s; listing again", self.kind.plural, message)
+                self.error = message
+                self._stop.wait(self.retry_seconds)
+
+    def _relist(self) -> str:
+        listing = self.kube.list_all(self.kind, self.label_selector)
+        fresh = {key_of(o): _with_kind(o, self.kind) for o in listing.get("items") or []}
+        with self._lock:
+            gone = [o for k, o in self._objects.items() if k not in fresh]
+            changed = [o for k, o in fresh.items() if self._objects.get(k) != o]
+            self._objects = fresh
+        self.error = None
+        self.synced.set()
+        for obj in gone:
+            self._tell("DELETED", obj)
+        for obj in changed:
+            self._tell("ADDED", obj)
+        return str((listing.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _stream(self, version: str) -> str:
+        """Watch from ``version`` until the server ends the stream; the last version seen."""
+        from kubernetes import watch
+
+        self._watch = watch.Watch()
+        kwargs: Dict[str, Any] = {"resource_version": version, "timeout_seconds": self.watch_timeout,
+                                  "allow_watch_bookmarks": True, "deserialize": False}
+        if self.label_selector:
+            kwargs["label_selector"] = self.label_selector
+        for event in self._watch.stream(self.kube.list_function(self.kind), **kwargs):
+            if self._stop.is_set():
+                return version
+            kind, obj = event.get("type"), event.get("object") or {}
+            if kind == "ERROR":
+                raise RuntimeError(f"watch error: {obj.get('message')}")
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if kind == "BOOKMARK":
+                continue
+            obj = _with_kind(obj, self.kind)
+            with self._lock:
+                if kind == "DELETED":
+                    self._objects.pop(key_of(obj), None)
+                else:
+                    self._objects[key_of(obj)] = obj
+            self._tell(kind, obj)
+        return version
+
+    def _tell(self, kind: str, obj: Obj) -> None:
+        if self.handler is None:
+            return
+        try:
+            self.handler(kind, obj)
+        except Exception:  # noqa: BLE001 - a handler bug must not kill the watch
+            log.exception("%s handler failed", self.kind.plural)
+
+
+def interrupt_watch(watcher: Any) -> None:
+    """Wake a thread blocked reading a ``watch.Watch`` stream: shut its socket down.
+
+    Closing the response object from another thread does not wake a ``recv`` already blocked
+    on the socket; shutting the socket down does, and the reader then sees the stream end.
+    """
+    import socket
+
+    response = getattr(watcher, "_resp", None)
+    if response is None:
+        return
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    try:
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the other side
+
+
+def _with_kind(obj: Obj, kind: Kind) -> Obj:
+    """List items come without apiVersion/kind on a real server: put them back."""
+    if obj.get("kind") != kind.kind or obj.get("apiVersion") != kind.api_version:
+        obj = dict(obj, apiVersion=kind.api_version, kind=kind.kind)
+    return obj
+
+
+def _newer(a: Obj, b: Obj) -> bool:
+    try:
+        return int(a["metadata"]["resourceVersion"]) >= int(b["metadata"]["resourceVersion"])
+    except (KeyError, ValueError, TypeError):
+        return True  # resourceVersions are opaque on some servers: trust the latest write
+
+
+class WorkQueue:
+    """Deduplicating, delaying work queue; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ready: List[Hashable] = []
+        self._queued: Set[Hashable] = set()
+        self._active: Set[Hashable] = set()
+        self._again: Set[Hashable] = set()  # queued while being processed
+        self._delayed: List[Tuple[float, int, Hashable]] = []
+        self._counter = itertools.count()
+        self._closed = False
+
+    def add(self, key: Hashable, delay: float = 0.0) -> None:
+        with self._cond:
+            if delay > 0:
+                heapq.heappush(self._delayed, (time.monotonic() + delay, next(self._counter), key))
+            elif key in self._active:
+                self._again.add(key)
+            elif key not in self._queued:
+                self._queued.add(key)
+                self._ready.append(key)
+            self._cond.notify()
+
+    def get(self, timeout: float = 0.5) -> Optional[Hashable]:
+        """The next key to process (mark it ``done`` afterwards), or None after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                self._promote()
+                if self._ready:
+                    key = self._ready.pop(0)
+                    self._queued.discard(key)
+                    self._active.add(key)
+                    return key
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    return None
+                wait = left
+                if self._delayed:
+                    wait = min(wait, max(0.0, self._delayed[0][0] - time.monotonic()))
+                self._cond.wait(wait)
+
+    def done(self, key: Hashable) -> None:
+        with self._cond:
+            self._active.discard(key)
+            if key in self._again:
+                self._again.discard(key)
+                if key not in self._queued:
+                    self._queued.add(key)
+                    self._ready.append(key)
+                self._cond.notify()
+
+    def _promote(self) -> None:
+        now = time.monotonic()
+        while self._delayed and self._delayed[0][0] <= now:
+            _, _, key = heapq.heappop(self._delayed)
+            if key in self._active:
+                self._again.add(key)
+            elif key not in self._queued:
+                self._queued.add(key)
+                self._ready.append(key)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._ready) + len(self._delayed)

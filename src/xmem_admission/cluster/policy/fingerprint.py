@@ -1,0 +1,88 @@
+"""The fingerprint of a workload: what its GPU memory depends on, as a stable hex digest.
+
+Two workloads with the same fingerprint run the same program with the same inputs on the same
+number and models of GPU, so one recorded estimate serves both: the webhook looks estimates up
+by it, the controller records them under it. Both must compute it with ``of_templates``.
+
+What goes in, per GPU-using container of each pod template (templates in the order the
+integration lists them): image, command, args, working directory, the GPU count (counted the
+same way in every backend's form, so the webhook's own rewrite never changes it), and the
+environment: every literal ``value``, and for ``valueFrom``/``envFrom`` the reference (which
+secret or config map and key), not its content. Variables that name the pod rather than the
+program (``HOSTNAME``, ``POD_NAME``, ...; see ``IGNORED_ENV``) are left out, as are labels,
+annotations and every other resource: none of them change what the program allocates.
+Then the target GPU models of the policy, sorted, because an estimate covers exactly those.
+
+What it cannot see: code or data mounted from volumes. A changed script in a config map with
+the same name gives the same fingerprint; put a version in the image tag or an env var.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
+
+import orjson
+
+from xmem_admission.cluster.kube.resources import gpu_containers
+
+VERSION = 1
+DIGEST_CHARS = 32  # 128 bits; short enough to be a label value (63 characters at most)
+
+# Set per pod by Kubernetes or by training operators; they name the pod, not the program.
+IGNORED_ENV = frozenset(
+    {
+        "HOSTNAME", "POD_NAME", "POD_NAMESPACE", "POD_IP", "POD_UID", "NODE_NAME",
+        "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
+        "GROUP_RANK", "NODE_RANK", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT",
+    }
+)
+
+
+def _env(container: Mapping[str, Any]) -> List[List[Any]]:
+    out = [
+        [item.get("name"), "from", item["valueFrom"]] if "valueFrom" in item
+        else [item.get("name"), "=", item.get("value", "")]
+        for item in container.get("env") or ()
+        if isinstance(item, dict) and item.get("name") not in IGNORED_ENV
+    ]
+    out.sort(key=lambda entry: str(entry[0]))
+    return out
+
+
+def _container(container: Mapping[str, Any], gpus: int) -> Dict[str, Any]:
+    return {
+        "image": container.get("image"),
+        "command": container.get("command"),
+        "args": container.get("args"),
+        "workingDir": container.get("workingDir"),
+        "env": _env(container),
+        "envFrom": container.get("envFrom"),
+        "gpus": gpus,
+    }
+
+
+def of_templates(templates: Sequence[Mapping[str, Any]], gpu_models: Iterable[str]) -> str:
+    """The fingerprint of a workload given its pod templates and the policy's target GPU keys.
+
+    A bare Pod is its own single template (it has ``metadata`` and ``spec`` too).
+    """
+    return of_containers([list(gpu_containers(t)) for t in templates], gpu_models)
+
+
+def of_containers(
+    templates: Sequence[Sequence[Tuple[int, Mapping[str, Any], int]]], gpu_models: Iterable[str]
+) -> str:
+    """The same digest from each template's GPU containers as ``resources.gpu_containers`` gives
+    them (the webhook has them at hand already)."""
+    document = {
+        "v": VERSION,
+        "gpus": sorted(set(gpu_models)),
+        "templates": [[_container(c, count) for _, c, count in group] for group in templates],
+    }
+    try:
+        text = orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # an integer beyond 64 bits somewhere in a valueFrom: slower, same rules
+        text = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(text).hexdigest()[:DIGEST_CHARS]

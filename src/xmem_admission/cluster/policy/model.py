@@ -1,0 +1,370 @@
+"""The cluster admin's GPU admission policy: model, per-namespace resolution, loading.
+
+A policy is a cluster-scoped ``GPUAdmissionPolicy`` object (group ``xmem.io``, version
+``v1alpha1``; CRD in ``helm/xmem-admission/crds/``). ``xmem serve --policy FILE`` reads the very
+same object from a YAML file, so one schema serves both and ``examples/policy.yaml`` can be
+``kubectl apply``-ed as it is. ``spec`` holds the defaults; ``spec.overrides`` refine them for
+namespaces matched by name (shell-style patterns, first match wins). Namespaces are matched by
+name because an AdmissionReview carries the namespace's name, not its labels.
+
+Parsing is strict: an unknown field, a wrong type or an unknown GPU model is an error that names
+the field (``spec.overrides[0].targets[1].backend: ...``), because a silently ignored typo in an
+admission policy is an outage waiting to happen.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from xmem_admission.cluster.kube import quantity
+from xmem_admission.contract import gpus
+from xmem_admission.contract.errors import PolicyError, QuantityError, UnknownGPUError
+
+API_GROUP = "xmem.io"
+API_VERSION = "v1alpha1"
+KIND = "GPUAdmissionPolicy"
+PLURAL = "gpuadmissionpolicies"
+DEFAULT_NAME = "default"
+
+
+class BackendName(str, enum.Enum):
+    """How a GPU memory request is expressed to the scheduler (reference/gpu-sharing-and-mig.md)."""
+
+    ANNOTATION = "annotation"  # xmem.io/ annotations only: for dashboards, or a custom scheduler
+    HAMI = "hami"
+    VOLCANO = "volcano"
+    GPUSHARE = "gpushare"
+    KAI = "kai"
+    MIG_MIXED = "mig-mixed"
+    MIG_SINGLE = "mig-single"
+
+
+class Enforcement(str, enum.Enum):
+    """Whether policy violations are denied or only reported as kubectl warnings."""
+
+    WARN = "Warn"
+    ENFORCE = "Enforce"
+
+
+class FailureAction(str, enum.Enum):
+    """What the controller does with a held workload whose estimation failed or timed out."""
+
+    RELEASE = "Release"  # release it unchanged, with a warning Event
+    DEFAULT = "Default"  # release it with the policy's defaultRequest
+    HOLD = "Hold"  # keep it held (until maxHoldSeconds) and report
+
+
+@dataclass(frozen=True)
+class Target:
+    """A GPU model workloads may run on, and the backend its requests are written for."""
+
+    gpu: gpus.GPU
+    backend: BackendName
+
+
+@dataclass(frozen=True)
+class Estimation:
+    """How the controller runs estimation pods (read by the controller, carried here)."""
+
+    steps: int = 3  # optimizer steps traced: the estimator's default K
+    mode: str = "auto"
+    active_deadline_seconds: int = 900
+    max_hold_seconds: int = 3600  # no workload stays held longer, whatever happens
+    cpu: str = "2"
+    memory: str = "8Gi"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The policy as it applies to one namespace: every field resolved."""
+
+    enabled: bool
+    targets: Tuple[Target, ...]
+    safety_margin_percent: float
+    overcommit_percent: float
+    minimum_request_bytes: int
+    granularity_bytes: int
+    enforcement: Enforcement
+    on_failure: FailureAction
+    default_request_bytes: Optional[int]
+    estimation: Estimation = field(default_factory=Estimation)
+
+    @property
+    def enforcing(self) -> bool:
+        return self.enforcement is Enforcement.ENFORCE
+
+    @property
+    def gpu_keys(self) -> Tuple[str, ...]:
+        """Catalogue keys of the target GPUs, in policy (preference) order."""
+        return tuple(t.gpu.key for t in self.targets)
+
+    def target(self, key: str) -> Optional[Target]:
+        for target in self.targets:
+            if target.gpu.key == key:
+                return target
+        return None
+
+
+SPEC_FIELDS = (
+    "enabled", "targets", "safetyMarginPercent", "overcommitPercent", "minimumRequest",
+    "granularity", "enforcement", "onEstimationFailure", "estimation",
+)
+# Defaults: choices of this project, not GPU facts. 5 % margin = the estimator's default
+# (`xmem estimate --margin`); 256 MiB granularity keeps requests readable; a 1 GiB floor because
+# the CUDA context alone is ~290 MiB (gpus.CONTEXT_BYTES) and no training process needs less.
+DEFAULTS: Dict[str, Any] = {
+    "enabled": True,
+    "safetyMarginPercent": 5,
+    "overcommitPercent": 0,
+    "minimumRequest": "1Gi",
+    "granularity": "256Mi",
+    "enforcement": Enforcement.WARN.value,
+    "onEstimationFailure": {"action": FailureAction.RELEASE.value},
+    "estimation": {},
+}
+
+
+def _fail(where: str, message: str) -> PolicyError:
+    return PolicyError(f"{where}: {message}")
+
+
+def _check_keys(raw: Mapping[str, Any], allowed: Tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise _fail(where, f"unknown field {unknown[0]!r} (allowed: {', '.join(allowed)})")
+
+
+def _enum(cls: Any, value: Any, where: str) -> Any:
+    try:
+        return cls(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in cls)
+        raise _fail(where, f"{value!r} is not one of {choices}") from None
+
+
+def _number(value: Any, where: str, low: float, high: float, high_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(where, f"must be a number, got {value!r}")
+    if value < low or value > high or (high_open and value == high):
+        bound = f"below {high}" if high_open else f"at most {high}"
+        raise _fail(where, f"must be at least {low} and {bound}, got {value}")
+    return float(value)
+
+
+def _bytes(value: Any, where: str, positive: bool = True) -> int:
+    try:
+        size = quantity.parse_bytes(value)
+    except QuantityError as exc:
+        raise _fail(where, str(exc)) from None
+    if positive and size <= 0:
+        raise _fail(where, f"must be positive, got {value!r}")
+    return size
+
+
+def _int(value: Any, where: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _fail(where, f"must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _targets(raw: Any, where: str) -> Tuple[Target, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise _fail(where, "must be a non-empty list of {gpu, backend}")
+    out: List[Target] = []
+    for index, item in enumerate(raw):
+        at = f"{where}[{index}]"
+        if not isinstance(item, dict):
+            raise _fail(at, "must be an object with gpu and backend")
+        _check_keys(item, ("gpu", "backend"), at)
+        if not isinstance(item.get("gpu"), str):
+            raise _fail(f"{at}.gpu", "must be a GPU name")
+        try:
+            gpu = gpus.lookup(item["gpu"])
+        except UnknownGPUError as exc:
+            raise _fail(f"{at}.gpu", str(exc)) from None
+        if any(t.gpu.key == gpu.key for t in out):
+            raise _fail(f"{at}.gpu", f"{gpu.key} is listed twice")
+        backend = _enum(BackendName, item.get("backend"), f"{at}.backend")
+        if backend in (BackendName.MIG_MIXED, BackendName.MIG_SINGLE) and not gpu.mig_profiles:
+            raise _fail(f"{at}.backend", f"{gpu.key} has no MIG profiles")
+        out.append(Target(gpu, backend))
+    return tuple(out)
+
+
+def _estimation(raw: Any, where: str) -> Estimation:
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be an object")
+    keys = ("steps", "mode", "activeDeadlineSeconds", "maxHoldSeconds", "resources")
+    _check_keys(raw, keys, where)
+    base = Estimation()
+    resources = raw.get("resources", {})
+    if not isinstance(resources, dict):
+        raise _fail(f"{where}.resources", "must be an object with cpu and memory")
+    _check_keys(resources, ("cpu", "memory"), f"{where}.resources")
+    for key in ("cpu", "memory"):
+        if key in resources:
+            _bytes(resources[key], f"{where}.resources.{key}")
+    mode = raw.get("mode", base.mode)
+    if mode not in ("auto", "fake", "profile"):
+        raise _fail(f"{where}.mode", f"{mode!r} is not one of auto, fake, profile")
+    return Estimation(
+        steps=_int(raw.get("steps", base.steps), f"{where}.steps", 1),
+        mode=mode,
+        active_deadline_seconds=_int(
+            raw.get("activeDeadlineSeconds", base.active_deadline_seconds),
+            f"{where}.activeDeadlineSeconds", 1,
+        ),
+        max_hold_seconds=_int(
+            raw.get("maxHoldSeconds", base.max_hold_seconds), f"{where}.maxHoldSeconds", 1
+        ),
+        cpu=str(resources.get("cpu", base.cpu)),
+        memory=str(resources.get("memory", base.memory)),
+    )
+
+
+def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
+    """Build Settings from merged raw fields; ``origin`` says where each field was written."""
+
+    def at(key: str) -> str:
+        return f"{origin.get(key, 'spec')}.{key}"
+
+    if "targets" not in raw:
+        raise _fail("spec.targets", "is required (the GPU models workloads may run on)")
+    enabled = raw["enabled"]
+    if not isinstance(enabled, bool):
+        raise _fail(at("enabled"), "must be true or false")
+    failure = raw["onEstimationFailure"]
+    if not isinstance(failure, dict):
+        raise _fail(at("onEstimationFailure"), "must be an object")
+    _check_keys(failure, ("action", "defaultRequest"), at("onEstimationFailure"))
+    action = _enum(
+        FailureAction, failure.get("action", "Release"), at("onEstimationFailure") + ".action"
+    )
+    default_request = None
+    if "defaultRequest" in failure:
+        default_request = _bytes(failure["defaultRequest"], at("onEstimationFailure") + ".defaultRequest")
+    if action is FailureAction.DEFAULT and default_request is None:
+        raise _fail(at("onEstimationFailure"), "action Default needs a defaultRequest")
+    return Settings(
+        enabled=enabled,
+        targets=_targets(raw["targets"], at("targets")),
+        safety_margin_percent=_number(raw["safetyMarginPercent"], at("safetyMarginPercent"), 0, 100),
+        overcommit_percent=_number(
+            raw["overcommitPercent"], at("overcommitPercent"), 0, 100, high_open=True
+        ),
+        minimum_request_bytes=_bytes(raw["minimumRequest"], at("minimumRequest"), positive=False),
+        granularity_bytes=_bytes(raw["granularity"], at("granularity")),
+        enforcement=_enum(Enforcement, raw["enforcement"], at("enforcement")),
+        on_failure=action,
+        default_request_bytes=default_request,
+        estimation=_estimation(raw["estimation"], at("estimation")),
+    )
+
+
+class Policy:
+    """A parsed policy: defaults plus ordered namespace overrides."""
+
+    def __init__(
+        self,
+        name: str,
+        defaults: Settings,
+        overrides: Tuple[Tuple[Tuple[str, ...], Settings], ...] = (),
+        generation: Optional[int] = None,
+    ):
+        self.name = name
+        self.defaults = defaults
+        self.overrides = overrides
+        self.generation = generation
+        self._cache: Dict[str, Settings] = {}
+
+    def for_namespace(self, namespace: str) -> Settings:
+        """The settings for a namespace: the first override whose pattern matches, else defaults."""
+        hit = self._cache.get(namespace)
+        if hit is not None:
+            return hit
+        resolved = self.defaults
+        for patterns, settings in self.overrides:
+            if any(fnmatch.fnmatchcase(namespace, p) for p in patterns):
+                resolved = settings
+                break
+        if len(self._cache) > 10_000:  # namespaces come and go; keep the cache bounded
+            self._cache.clear()
+        self._cache[namespace] = resolved
+        return resolved
+
+    @classmethod
+    def from_spec(cls, spec: Any, name: str = DEFAULT_NAME) -> Policy:
+        """Parse a ``GPUAdmissionPolicy`` spec."""
+        if not isinstance(spec, dict):
+            raise _fail("spec", "must be an object")
+        _check_keys(spec, SPEC_FIELDS + ("overrides",), "spec")
+        base = {k: v for k, v in spec.items() if k != "overrides"}
+        merged = dict(DEFAULTS, **base)
+        defaults = _settings(merged, {})
+        overrides: List[Tuple[Tuple[str, ...], Settings]] = []
+        raw_overrides = spec.get("overrides", [])
+        if not isinstance(raw_overrides, list):
+            raise _fail("spec.overrides", "must be a list")
+        for index, item in enumerate(raw_overrides):
+            where = f"spec.overrides[{index}]"
+            if not isinstance(item, dict):
+                raise _fail(where, "must be an object")
+            _check_keys(item, ("namespaces",) + SPEC_FIELDS, where)
+            patterns = item.get("namespaces")
+            if (
+                not isinstance(patterns, list)
+                or not patterns
+                or not all(isinstance(p, str) and p for p in patterns)
+            ):
+                raise _fail(f"{where}.namespaces", "must be a non-empty list of names or patterns")
+            fields = {k: v for k, v in item.items() if k != "namespaces"}
+            origin = {k: where for k in fields}
+            overrides.append((tuple(patterns), _settings(dict(merged, **fields), origin)))
+        return cls(name, defaults, tuple(overrides))
+
+    @classmethod
+    def from_object(cls, obj: Any) -> Policy:
+        """Parse a whole ``GPUAdmissionPolicy`` object (from the API server or a YAML file)."""
+        if not isinstance(obj, dict):
+            raise PolicyError("a policy must be a GPUAdmissionPolicy object (a YAML mapping)")
+        expected = f"{API_GROUP}/{API_VERSION}"
+        if obj.get("apiVersion") != expected or obj.get("kind") != KIND:
+            raise PolicyError(
+                f"expected apiVersion {expected} and kind {KIND}, got "
+                f"{obj.get('apiVersion')!r} and {obj.get('kind')!r}"
+            )
+        _check_keys(obj, ("apiVersion", "kind", "metadata", "spec", "status"), "policy")
+        metadata = obj.get("metadata") or {}
+        name = metadata.get("name", DEFAULT_NAME) if isinstance(metadata, dict) else DEFAULT_NAME
+        policy = cls.from_spec(obj.get("spec"), name=str(name))
+        generation = metadata.get("generation") if isinstance(metadata, dict) else None
+        policy.generation = generation if isinstance(generation, int) else None
+        return policy
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "policy") -> Policy:
+        """Parse a YAML document holding one ``GPUAdmissionPolicy``."""
+        import yaml  # server extra; imported here so the CLI parser stays light
+
+        try:
+            documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        except yaml.YAMLError as exc:
+            raise PolicyError(f"{source}: not valid YAML: {exc}") from None
+        if len(documents) != 1:
+            raise PolicyError(f"{source}: expected one GPUAdmissionPolicy, found {len(documents)}")
+        try:
+            return cls.from_object(documents[0])
+        except PolicyError as exc:
+            raise PolicyError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_file(cls, path: str) -> Policy:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError(f"{path}: cannot read: {exc}") from None
+        return cls.from_yaml(text, source=path)

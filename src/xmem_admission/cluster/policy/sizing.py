@@ -1,0 +1,153 @@
+"""From a recorded estimate to the request a workload gets: one source of truth for the numbers.
+
+The webhook (at Job CREATE and Pod CREATE) and the controller (when it releases a held workload)
+both size requests here, so the number written into ``xmem.io/request-bytes``, the one the
+backend turns into ``nvidia.com/gpumem`` or a MIG profile, and the one validation compares
+against can never disagree.
+
+The request for a GPU model, from the estimate E (``total_bytes``: what the process would show
+on that GPU):
+
+    request = E * (1 + safetyMarginPercent/100) * (1 - overcommitPercent/100)
+    request = max(request, minimumRequest), rounded up to a multiple of granularity,
+              and never more than the GPU's capacity (a request above it could never schedule)
+
+Overcommit is the admin's accepted risk: it lowers requests to pack more jobs, and it is also
+the allowance for requests set by hand: validation accepts any request >= E * (1 - overcommit).
+The target GPU is the first GPU of the policy (in its order) whose capacity holds E, unless the
+workload pins one with ``xmem.io/gpu-model``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Dict, List, Optional
+
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.kube.quantity import ceil_div, gib
+from xmem_admission.cluster.policy.model import Settings, Target
+from xmem_admission.cluster.policy.store import EstimateRecord
+from xmem_admission.contract import gpus
+from xmem_admission.contract.errors import UnknownGPUError
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The decision for one workload: which GPU model, the estimate, the request per GPU."""
+
+    target: Target
+    estimate_bytes: int
+    request_bytes: int
+
+    def annotations(self) -> Dict[str, str]:
+        """The pod-template annotations that carry this plan to Pod CREATE."""
+        return {
+            labels.REQUEST_BYTES: str(self.request_bytes),
+            labels.GPU_MODEL: self.target.gpu.key,
+            labels.ESTIMATE_BYTES: str(self.estimate_bytes),
+        }
+
+
+@functools.lru_cache(maxsize=256)
+def _percent(value: float) -> Fraction:
+    """A policy percentage as an exact fraction (cached: policies have a handful of them)."""
+    return Fraction(value).limit_denominator(10_000) / 100
+
+
+def size_request(estimate_bytes: int, settings: Settings, capacity_bytes: int) -> int:
+    """The request per GPU for an estimate, under the policy's margin, overcommit and rounding."""
+    exact = Fraction(estimate_bytes) * (1 + _percent(settings.safety_margin_percent))
+    exact *= 1 - _percent(settings.overcommit_percent)
+    request = max(math.ceil(exact), settings.minimum_request_bytes)
+    granularity = settings.granularity_bytes
+    request = ceil_div(request, granularity) * granularity
+    return min(request, capacity_bytes)
+
+
+def floor_bytes(estimate_bytes: int, settings: Settings) -> int:
+    """The lowest request the policy accepts for an estimate: E * (1 - overcommit)."""
+    return math.floor(Fraction(estimate_bytes) * (1 - _percent(settings.overcommit_percent)))
+
+
+def fits(estimate_bytes: int, gpu: gpus.GPU) -> bool:
+    return estimate_bytes <= gpu.capacity_bytes
+
+
+def pinned_gpu(annotations: object) -> Optional[str]:
+    """The catalogue key a template pins with ``xmem.io/gpu-model``, if any and if known."""
+    if not isinstance(annotations, dict):
+        return None
+    name = annotations.get(labels.GPU_MODEL)
+    if not isinstance(name, str) or not name:
+        return None
+    try:
+        return gpus.lookup(name).key
+    except UnknownGPUError:
+        return None
+
+
+def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = None) -> Optional[Plan]:
+    """The plan for a record under a policy, or None when the estimate fits no target GPU."""
+    candidates: List[Target] = list(settings.targets)
+    if pinned is not None and settings.target(pinned) is not None:
+        candidates = [t for t in candidates if t.gpu.key == pinned]
+    for target in candidates:
+        estimate = record.for_gpu(target.gpu.key)
+        if estimate is None or not fits(estimate.total_bytes, target.gpu):
+            continue
+        request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes)
+        return Plan(target, estimate.total_bytes, request)
+    return None
+
+
+def covered(record: EstimateRecord, settings: Settings) -> bool:
+    """Whether the record has an estimate for at least one target GPU of the policy."""
+    return any(record.for_gpu(key) is not None for key in settings.gpu_keys)
+
+
+def misfit(record: EstimateRecord, settings: Settings) -> str:
+    """Why an estimate fits no GPU of the policy, by how much, and what would fit."""
+    shortfalls = []
+    need = None
+    for target in settings.targets:
+        estimate = record.for_gpu(target.gpu.key)
+        if estimate is None:
+            continue
+        need = estimate.total_bytes if need is None else min(need, estimate.total_bytes)
+        short = estimate.total_bytes - target.gpu.capacity_bytes
+        shortfalls.append(
+            f"{target.gpu.key} ({gib(target.gpu.capacity_bytes)} GiB) short by {gib(short)} GiB"
+        )
+    if need is None:
+        return "the recorded estimate covers no GPU model of the policy"
+    largest = max(t.gpu.capacity_bytes for t in settings.targets)
+    cut = math.ceil(100 * (need - largest) / need)
+    bigger = [g.key for g in gpus.all_gpus() if g.capacity_bytes >= need]
+    alternatives = f"GPUs that would hold it: {', '.join(bigger)}; " if bigger else ""
+    return (
+        f"estimated {gib(need)} GiB per GPU fits no GPU of the policy: {'; '.join(shortfalls)}. "
+        f"{alternatives}or cut per-GPU memory by at least {cut}% (smaller batch, activation "
+        f"checkpointing, or more GPUs with sharded parameters and optimizer state)"
+    )
+
+
+def short_misfit(record: EstimateRecord, settings: Settings) -> str:
+    """A one-line (< 120 characters) version of ``misfit`` for kubectl warnings."""
+    need = min(
+        (e.total_bytes for e in record.gpus if settings.target(e.gpu) is not None),
+        default=0,
+    )
+    largest = max(t.gpu.capacity_bytes for t in settings.targets)
+    return (
+        f"xmem: estimate {gib(need)} GiB fits no policy GPU (largest {gib(largest)} GiB); "
+        f"see {labels.FINGERPRINT}"
+    )
+
+
+__all__ = [
+    "Plan", "covered", "fits", "floor_bytes", "misfit", "pinned_gpu", "plan",
+    "short_misfit", "size_request",
+]

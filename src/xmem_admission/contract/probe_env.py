@@ -1,0 +1,19 @@
+"""The environment through which an estimation pod configures the probe bundle.
+
+The controller writes these variables into the estimation container (``cluster.controller.
+podspec``); the bundle's ``sitecustomize`` reads them in the user's interpreter
+(``estimator.probe.sitehook``). One list, so that neither side can rename a variable alone.
+"""
+
+from __future__ import annotations
+
+ON = "XMEM_PROBE"  # "1": every Python process of the container starts under the probe
+ON_VALUE = "1"
+GPUS = "XMEM_PROBE_GPUS"  # comma-separated catalogue names of the target GPU models
+STEPS = "XMEM_PROBE_STEPS"  # optimizer steps to trace
+MODE = "XMEM_PROBE_MODE"  # auto, fake or profile
+RESULT_PATH = "XMEM_RESULT_PATH"  # where the result goes: the container's terminationMessagePath
+FALLBACK = "XMEM_PROBE_FALLBACK"  # set by the probe itself when it re-executes in profile mode
+DEFAULT_RESULT_PATH = "/dev/termination-log"  # the kubelet's default terminationMessagePath
+
+ALL = (ON, GPUS, STEPS, MODE, RESULT_PATH, FALLBACK)

@@ -1,0 +1,121 @@
+"""The estimation pod's answer: a compact JSON result that fits a termination message.
+
+The probe, running inside the user's image, writes it to the container's
+``terminationMessagePath``; the kubelet copies that file into the pod status
+(``state.terminated.message``), where the controller reads it without any other channel to the
+pod. The kubelet keeps at most 4096 bytes per container, so the result is built to fit: GPU
+rows are positional arrays, and free text (reason, traceback) is cut from the front until the
+whole message fits, because the end of a traceback is the useful part.
+
+Format, version 1 (one JSON object)::
+
+    {"v": 1, "status": "ok", "mode": "fake", "steps": 3, "seconds": 12.4,
+     "fallback": "",                       # why fake mode fell back to profile, if it did
+     "gpus": [[gpu, capacity_bytes, peak_reserved_bytes, total_bytes,
+               recommended_request_bytes, fits, mig_profile], ...]}
+
+    {"v": 1, "status": "script_error" | "no_step" | "needs_real_values" | "unsupported" |
+     "probe_error", "reason": "...", "exit_code": 1, "traceback": "..."}
+
+Both halves of the house import this module (it is in the probe bundle and the controller reads
+it), so it is standard library only and Python 3.9 compatible.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional, Sequence
+
+from xmem_admission.contract.errors import TerminationMessageError
+
+VERSION = 1
+LIMIT_BYTES = 4096  # kubelet: at most 4096 bytes of a termination message per container
+COLUMNS = ("gpu", "capacity_bytes", "peak_reserved_bytes", "total_bytes",
+           "recommended_request_bytes", "fits", "mig_profile")
+FAILURES = ("script_error", "no_step", "needs_real_values", "unsupported", "probe_error")
+
+
+def _dump(data: Dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def encode_ok(mode: str, steps: int, seconds: float, gpus: Sequence[Dict[str, Any]],
+              fallback: str = "") -> str:
+    """The success message from per-GPU results (objects with the ``COLUMNS`` fields)."""
+    rows: List[List[Any]] = [[g[c] for c in COLUMNS] for g in gpus]
+    data: Dict[str, Any] = {"v": VERSION, "status": "ok", "mode": mode, "steps": steps,
+                            "seconds": round(float(seconds), 1), "gpus": rows}
+    if fallback:
+        data["fallback"] = fallback
+    return _fit(data, ("fallback",))
+
+
+def encode_failure(status: str, reason: str, exit_code: int = 1, traceback: str = "") -> str:
+    """A failure message; ``reason`` and ``traceback`` are shortened from the front to fit."""
+    if status not in FAILURES:
+        raise ValueError(f"unknown failure status {status!r}")
+    data = {"v": VERSION, "status": status, "reason": reason, "exit_code": int(exit_code),
+            "traceback": traceback}
+    return _fit(data, ("traceback", "reason"))
+
+
+def _fit(data: Dict[str, Any], cuttable: Sequence[str]) -> str:
+    text = _dump(data)
+    for key in cuttable:
+        while len(text.encode("utf-8")) > LIMIT_BYTES and data.get(key):
+            excess = len(text.encode("utf-8")) - LIMIT_BYTES
+            value = data[key]
+            keep = max(0, len(value) - excess - 8)
+            data[key] = "..." + value[len(value) - keep:] if keep else ""
+            text = _dump(data)
+    if len(text.encode("utf-8")) > LIMIT_BYTES:
+        raise TerminationMessageError(
+            f"estimation result is {len(text.encode('utf-8'))} bytes, over the {LIMIT_BYTES}-byte "
+            f"termination message limit (too many target GPU models?)")
+    return text
+
+
+class Result:
+    """A decoded termination message."""
+
+    def __init__(self, data: Dict[str, Any]) -> None:
+        self.status: str = data["status"]
+        self.mode: str = data.get("mode", "")
+        self.steps: int = int(data.get("steps", 0))
+        self.seconds: float = float(data.get("seconds", 0.0))
+        self.fallback: str = data.get("fallback", "")
+        self.reason: str = data.get("reason", "")
+        self.exit_code: int = int(data.get("exit_code", 0))
+        self.traceback: str = data.get("traceback", "")
+        self.gpus: List[Dict[str, Any]] = [dict(zip(COLUMNS, row)) for row in data.get("gpus") or []]
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def decode(text: Optional[str]) -> Result:
+    """Read a termination message; anything but a well-formed version-1 result is an error."""
+    if not text or not text.strip():
+        raise TerminationMessageError("the estimation container left no termination message")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise TerminationMessageError(
+            f"the termination message is not an estimation result: {text[:200]!r}") from None
+    if not isinstance(data, dict) or data.get("v") != VERSION:
+        raise TerminationMessageError(
+            f"the termination message is not a version-{VERSION} estimation result: {text[:200]!r}")
+    status = data.get("status")
+    if status == "ok":
+        rows = data.get("gpus")
+        if not isinstance(rows, list) or not rows or not all(
+                isinstance(r, list) and len(r) == len(COLUMNS) for r in rows):
+            raise TerminationMessageError(f"malformed GPU rows in the estimation result: {rows!r}")
+        for row in rows:
+            if not isinstance(row[0], str) or not all(
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row[1:5]):
+                raise TerminationMessageError(f"malformed GPU row in the estimation result: {row!r}")
+    elif status not in FAILURES:
+        raise TerminationMessageError(f"unknown status {status!r} in the estimation result")
+    return Result(data)

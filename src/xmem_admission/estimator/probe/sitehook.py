@@ -1,0 +1,243 @@
+"""Start the probe from ``sitecustomize``, so an estimation pod runs the user's command unchanged.
+
+The controller cannot know what a workload's command does before it reaches Python
+(``python train.py``, ``python -m pkg``, ``bash -c "cd /w && python train.py"``, ``torchrun
+--nproc-per-node 1 train.py``, ``accelerate launch train.py``), so it does not rewrite it. It puts
+the probe bundle first on ``PYTHONPATH`` and sets ``XMEM_PROBE=1``; every Python process of the
+container then imports the bundle's ``sitecustomize``, which calls ``activate()`` here:
+
+- launchers (``torchrun``, ``accelerate``, ``deepspeed``, ``python -m torch.distributed.run``),
+  ``python -c``, package tools (``pip``) and the interactive interpreter run as usual; the
+  training processes they start are probed;
+- any other script or ``-m`` module runs under the probe (``runner.run``) for the policy's number
+  of steps on a virtual GPU, its trace is simulated for every target GPU model
+  (``estimate.estimate_trace``), and the compact result (``termination``) is written to
+  ``XMEM_RESULT_PATH`` (the container's ``terminationMessagePath``); the process then exits 0
+  without running the rest of the script;
+- fake mode that needs real values re-executes the same command line in profile mode;
+- a script that fails before its first step writes the failure (traceback included) and exits
+  with the script's status; one that ends without an optimizer step (a data-preparation script
+  before the training one) writes ``no_step`` only if nothing better is there, and exits with
+  its own status, so ``prepare.py && train.py`` goes on to the training script;
+- once a successful result is written, later Python processes of the container exit at once,
+  so nothing after the estimated training runs (an upload step, a second script).
+
+Environment: ``XMEM_PROBE_GPUS`` (comma-separated catalogue names), ``XMEM_PROBE_STEPS``,
+``XMEM_PROBE_MODE`` (auto, fake, profile), ``XMEM_RESULT_PATH``. Python >= 3.9, torch >= 2.1,
+standard library otherwise: this module ships in the probe bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from xmem_admission.contract import probe_env
+
+LAUNCHER_SCRIPTS = frozenset({"torchrun", "accelerate", "deepspeed", "torchx"})
+LAUNCHER_MODULES = frozenset({
+    "torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+    "accelerate.commands.accelerate_cli", "deepspeed.launcher.runner",
+})
+TOOL_MODULES = frozenset({"pip", "ensurepip", "venv", "site", "sysconfig", "pydoc", "timeit",
+                          "json.tool", "http.server", "compileall", "py_compile"})
+# Options of the interpreter that take a value (python -W ignore -X dev script.py).
+_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})
+
+
+def command_line() -> List[str]:
+    """The interpreter's full command line (``sys.orig_argv`` on 3.10+, /proc on 3.9)."""
+    argv = getattr(sys, "orig_argv", None)
+    if argv:
+        return list(argv)
+    try:
+        with open("/proc/self/cmdline", "rb") as handle:
+            return [a.decode() for a in handle.read().split(b"\0") if a]
+    except OSError:
+        return [sys.executable] + list(sys.argv)
+
+
+def program(argv: Sequence[str]) -> Tuple[str, List[str]]:
+    """What the interpreter was asked to run: ("script", [path, args...]), ("module", ["-m",
+    name, args...]), ("command", []) for ``-c``, or ("interactive", [])."""
+    rest = list(argv[1:])
+    while rest:
+        head = rest[0]
+        if head == "-c":
+            return "command", []
+        if head == "-m":
+            return ("module", rest[:]) if len(rest) >= 2 else ("interactive", [])
+        if head.startswith("-m") and len(head) > 2:
+            return "module", ["-m", head[2:]] + rest[1:]
+        if head == "-" or not head.startswith("-"):
+            return ("script", rest) if head != "-" else ("interactive", [])
+        rest = rest[2:] if head in _OPTIONS_WITH_VALUE else rest[1:]
+    return "interactive", []
+
+
+def should_probe(kind: str, argv: Sequence[str]) -> bool:
+    """Whether this process is a training program (and not a launcher or a tool)."""
+    if kind == "script":
+        return os.path.basename(argv[0]) not in LAUNCHER_SCRIPTS
+    if kind == "module":
+        name = argv[1]
+        return name not in LAUNCHER_MODULES and name.split(".")[0] not in TOOL_MODULES \
+            and name not in TOOL_MODULES
+    return False
+
+
+def result_path() -> str:
+    return os.environ.get(probe_env.RESULT_PATH) or probe_env.DEFAULT_RESULT_PATH
+
+
+def existing_status(path: str) -> Optional[str]:
+    """The status of a result already written by an earlier process of the container."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.loads(handle.read() or "null").get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def write_result(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _finish(code: int) -> None:
+    """Leave now: flush what the script printed, skip the rest of the program and teardown."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not keep us alive
+            pass
+    os._exit(code)
+
+
+def _settings() -> Tuple[List[str], int, str]:
+    gpus = [g.strip() for g in os.environ.get(probe_env.GPUS, "").split(",") if g.strip()]
+    steps = int(os.environ.get(probe_env.STEPS) or 3)
+    mode = os.environ.get(probe_env.MODE) or "auto"
+    return gpus, steps, mode
+
+
+def _world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return 1
+
+
+def _reexec_profile(argv: Sequence[str], reason: str) -> None:
+    env: Dict[str, str] = dict(os.environ)
+    env[probe_env.MODE] = "profile"
+    env[probe_env.FALLBACK] = reason[:500]
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os.execve(sys.executable, [sys.executable] + list(argv[1:]), env)
+
+
+def activate() -> None:
+    """Run this process's program under the probe if it is a training program (see above)."""
+    argv = command_line()
+    kind, target = program(argv)
+    if not should_probe(kind, target):
+        return
+    path = result_path()
+    if existing_status(path) == "ok":
+        print("xmem probe: the estimate is already recorded; not running "
+              f"{' '.join(target)}", file=sys.stderr)
+        _finish(0)
+    from xmem_admission.contract import termination
+
+    if _world_size() > 1:
+        if os.environ.get("RANK", "0") == "0":
+            write_result(path, termination.encode_failure(
+                "unsupported", f"distributed training with {_world_size()} processes is not "
+                "estimated yet: estimate it with one process (torchrun --nproc-per-node 1)"))
+        _finish(1)
+    try:
+        code = _probe(argv, target, path)
+    except Exception as exc:  # noqa: BLE001 - any failure of ours must reach the controller
+        import traceback
+
+        text = traceback.format_exc()
+        print(f"xmem probe: internal error: {exc}\n{text}", file=sys.stderr)
+        write_result(path, termination.encode_failure("probe_error", f"{type(exc).__name__}: {exc}",
+                                                      1, text))
+        code = 1
+    _finish(code)
+
+
+def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
+    from xmem_admission.contract import termination
+    from xmem_admission.estimator.allocator.alloc_conf import parse_alloc_conf
+    from xmem_admission.estimator.estimate import device_json, estimate_trace, resolve_gpus
+    from xmem_admission.estimator.probe import runner
+
+    names, steps, mode = _settings()
+    if not names:
+        raise ValueError(f"{probe_env.GPUS} names no GPU model")
+    gpus = resolve_gpus(names)
+    config = parse_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    first = "profile" if mode == "profile" else "fake"
+    print(f"xmem probe: tracing {' '.join(target)} ({first} mode, {steps} steps) as "
+          f"{gpus[0].cuda_name}", file=sys.stderr, flush=True)
+    result = runner.run(list(target), first, steps, json.loads(device_json(gpus[0])))
+    if result.status == "needs_real_values" and mode == "auto":
+        print(f"xmem probe: fake mode needs real values ({result.reason}); tracing again in "
+              "profile mode", file=sys.stderr, flush=True)
+        _reexec_profile(argv, result.reason)
+    if result.status == "ok":
+        per_gpu = estimate_trace(result.trace, gpus, config, env=dict(os.environ))
+        write_result(path, termination.encode_ok(
+            result.mode, result.steps, result.seconds, [g.to_dict() for g in per_gpu],
+            os.environ.get(probe_env.FALLBACK, "")))
+        print(f"xmem probe: {result.steps} steps traced in {result.seconds:.1f} s; estimates for "
+              f"{', '.join(g.gpu for g in per_gpu)} written", file=sys.stderr, flush=True)
+        return 0
+    if result.status == "no_step":
+        if existing_status(path) is None:
+            write_result(path, termination.encode_failure("no_step", result.reason,
+                                                          result.exit_code))
+        return result.exit_code
+    if result.traceback:
+        print(result.traceback, file=sys.stderr, end="" if result.traceback.endswith("\n") else "\n")
+    write_result(path, termination.encode_failure(result.status, result.reason,
+                                                  result.exit_code or 1, result.traceback))
+    return result.exit_code or 1
+
+
+SITECUSTOMIZE = f'''"""xmem probe bundle: start the probe in estimation pods ({probe_env.ON}={probe_env.ON_VALUE}), see
+xmem_admission.estimator.probe.sitehook.
+
+Written by ``python -m xmem_admission.bundle``; any sitecustomize this one shadows (a
+distribution's, later on sys.path) still runs afterwards.
+"""
+import os
+import sys
+
+
+def _chain():
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == here:
+            continue
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_xmem_next_sitecustomize", candidate)
+            if spec is not None and spec.loader is not None:
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            return
+
+
+_chain()
+if os.environ.get("{probe_env.ON}") == "{probe_env.ON_VALUE}":
+    from xmem_admission.estimator.probe import sitehook
+
+    sitehook.activate()
+'''

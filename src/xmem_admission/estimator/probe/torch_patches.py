@@ -1,0 +1,359 @@
+"""The monkeypatches that make torch answer as the virtual GPU, applied and undone as one unit.
+
+Everything here is undone on exit (``Patches.restore``), so the probe can run inside a process
+that goes on afterwards (tests, the estimation pod's ``sitecustomize``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, List, Optional, Tuple
+
+import torch
+
+from xmem_admission.estimator.probe.tracker import AllocationTracker
+from xmem_admission.estimator.probe.virtual_cuda import DeviceMode
+
+
+class VirtualDeviceProperties:
+    """What ``torch.cuda.get_device_properties`` returns for the virtual GPU."""
+
+    def __init__(self, name: str, total_memory: int, capability: Tuple[int, int],
+                 multi_processor_count: int) -> None:
+        self.name = name
+        self.total_memory = total_memory
+        self.major, self.minor = capability
+        self.multi_processor_count = multi_processor_count
+        self.is_integrated = False
+        self.is_multi_gpu_board = False
+        self.gcnArchName = ""
+        self.uuid = "GPU-00000000-0000-0000-0000-000000000000"
+        self.L2_cache_size = 0
+        self.warp_size = 32
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, "
+                f"minor={self.minor}, total_memory={self.total_memory // 2**20}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+class _Inert:
+    """Streams and events of the virtual device: accept every call, do nothing."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.device = torch.device("cuda", 0)
+        self.cuda_stream = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+    def __enter__(self) -> _Inert:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
+
+
+class Patches:
+    """Set attributes and remember the old values; ``restore`` puts them back in reverse."""
+
+    def __init__(self) -> None:
+        self._saved: List[Tuple[Any, str, Any, bool]] = []
+
+    def set(self, obj: Any, name: str, value: Any) -> None:
+        existed = name in vars(obj) if isinstance(obj, type) else hasattr(obj, name)
+        self._saved.append((obj, name, getattr(obj, name, None), existed))
+        setattr(obj, name, value)
+
+    def restore(self) -> None:
+        while self._saved:
+            obj, name, old, existed = self._saved.pop()
+            if existed:
+                setattr(obj, name, old)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)
+
+
+def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationTracker,
+          mode: DeviceMode, fake: bool) -> None:
+    """Install every patch of the virtual device into ``patches``."""
+    _patch_cuda_api(patches, props, tracker)
+    _patch_autocast(patches, mode)
+    _patch_training_helpers(patches, fake)
+    if fake:
+        _patch_fake_tensor_device(patches, tracker)
+        _patch_init(patches)
+
+
+def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
+                    tracker: AllocationTracker) -> None:
+    cuda = torch.cuda
+    capability = (props.major, props.minor)
+
+    def rng_state(*_a: Any, **_k: Any) -> torch.Tensor:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return torch.zeros(16, dtype=torch.uint8)
+
+    def peak(*_a: Any, **_k: Any) -> int:
+        return tracker.peak_live_bytes
+
+    def reset_peak(*_a: Any, **_k: Any) -> None:
+        tracker.peak_live_bytes = tracker.live_bytes
+
+    answers = {
+        "is_available": lambda: True,
+        "device_count": lambda: 1,
+        "current_device": lambda: 0,
+        "is_initialized": lambda: True,
+        "init": lambda: None,
+        "_lazy_init": lambda: None,
+        "set_device": lambda *a, **k: None,
+        "synchronize": lambda *a, **k: None,
+        "ipc_collect": lambda *a, **k: None,
+        "get_device_name": lambda *a, **k: props.name,
+        "get_device_capability": lambda *a, **k: capability,
+        "get_device_properties": lambda *a, **k: props,
+        "is_bf16_supported": lambda *a, **k: capability >= (8, 0),
+        "empty_cache": lambda: tracker.trace.empty_cache(),
+        "manual_seed": lambda *a, **k: None,
+        "manual_seed_all": lambda *a, **k: None,
+        "seed": lambda *a, **k: None,
+        "seed_all": lambda *a, **k: None,
+        "get_rng_state": rng_state,
+        "set_rng_state": lambda *a, **k: None,
+        "get_rng_state_all": lambda: [rng_state()],
+        "set_rng_state_all": lambda *a, **k: None,
+        "memory_allocated": lambda *a, **k: tracker.live_bytes,
+        "max_memory_allocated": peak,
+        "memory_reserved": lambda *a, **k: tracker.live_bytes,
+        "max_memory_reserved": peak,
+        "reset_peak_memory_stats": reset_peak,
+        "reset_max_memory_allocated": reset_peak,
+        "mem_get_info": lambda *a, **k: (props.total_memory - tracker.live_bytes,
+                                         props.total_memory),
+        "Stream": _Inert,
+        "Event": _Inert,
+        "ExternalStream": _Inert,
+        "current_stream": lambda *a, **k: _Inert(),
+        "default_stream": lambda *a, **k: _Inert(),
+        "stream": lambda *a, **k: contextlib.nullcontext(),
+        "set_per_process_memory_fraction": lambda *a, **k: None,
+    }
+    for name, value in answers.items():
+        p.set(cuda, name, value)
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator is not None:
+        for name, value in {
+            "is_available": lambda *a, **k: True,
+            "device_count": lambda *a, **k: 1,
+            "current_accelerator": lambda *a, **k: torch.device("cuda"),
+            "current_device_index": lambda *a, **k: 0,
+            "current_device_idx": lambda *a, **k: 0,
+            "set_device_index": lambda *a, **k: None,
+            "set_device_idx": lambda *a, **k: None,
+            "current_stream": lambda *a, **k: _Inert(),
+            "set_stream": lambda *a, **k: None,
+            "synchronize": lambda *a, **k: None,
+            "empty_cache": lambda *a, **k: tracker.trace.empty_cache(),
+            "memory_allocated": lambda *a, **k: tracker.live_bytes,
+            "max_memory_allocated": peak,
+            "memory_reserved": lambda *a, **k: tracker.live_bytes,
+            "max_memory_reserved": peak,
+            "reset_peak_memory_stats": reset_peak,
+        }.items():
+            if hasattr(accelerator, name):
+                p.set(accelerator, name, value)
+    p.set(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    p.set(torch.Tensor, "is_pinned", lambda self, *a, **k: False)
+
+    original_set_default_device = torch.set_default_device
+
+    def set_default_device(device: Any) -> None:
+        kind = str(device).split(":")[0] if device is not None else "cpu"
+        tracker.default_cuda = kind == "cuda"
+        original_set_default_device(None if kind == "cuda" else device)
+
+    p.set(torch, "set_default_device", set_default_device)
+
+
+def _patch_autocast(p: Patches, mode: DeviceMode) -> None:
+    """``torch.autocast("cuda")`` drives the emulated CUDA policy; CPU autocast stays real."""
+    real_autocast = torch.amp.autocast
+    state = mode.autocast
+
+    class autocast(real_autocast):  # noqa: N801 - same name as the class it stands for
+        def __init__(self, device_type: str = "cuda", dtype: Optional[torch.dtype] = None,
+                     enabled: bool = True, cache_enabled: Optional[bool] = None) -> None:
+            self._virtual = str(device_type) == "cuda"
+            if not self._virtual:
+                super().__init__(device_type, dtype=dtype, enabled=enabled,
+                                 cache_enabled=cache_enabled)
+                return
+            self._args = (dtype, enabled, cache_enabled)
+
+        def __enter__(self) -> Any:
+            if not self._virtual:
+                return super().__enter__()
+            dtype, enabled, cache_enabled = self._args
+            self._prev = (state.enabled, state.dtype, state.cache_enabled)
+            state.enabled = bool(enabled)
+            if dtype is not None:
+                state.dtype = dtype
+            if cache_enabled is not None:
+                state.cache_enabled = cache_enabled
+            state.depth += 1
+            return self
+
+        def __exit__(self, *exc: Any) -> Any:
+            if not self._virtual:
+                return super().__exit__(*exc)
+            state.depth -= 1
+            state.enabled, state.dtype, state.cache_enabled = self._prev
+            if state.depth == 0:
+                state.clear_cache()  # the cast cache lives for the outermost region
+            return False
+
+        def __call__(self, func: Any) -> Any:
+            if not self._virtual:
+                return super().__call__(func)
+
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                with self:
+                    return func(*args, **kwargs)
+
+            return wrapped
+
+    def cuda_amp_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16,
+                          cache_enabled: bool = True) -> autocast:
+        return autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+
+    real_is_enabled = torch.is_autocast_enabled
+    real_get_dtype = torch.get_autocast_dtype
+
+    def is_autocast_enabled(device_type: Optional[str] = None) -> bool:
+        if device_type is None or device_type == "cuda":
+            return state.enabled
+        return real_is_enabled(device_type)
+
+    def get_autocast_dtype(device_type: str) -> torch.dtype:
+        return state.dtype if device_type == "cuda" else real_get_dtype(device_type)
+
+    p.set(torch, "autocast", autocast)
+    p.set(torch.amp, "autocast", autocast)
+    p.set(torch.amp.autocast_mode, "autocast", autocast)
+    p.set(torch.cuda.amp, "autocast", cuda_amp_autocast)
+    p.set(torch, "is_autocast_enabled", is_autocast_enabled)
+    p.set(torch, "get_autocast_dtype", get_autocast_dtype)
+    p.set(torch, "get_autocast_gpu_dtype", lambda: state.dtype)
+
+
+def _patch_training_helpers(p: Patches, fake: bool) -> None:
+    import torch.optim.optimizer as optimizer_module
+    import torch.utils.data as data
+
+    # CUDA runs take the foreach optimizer path by default (optimizer.py,
+    # _default_to_fused_or_foreach: foreach when every param is on a foreach-supported device);
+    # the probe's tensors live on the CPU, so the CPU joins the list while tracing.
+    real_devices = optimizer_module._get_foreach_kernels_supported_devices
+    p.set(optimizer_module, "_get_foreach_kernels_supported_devices",
+          lambda: list(real_devices()) + ["cpu"])
+    if fake:
+        # Parameters built under fake mode are FakeTensors; let them take that path too.
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        supported = getattr(optimizer_module, "_foreach_supported_types", None)
+        if isinstance(supported, list):
+            p.set(optimizer_module, "_foreach_supported_types", supported + [FakeTensor])
+
+    # A skipped step needs inf/NaN gradients, which fake values never have: step every time.
+    from torch.amp import grad_scaler
+
+    def maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any,
+                       **kwargs: Any) -> Any:
+        return optimizer.step(*args, **kwargs)
+
+    if fake:
+        p.set(grad_scaler.GradScaler, "_maybe_opt_step", maybe_opt_step)
+
+    # Loader workers would have to pickle fake tensors and pinned buffers are host memory:
+    # load in-process, unpinned (GPU memory is the same either way).
+    real_init = data.DataLoader.__init__
+
+    def loader_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["num_workers"] = 0
+        kwargs["pin_memory"] = False
+        kwargs.pop("prefetch_factor", None)
+        kwargs.pop("persistent_workers", None)
+        real_init(self, *args, **kwargs)
+
+    p.set(data.DataLoader, "__init__", loader_init)
+    p.set(torch.nn.Module, "_apply", _module_apply)
+
+
+def _module_apply(self: Any, fn: Any, recurse: bool = True) -> Any:
+    """``Module._apply`` with the ``param.data = ...`` semantics of PyTorch's default path.
+
+    On fake tensors torch forces ``swap_tensors`` (module.py, ``_apply``), which refuses
+    tensors that have weak references, and the probe's tracker holds exactly those. Replacing
+    ``.data`` keeps the Parameter objects (optimizers built earlier keep working) and frees the
+    old storage, as ``module.to("cuda")`` does on a GPU.
+    """
+    if recurse:
+        for module in self.children():
+            module._apply(fn)
+    for param in self._parameters.values():
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        if applied is not param:
+            param.data = applied
+        if param.grad is not None:
+            with torch.no_grad():
+                grad = fn(param.grad)
+            if grad is not param.grad:
+                param.grad.data = grad
+    for key, buf in self._buffers.items():
+        if buf is not None:
+            self._buffers[key] = fn(buf)
+    return self
+
+
+def _patch_fake_tensor_device(p: Patches, tracker: AllocationTracker) -> None:
+    """Fake tensors on the virtual GPU report ``cuda:0`` to the script (not to torch's guts)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    prop = FakeTensor.__dict__["device"]
+    cuda0 = torch.device("cuda", 0)
+
+    def device(self: Any) -> torch.device:
+        value = prop.fget(self)
+        if tracker.dispatch_depth == 0 and value.type == "cpu" and tracker.is_cuda(self):
+            return cuda0
+        return value
+
+    p.set(FakeTensor, "device", property(device, prop.fset))
+
+
+def _patch_init(p: Patches) -> None:
+    """Initial values never matter for memory, and some init paths call ``.item()`` or loop
+    until a sampled value fits (``reference/fake-mode-pitfalls.md``): neutralise them."""
+    import torch.nn.init as init
+
+    for name in ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
+                 "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+                 "kaiming_normal_", "orthogonal_", "sparse_"):
+        if hasattr(init, name):
+            p.set(init, name, lambda tensor, *a, **k: tensor)

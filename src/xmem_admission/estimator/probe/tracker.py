@@ -1,0 +1,435 @@
+"""Allocation capture at the dispatcher: every storage the job would put on the GPU, in order.
+
+``AllocationTracker`` is a ``TorchDispatchMode``. It sees each ATen op after autograd, notes
+every *new* storage an op returns, decides whether that storage would live on the GPU (the
+virtual CUDA device, see ``virtual_cuda``) or on the host, and records GPU storages as ``alloc``
+events of a ``trace.Trace``. It holds storages by weak reference only: when Python drops the
+last reference, the weakref callback records the matching ``free`` at that exact point of the
+program, which is when the CUDA caching allocator would get the block back.
+
+In fake mode (shape-only execution under ``FakeTensorMode``) it also keeps *shadows*: real
+values for small tensors that the script computes from Python data (optimizer step counters,
+RegNet's width arithmetic, token ids, attention masks). Any op whose inputs all have shadows is
+replayed for real on the shadows, so ``.item()``/``.tolist()`` on them answer truthfully and the
+model the probe traces is the model the script builds. Values the probe cannot know (the loss)
+raise ``DataDependentValue``; ``virtual_cuda`` turns that into a placeholder for logging or a
+fallback to profile mode for decisions.
+
+Runs inside users' images: Python >= 3.9, torch >= 2.1, no other dependency.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+from xmem_admission.estimator.trace import ALLOC, Category, Trace
+
+aten = torch.ops.aten
+
+# Shadows: factory ops with no tensor input get a real value only when small (a step counter, a
+# handful of widths, a batch's ``torch.ones(batch, seq)`` attention mask up to 64K tokens, which
+# transformers 4.x inspects with ``torch.all(mask == 1)``), so building a 7B model never computes
+# real weights (those start as ``empty``, which has no value). Ops on shadowed inputs are replayed
+# for real up to DERIVED_NUMEL_LIMIT elements (token ids and masks of a batch fit).
+SMALL_FACTORY_NUMEL = 1 << 16
+DERIVED_NUMEL_LIMIT = 1 << 22
+
+# Ops whose output is the input's value, kept for any size (the data the script brought in).
+_LIFT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
+# Uninitialised memory has no value worth shadowing (weights are created this way, then their
+# init is neutralised in fake mode).
+_NO_VALUE_PACKETS = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,
+                     aten.new_empty_strided, aten.empty_permuted}
+
+# Ops that run through cuBLAS on a GPU: the first one on a thread creates that thread's cuBLAS
+# handle and its workspace (aten/src/ATen/cuda/CublasHandlePool.cpp, getCurrentCUDABlasHandle).
+# Forward ops run on the main thread, backward ops on the autograd engine's device thread.
+_BLAS_PACKETS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.mv,
+                 aten.dot, aten.vdot, aten._addmm_activation}
+
+# NaN/Inf checks and the answer they give on values fake mode does not know (see
+# _propagate_shadows); HF Trainer, for one, filters its logged loss this way every step.
+_FINITE_CHECKS = {aten.isnan: False, aten.isinf: False, aten.isposinf: False,
+                  aten.isneginf: False, aten.isfinite: True}
+
+# Provisional categories by phase; refined when the block is freed (see ``_on_free``).
+_PHASE_CATEGORY = {
+    "forward": Category.ACTIVATION.value,
+    # between the model's forward and backward: the loss, whose inputs autograd keeps
+    "loss": Category.ACTIVATION.value,
+    "backward": Category.TEMPORARY.value,
+    "optimizer": Category.OPTIMIZER_STATE.value,
+}
+
+
+class DataDependentValue(Exception):
+    """Internal: the script asked for a value fake execution does not know."""
+
+
+class _Block:
+    __slots__ = ("ident", "nbytes", "category", "phase", "phase_seq", "event")
+
+    def __init__(self, ident: int, nbytes: int, category: str, phase: str, phase_seq: int,
+                 event: int) -> None:
+        self.ident = ident
+        self.nbytes = nbytes
+        self.category = category
+        self.phase = phase
+        self.phase_seq = phase_seq
+        self.event = event
+
+
+class AllocationTracker(TorchDispatchMode):
+    """Records the GPU allocation stream of the ops that run under it."""
+
+    def __init__(self, trace: Trace, fake: bool, fake_mode: Any = None) -> None:
+        super().__init__()
+        self.trace = trace
+        self.fake = fake
+        self.fake_mode = fake_mode
+        # storage -> _Block for GPU storages; host storages map to None. Weak keys only.
+        self._storages = WeakIdKeyDictionary()
+        self._shadows = WeakIdKeyDictionary()
+        self._next_id = 1
+        self.phase = "setup"
+        self.phase_seq = 0
+        # Set by the virtual device around calls that create memory on a given side.
+        self.device_flag: Optional[str] = None
+        self.default_cuda = False
+        self.live_bytes = 0
+        self.peak_live_bytes = 0
+        self._mutated_cache: Dict[Any, Tuple[int, ...]] = {}
+        self._refs: Dict[int, Any] = {}
+        # > 0 while an op runs: torch's own code then sees real devices (see patches).
+        self.dispatch_depth = 0
+        self._blas_threads: set = set()
+        # The autograd node whose ops run now, and the first block id made under it.
+        self._node_key: Optional[Tuple[int, int]] = None
+        self._node_first_block = 0
+
+    # -- phases -----------------------------------------------------------------------------
+    def enter_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.phase_seq += 1
+
+    # -- what the rest of the probe asks ----------------------------------------------------
+    def is_cuda(self, tensor: torch.Tensor) -> bool:
+        try:
+            return self._storages.get(tensor.untyped_storage()) is not None
+        except (RuntimeError, NotImplementedError):
+            return False
+
+    def tag(self, tensor: Optional[torch.Tensor], category: Category) -> None:
+        """Give the GPU block behind ``tensor`` an explicit category (parameter, gradient...)."""
+        if tensor is None:
+            return
+        try:
+            block = self._storages.get(tensor.untyped_storage())
+        except (RuntimeError, NotImplementedError):
+            return
+        if block is None or block.category == category.value:
+            return
+        block.category = category.value
+        event = self.trace.events[block.event]
+        self.trace.events[block.event] = event[:4] + (category.value,) + event[5:]
+
+    def shadow(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
+        """The real value behind ``tensor`` when it is known (always, outside fake mode)."""
+        if not self.fake or not is_fake(tensor):
+            return tensor
+        return self._shadows.get(tensor)
+
+    # -- the dispatcher hook ----------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if self.fake and func is aten._local_scalar_dense.default:
+            real = self.shadow(args[0])
+            if real is None:
+                raise DataDependentValue(f"value of a {tuple(args[0].shape)} tensor")
+            with _disable_current_modes():  # the fake mode below must not see the real tensor
+                return real.item()
+        inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if self.phase == "backward":
+            self._note_autograd_node()
+            if self._engine_accumulates(func, args, kwargs):
+                # autograd's own gradient accumulation: in place in a run without this mode
+                func = aten.add_.Tensor
+        self.dispatch_depth += 1
+        try:
+            if self.fake:
+                out = self._run_fake(func, args, kwargs, inputs)
+            else:
+                out = func(*args, **kwargs)
+            self._record_outputs(out, inputs)
+            if func.overloadpacket in _BLAS_PACKETS:
+                thread = "autograd" if self.phase == "backward" else "main"
+                if thread not in self._blas_threads:
+                    self._blas_threads.add(thread)
+                    self.trace.mark(f"cublas:{thread}")
+        finally:
+            self.dispatch_depth -= 1
+        return out
+
+    def _note_autograd_node(self) -> None:
+        """Track which autograd node runs, and the first block id allocated under it."""
+        node = _current_autograd_node()
+        if node is None:
+            self._node_key = None
+            return
+        sequence_nr = getattr(node, "_sequence_nr", None)
+        key = (id(node), sequence_nr() if sequence_nr is not None else 0)
+        if key != self._node_key:  # the first op under this node: the node starts here
+            self._node_key = key
+            self._node_first_block = self._next_id
+
+    def _engine_accumulates(self, func, args, kwargs) -> bool:  # noqa: ANN001
+        """Is this ``add`` autograd summing two gradients of one input (a residual, a tied weight)?
+
+        The engine's ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) computes
+        ``old + new`` and, when its buffer holds the last reference to a dense ``old``, does it
+        in place (``old.add_(new)``, ``can_accumulate_inplace``, PyTorch >= 2.1). It never does
+        while a dispatch mode is active (``at::isTensorSubclassLike`` answers true then), so
+        under this tracker, in fake and profile mode alike, every residual junction and tied
+        weight would record a gradient-sized block that the job's GPU run does not allocate.
+        The engine's add comes with no alpha, outside grad mode, under the node that produced
+        ``new``, while ``old`` was made before that node started (a formula's own ``a + b``
+        adds temporaries of its node, and stays out of place).
+        """
+        if func is not aten.add.Tensor or kwargs or len(args) != 2 or torch.is_grad_enabled():
+            return False
+        old, new = args
+        if not (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)) or old is new:
+            return False
+        if self._node_key is None:
+            return False
+        # A view keeps its base's storage referenced (storage use_count > 1): out of place, as
+        # for a tied weight whose first gradient comes through ``t()``.
+        if (old.shape != new.shape or old.dtype != new.dtype or old.storage_offset() != 0
+                or not _dense(old) or old._is_view()):
+            return False
+        try:
+            old_storage, new_storage = old.untyped_storage(), new.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return False
+        block = self._storages.get(old_storage)
+        return (block is not None and block.ident < self._node_first_block
+                and old_storage.nbytes() == old.numel() * old.element_size()
+                and new_storage is not old_storage)
+
+    def _run_fake(self, func, args, kwargs, inputs):  # noqa: ANN001
+        from torch._subclasses.fake_tensor import (
+            DataDependentOutputException,
+            DynamicOutputShapeException,
+        )
+
+        try:
+            out = func(*args, **kwargs)
+        except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+            real = self._run_real(func, args, kwargs, inputs, limit=None)
+            if real is _MISSING:
+                raise DataDependentValue(f"{func}: {exc}") from None
+            return self._fake_from_real(real)
+        self._propagate_shadows(func, args, kwargs, inputs, out)
+        return out
+
+    # -- shadows ----------------------------------------------------------------------------
+    def _propagate_shadows(self, func, args, kwargs, inputs, out) -> None:  # noqa: ANN001
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        if func in _LIFT_OPS:
+            limit = None
+        elif func.overloadpacket in _NO_VALUE_PACKETS:
+            return
+        elif not inputs:
+            limit = SMALL_FACTORY_NUMEL
+        else:
+            limit = DERIVED_NUMEL_LIMIT
+        if any(t.numel() > limit for t in outs) if limit is not None else False:
+            self._forget_mutated(func, args)
+            return
+        real = self._run_real(func, args, kwargs, inputs, limit)
+        if real is _MISSING and func.overloadpacket in _FINITE_CHECKS and len(outs) == 1:
+            # Values fake mode does not know are taken to be finite (as the patched GradScaler
+            # does): a NaN/Inf check on them answers "no" instead of stopping the trace.
+            with _disable_current_modes():
+                real = torch.full(tuple(outs[0].shape), _FINITE_CHECKS[func.overloadpacket],
+                                  dtype=torch.bool)
+        if real is _MISSING:
+            self._forget_mutated(func, args)
+            return
+        real_outs = [t for t in tree_flatten(real)[0] if isinstance(t, torch.Tensor)]
+        if len(real_outs) != len(outs):
+            return
+        for fake_t, real_t in zip(outs, real_outs):
+            if is_fake(fake_t):
+                self._shadows[fake_t] = real_t
+
+    def _run_real(self, func, args, kwargs, inputs, limit):  # noqa: ANN001
+        reals = []
+        for t in inputs:
+            r = self.shadow(t)
+            if r is None:
+                return _MISSING
+            reals.append(r)
+        if not inputs and limit is None:
+            return _MISSING
+
+        def to_real(a: Any) -> Any:
+            return self.shadow(a) if isinstance(a, torch.Tensor) else a
+
+        try:
+            with _disable_current_modes():
+                return func(*tree_map(to_real, args), **tree_map(to_real, kwargs))
+        except Exception:  # a shadow went stale; the fake result stands without a value
+            return _MISSING
+
+    def _fake_from_real(self, real):  # noqa: ANN001
+        def convert(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            fake = self.fake_mode.from_tensor(t)
+            self._shadows[fake] = t
+            return fake
+
+        with _disable_current_modes():
+            return tree_map(convert, real)
+
+    def _forget_mutated(self, func, args) -> None:  # noqa: ANN001
+        for index in self._mutated_args(func):
+            if index < len(args) and isinstance(args[index], torch.Tensor):
+                self._shadows.pop(args[index], None)
+
+    def _mutated_args(self, func) -> Tuple[int, ...]:  # noqa: ANN001
+        cached = self._mutated_cache.get(func)
+        if cached is None:
+            cached = tuple(
+                i for i, a in enumerate(func._schema.arguments)
+                if a.alias_info is not None and a.alias_info.is_write
+            )
+            self._mutated_cache[func] = cached
+        return cached
+
+    # -- allocations ------------------------------------------------------------------------
+    def _record_outputs(self, out, inputs) -> None:  # noqa: ANN001
+        cuda = None  # decided lazily: most outputs of most ops are new storages
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            try:
+                st = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                continue
+            known = st in self._storages
+            if known:
+                block = self._storages[st]
+                if block is not None and st.nbytes() != block.nbytes:
+                    self._resized(st, block)
+                continue
+            if cuda is None:
+                cuda = self._output_on_cuda(inputs)
+            if not cuda:
+                self._storages[st] = None
+                continue
+            self._new_block(st)
+
+    def _output_on_cuda(self, inputs) -> bool:  # noqa: ANN001
+        flag = self.device_flag
+        if flag is not None:
+            return flag == "cuda"
+        if not inputs:
+            return self.default_cuda
+        storages = self._storages
+        for t in inputs:
+            try:
+                if storages.get(t.untyped_storage()) is not None:
+                    return True
+            except (RuntimeError, NotImplementedError):
+                continue
+        return False
+
+    def _new_block(self, st) -> None:  # noqa: ANN001
+        nbytes = st.nbytes()
+        if nbytes == 0:
+            # A zero-byte request never reaches cudaMalloc nor a block: the caching allocator
+            # returns a null pointer for size 0 (CUDACachingAllocator.cpp, NativeCachingAllocator
+            # ::malloc: `if (size == 0) return nullptr`-style early exit in allocate()).
+            self._storages[st] = None
+            return
+        ident = self._next_id
+        self._next_id += 1
+        category = _PHASE_CATEGORY.get(self.phase)
+        if category is None:
+            category = Category.INPUT.value if self.device_flag == "cuda" else Category.OTHER.value
+        block = _Block(ident, nbytes, category, self.phase, self.phase_seq, len(self.trace.events))
+        self.trace.events.append((ALLOC, ident, nbytes, 0, category, self.phase))
+        self._storages[st] = block
+        self.live_bytes += nbytes
+        if self.live_bytes > self.peak_live_bytes:
+            self.peak_live_bytes = self.live_bytes
+        # The weakref object must outlive the storage for its callback to run: keep it here.
+        self._refs[ident] = weakref.ref(st, _FreeCallback(self, block))
+
+    def _resized(self, st, block: _Block) -> None:  # noqa: ANN001
+        # resize_ on a CUDA storage allocates a new block and frees the old one.
+        self._on_free(block)
+        self._new_block(st)
+
+    def _on_free(self, block: _Block) -> None:
+        if block.nbytes < 0:
+            return
+        if block.phase == self.phase and block.phase_seq == self.phase_seq and block.category in (
+            Category.ACTIVATION.value, Category.OPTIMIZER_STATE.value
+        ):
+            # Freed within the same forward (or optimizer step) that made it: a temporary.
+            event = self.trace.events[block.event]
+            self.trace.events[block.event] = event[:4] + (Category.TEMPORARY.value,) + event[5:]
+        self.trace.free(block.ident)
+        self.live_bytes -= block.nbytes
+        block.nbytes = -1
+
+    def finish(self) -> None:
+        """Stop recording: later frees (interpreter shutdown) must not reach the trace."""
+        self.trace = _NullTrace()
+
+
+class _FreeCallback:
+    """Weakref callback that records the free; holds the tracker weakly too."""
+
+    __slots__ = ("tracker", "block")
+
+    def __init__(self, tracker: AllocationTracker, block: _Block) -> None:
+        self.tracker = weakref.ref(tracker)
+        self.block = block
+
+    def __call__(self, _ref: Any) -> None:
+        tracker = self.tracker()
+        if tracker is not None:
+            tracker._refs.pop(self.block.ident, None)
+            tracker._on_free(self.block)
+
+
+class _NullTrace(Trace):
+    def free(self, id: int) -> None:  # noqa: A002
+        pass
+
+
+_MISSING = object()
+# The autograd node being evaluated on this thread: None outside backward (and always, on a
+# torch without the binding). Looked up once: the tracker asks at every op of a backward.
+_current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense, as ``can_accumulate_inplace`` requires."""
+    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
+
+
+def is_fake(t: Any) -> bool:
+    """A FakeTensor (checked by name: the class lives in a private torch module)."""
+    return type(t).__name__ == "FakeTensor"
+

@@ -1,0 +1,311 @@
+"""A virtual CUDA device: the script believes it runs on the target GPU, tensors stay on the CPU.
+
+Fake CUDA tensors do not survive training without a GPU (``reference/fake-mode-pitfalls.md``),
+so every tensor really lives on the CPU (fake or real) and the GPU is virtual:
+
+- ``torch.cuda`` answers as the target GPU (name, capability, capacity, memory counters fed by
+  the tracker); streams, events, seeds and RNG state are inert.
+- ``DeviceMode`` (a ``TorchFunctionMode``) rewrites ``device="cuda"``, ``.cuda()`` and
+  ``.to("cuda")`` to the CPU while telling the tracker that the memory they create is GPU
+  memory; a host-to-device move is a real copy, as on a GPU. Tensors on the virtual GPU report
+  ``device == cuda:0`` and ``is_cuda`` to the script.
+- What a CUDA run does differently is applied here: CUDA autocast's op lists (``autocast``),
+  the fused dropout kernel (a bool mask, not a float one), the flash / memory-efficient
+  attention kernels instead of the math path, the foreach optimizer path.
+- Values the probe cannot know (``loss.item()`` in fake mode) come back as ``Placeholder``
+  numbers that print as 0 but refuse to be compared: a decision taken on them raises
+  ``NeedsRealValues`` so ``auto`` mode can fall back to real execution and say why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
+
+from xmem_admission.estimator.probe.autocast import CudaAutocastState
+from xmem_admission.estimator.probe.tracker import AllocationTracker, DataDependentValue, is_fake
+from xmem_admission.estimator.trace import Category
+
+CUDA0 = torch.device("cuda", 0)
+
+
+class NeedsRealValues(BaseException):
+    """Raised inside the traced script when it takes a decision on a value fake mode lacks.
+
+    A ``BaseException`` so the script's own ``except Exception`` does not swallow it.
+    """
+
+
+def where_in_script() -> str:
+    """The innermost frame outside torch and xmem: where the script asked for a value."""
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        name = frame.filename
+        if "/torch/" in name or "xmem_admission" in name or name.startswith("<"):
+            continue
+        return f"{name}:{frame.lineno} ({(frame.line or '').strip()[:80]})"
+    return "unknown location"
+
+
+def _decide(*_args: Any) -> Any:
+    raise NeedsRealValues(
+        f"the script takes a decision on a value computed by the model at {where_in_script()}"
+    )
+
+
+class Placeholder(float):
+    """A loss value in fake mode: fine to print, sum or average; comparing it is a decision."""
+
+    def __new__(cls) -> Placeholder:
+        return float.__new__(cls, 0.0)
+
+    def _same(self, *_args: Any) -> Placeholder:
+        return Placeholder()
+
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __bool__ = _decide  # type: ignore
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _same  # type: ignore
+    __truediv__ = __rtruediv__ = __floordiv__ = __pow__ = __neg__ = __abs__ = _same  # type: ignore
+    __round__ = _same  # type: ignore
+    __hash__ = float.__hash__
+
+    def __format__(self, spec: str) -> str:
+        return format(0.0, spec)
+
+
+def _is_cuda_device(value: Any) -> Optional[bool]:
+    """True for a CUDA device spec, False for another device spec, None if not a device."""
+    if isinstance(value, torch.device):
+        return value.type == "cuda"
+    if isinstance(value, str):
+        kind = value.split(":")[0]
+        if kind in ("cuda", "cpu", "meta", "mps", "xpu"):
+            return kind == "cuda"
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return True  # an ordinal means a CUDA device (Tensor.to(0), Tensor.cuda(0))
+    return None
+
+
+class DeviceMode(TorchFunctionMode):
+    """Torch-function hook: device rewriting, CUDA-only kernels, autocast, unknowable values."""
+
+    def __init__(self, tracker: AllocationTracker, capability: Tuple[int, int], fake: bool):
+        super().__init__()
+        self.tracker = tracker
+        self.capability = capability
+        self.fake = fake
+        self.autocast = CudaAutocastState()
+        self._handlers: Dict[Callable[..., Any], Callable[..., Any]] = {
+            torch.Tensor.to: self._to,
+            torch.Tensor.cuda: self._cuda,
+            torch.Tensor.cpu: self._cpu,
+            torch.Tensor.record_stream: lambda f, a, k: None,
+            torch.Tensor.is_cuda.__get__: lambda f, a, k: self.tracker.is_cuda(a[0]),
+            torch.Tensor.device.__get__: self._device,
+            torch.Tensor.get_device: lambda f, a, k: 0 if self.tracker.is_cuda(a[0]) else -1,
+            torch.Tensor.item: self._item,
+            torch.Tensor.tolist: self._tolist,
+            torch.Tensor.__bool__: self._truth,
+            torch.Tensor.__float__: self._item,
+            torch.Tensor.__int__: self._item,
+            torch.Tensor.__index__: self._truth,
+            torch.Tensor.__format__: self._format,
+            torch.Tensor.numpy: self._numpy,
+            F.dropout: self._dropout,
+            F.scaled_dot_product_attention: self._sdpa,
+            torch.Tensor.backward: self._tensor_backward,
+            torch.autograd.backward: self._autograd,
+            torch.autograd.grad: self._autograd,
+        }
+
+    # -- entry ------------------------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        handler = self._handlers.get(func)
+        if handler is not None:
+            return handler(func, args, kwargs)
+        device = kwargs.get("device")
+        if device is not None and _is_cuda_device(device) is not None:
+            kwargs = dict(kwargs, device="cpu")
+            side = "cuda" if _is_cuda_device(device) else "host"
+            with self.on(side):
+                return self._call(func, args, kwargs)
+        return self._call(func, args, kwargs)
+
+    def _call(self, func, args, kwargs):  # noqa: ANN001
+        if self.autocast.enabled:
+            cast = self.autocast.cast_args(func, args, kwargs)
+            if cast is not None:
+                args, kwargs = cast
+        return func(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def on(self, side: str):
+        previous = self.tracker.device_flag
+        self.tracker.device_flag = side
+        try:
+            yield
+        finally:
+            self.tracker.device_flag = previous
+
+    # -- moving between host and device -----------------------------------------------------
+    def _to(self, func, args, kwargs):  # noqa: ANN001
+        src = args[0]
+        rest = list(args[1:])
+        target: Optional[bool] = None
+        if rest and isinstance(rest[0], torch.Tensor):
+            other = rest.pop(0)
+            target = self.tracker.is_cuda(other)
+            kwargs = dict(kwargs, dtype=other.dtype)
+        for i, value in enumerate(rest):
+            side = _is_cuda_device(value)
+            if side is not None and not isinstance(value, torch.dtype):
+                target = side
+                rest[i] = "cpu"
+                break
+        if "device" in kwargs and kwargs["device"] is not None:
+            target = _is_cuda_device(kwargs["device"])
+            kwargs = dict(kwargs, device="cpu")
+        return self._move(src, target, lambda kw: src.to(*rest, **kw), kwargs)
+
+    def _cuda(self, func, args, kwargs):  # noqa: ANN001
+        kwargs = {k: v for k, v in kwargs.items() if k in ("non_blocking", "memory_format")}
+        return self._move(args[0], True, lambda kw: args[0].to("cpu", **kw), kwargs)
+
+    def _cpu(self, func, args, kwargs):  # noqa: ANN001
+        kwargs = {k: v for k, v in kwargs.items() if k == "memory_format"}
+        return self._move(args[0], False, lambda kw: args[0].to("cpu", **kw), kwargs)
+
+    def _move(self, src, target, call, kwargs):  # noqa: ANN001
+        src_cuda = self.tracker.is_cuda(src)
+        if target is None or target == src_cuda:
+            with self.on("cuda" if src_cuda else "host"):
+                out = call(kwargs)
+        else:
+            with self.on("cuda" if target else "host"):
+                out = call(dict(kwargs, copy=True))
+        if isinstance(src, torch.nn.Parameter) and out is not src:
+            self.tracker.tag(out, Category.PARAMETER)
+        return out
+
+    def _device(self, func, args, kwargs):  # noqa: ANN001
+        return CUDA0 if self.tracker.is_cuda(args[0]) else func(*args, **kwargs)
+
+    # -- autograd ---------------------------------------------------------------------------
+    # A torch-function mode is switched off while its handler runs, so a backward pass started
+    # from here would run without it: activation checkpointing would then recompute the forward
+    # without the CUDA kernels and casts of the original forward (a different set of saved
+    # tensors, which torch.utils.checkpoint rejects). The engine call runs with this mode pushed
+    # again and autograd's own torch-function check answered "no" for that one call.
+    def _tensor_backward(self, func, args, kwargs):  # noqa: ANN001
+        bound = _bind(("self", "gradient", "retain_graph", "create_graph", "inputs"),
+                      (None, None, None, False, None), args, kwargs)
+        return self._autograd(torch.autograd.backward, (bound["self"],), {
+            "grad_tensors": bound["gradient"], "retain_graph": bound["retain_graph"],
+            "create_graph": bound["create_graph"], "inputs": bound["inputs"]})
+
+    def _autograd(self, func, args, kwargs):  # noqa: ANN001
+        import torch.autograd as autograd_module
+
+        real = autograd_module.has_torch_function
+        autograd_module.has_torch_function = _never
+        try:
+            with self:
+                return func(*args, **kwargs)
+        finally:
+            autograd_module.has_torch_function = real
+
+    # -- values -----------------------------------------------------------------------------
+    def _item(self, func, args, kwargs):  # noqa: ANN001
+        try:
+            return func(*args, **kwargs)
+        except DataDependentValue:
+            if args[0].dtype == torch.bool:
+                _decide()
+            return Placeholder()
+
+    def _truth(self, func, args, kwargs):  # noqa: ANN001
+        try:
+            return func(*args, **kwargs)
+        except DataDependentValue:
+            if self.tracker.phase == "optimizer":
+                # Inside optimizer.step() a value decides how far to move a weight (Adafactor's
+                # max(eps, rms(p)), clipping), not which tensors exist: shapes decide memory.
+                # (A skipped step is the one exception, and GradScaler's is patched to step.)
+                return False
+            _decide()
+
+    def _tolist(self, func, args, kwargs):  # noqa: ANN001
+        real = self.tracker.shadow(args[0])
+        if real is not None:
+            with _disable_current_modes():
+                return real.tolist()
+        if args[0].dtype == torch.bool:
+            _decide()
+
+        def nested(shape: List[int]) -> Any:
+            if not shape:
+                return Placeholder()
+            return [nested(shape[1:]) for _ in range(shape[0])]
+
+        return nested(list(args[0].shape))
+
+    def _numpy(self, func, args, kwargs):  # noqa: ANN001
+        real = self.tracker.shadow(args[0])
+        if real is None:
+            _decide()
+        with _disable_current_modes():
+            return real.numpy()
+
+    def _format(self, func, args, kwargs):  # noqa: ANN001
+        tensor, spec = args[0], args[1] if len(args) > 1 else ""
+        if is_fake(tensor) and tensor.dim() == 0:
+            return format(self._item(torch.Tensor.item, (tensor,), {}), spec)
+        return func(*args, **kwargs)
+
+    # -- CUDA kernels whose memory differs from the CPU path --------------------------------
+    def _dropout(self, func, args, kwargs):  # noqa: ANN001
+        # CUDA's fused kernel keeps a bool mask (Dropout.cpp, is_fused_kernel_acceptable ->
+        # native_dropout); the CPU path multiplies by a float noise tensor four times larger.
+        params = _bind(("input", "p", "training", "inplace"), (None, 0.5, True, False), args,
+                       kwargs)
+        x = params["input"]
+        if not params["training"] or params["p"] == 0 or not self.tracker.is_cuda(x):
+            return func(*args, **kwargs)
+        out = torch.ops.aten.native_dropout.default(x, float(params["p"]), True)[0]
+        if params["inplace"]:
+            return x.copy_(out)
+        return out
+
+    def _sdpa(self, func, args, kwargs):  # noqa: ANN001
+        if self.autocast.enabled:
+            cast = self.autocast.cast_args(func, args, kwargs)
+            if cast is not None:
+                args, kwargs = cast
+        params = _bind(("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale",
+                        "enable_gqa"), (None, None, None, None, 0.0, False, None, False), args,
+                       kwargs)
+        q, k, v = params["query"], params["key"], params["value"]
+        if not (self.fake and self.tracker.is_cuda(q)) or q.dim() != 4:
+            return func(*args, **kwargs)
+        from xmem_admission.estimator.probe.attention import cuda_sdpa
+
+        return cuda_sdpa(q, k, v, params["attn_mask"], params["dropout_p"], params["is_causal"],
+                         params["scale"], params["enable_gqa"], self.capability)
+
+
+def _never(*_args: Any) -> bool:
+    return False
+
+
+def _bind(names: Tuple[str, ...], defaults: Tuple[Any, ...], args: tuple,
+          kwargs: dict) -> Dict[str, Any]:
+    bound = dict(zip(names, defaults))
+    bound.update(zip(names, args))
+    bound.update({k: v for k, v in kwargs.items() if k in bound})
+    return bound
