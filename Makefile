@@ -26,6 +26,8 @@ tools:
 
 test: $(STAMP) tools
 	$(PY) -m ruff check src tests bench examples
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q
 
 # The speed benchmarks (minutes); the accuracy one is `xmem bench paper` (bench/README.md).
@@ -36,6 +38,8 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench examples
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

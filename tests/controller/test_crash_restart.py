@@ -13,6 +13,7 @@ import re
 import signal
 import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -48,7 +49,7 @@ def test_a_controller_killed_after_a_write_is_finished_by_a_new_process(harness,
     harness.server.on_request(kill_after_write)
     wait(killed.is_set, 90, f"the write '{point}'")
     assert first.wait(timeout=10) == -signal.SIGKILL
-    harness.spawn("--no-leader-election", identity="second")
+    second = harness.spawn("--no-leader-election", identity="second")
     released = harness.wait_released("train", timeout=120)
     assert released["spec"]["suspend"] is False
     assert int(template_annotations(released)[labels.REQUEST_BYTES]) > 0
@@ -58,10 +59,38 @@ def test_a_controller_killed_after_a_write_is_finished_by_a_new_process(harness,
     def estimated() -> list:
         return [e for e in harness.events("train") if e["reason"] == "Estimated"]
 
-    if point == "workload released":  # killed between the release and its Event: no Event,
-        time.sleep(1.0)               # and the successor does not release a second time
-        assert estimated() == []
-    else:
-        wait(estimated, 10, "the Estimated event")
-        time.sleep(0.5)
-        assert len(estimated()) == 1
+    # Killed between the release and its Event: no Event, and the successor does not release a
+    # second time; otherwise exactly one Event. Once the successor's resync has seen the workload
+    # released (its held gauge reads 0), it has queued it; the count must then hold over
+    # several more resyncs, in which a second release would show.
+    expected = 0 if point == "workload released" else 1
+    wait(lambda: len(estimated()) == expected, 10, f"{expected} Estimated event(s)")
+    wait(lambda: _held_gauge(harness, "second") == 0.0, 30, "the successor's resync")
+    _holds(lambda: len(estimated()) == expected and second.poll() is None, 4 * RESYNC_SECONDS,
+           f"exactly {expected} Estimated event(s) while the successor runs")
+
+
+RESYNC_SECONDS = 0.5  # Harness.spawn's --resync-seconds
+
+
+def _held_gauge(harness, identity: str):
+    """The ``xmem_controller_held_workloads`` value a spawned controller serves, or None."""
+    found = re.search(r"metrics on (http://\S+/metrics)", harness.log_of(identity))
+    if not found:
+        return None
+    try:
+        with urllib.request.urlopen(found.group(1), timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    # Labelled by kind: the series exists only once a resync has published it.
+    value = re.search(r'^xmem_controller_held_workloads\{kind="Job"\} (\S+)$', text, re.M)
+    return float(value.group(1)) if value else None
+
+
+def _holds(predicate, seconds: float, what: str) -> None:
+    """Check ``predicate`` continuously for ``seconds``; fail as soon as it is false."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert predicate(), f"no longer true: {what}"
+        time.sleep(0.05)

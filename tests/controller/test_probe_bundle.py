@@ -22,8 +22,12 @@ from xmem_admission import bundle
 from xmem_admission.contract import termination
 from xmem_admission.contract.errors import BundleError
 
-CLUSTER_SIDE = {"policy", "store", "admission", "controller", "server", "sizing", "backends",
-                "integrations", "metrics", "fingerprint", "testing", "sources"}
+PACKAGE = REPO / "src" / "xmem_admission"
+
+
+def _tree(root: Path) -> List[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                  if "__pycache__" not in p.parts)
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +51,31 @@ def _run(built: Path, command: List[str], tmp: Path, **extra_env: str) -> Dict[s
             "result": termination.decode(text) if text else None}
 
 
-def test_the_bundle_holds_the_estimator_and_none_of_the_cluster_side(built):
-    modules = {p.stem for p in (built / "xmem_admission").glob("*.py")}
-    assert {"probe", "tracker", "estimate", "orchestrate", "allocator", "gpus", "trace",
-            "sitehook", "termination", "errors"} <= modules
-    assert not modules & CLUSTER_SIDE
+def test_the_bundle_is_the_estimator_and_contract_packages_and_nothing_else(built):
+    copied = _tree(built / "xmem_admission")
+    expected = ["__init__.py"] + [f"{package}/{path}" for package in ("contract", "estimator")
+                                  for path in _tree(PACKAGE / package)]
+    assert copied == sorted(expected)
+    assert {"estimator/probe/runner.py", "estimator/allocator/caching.py",
+            "contract/gpus.py", "contract/termination.py"} <= set(copied)
+    assert not any(path.startswith(("cluster/", "commands/")) for path in copied)
     assert (built / "sitecustomize.py").is_file()
 
 
-def test_the_bundle_refuses_a_module_that_imports_what_user_images_lack(tmp_path):
+@pytest.mark.parametrize("line, message", [
+    ("import kubernetes  # a cluster-side dependency",
+     "runner imports 'kubernetes', which a user's image does not have"),
+    ("from xmem_admission.cluster import labels",
+     "runner imports 'xmem_admission.cluster', which is not part of the probe bundle"),
+], ids=["third-party", "cluster-side"])
+def test_the_bundle_refuses_a_module_that_imports_what_user_images_lack(tmp_path, line, message):
     source = tmp_path / "pkg"
-    shutil.copytree(REPO / "src/xmem_admission", source)
-    probe = source / "probe.py"
-    probe.write_text(probe.read_text() + "\nimport kubernetes  # a cluster-side dependency\n")
-    with pytest.raises(BundleError, match="probe imports 'kubernetes'"):
+    shutil.copytree(PACKAGE, source)
+    runner = source / "estimator" / "probe" / "runner.py"
+    runner.write_text(runner.read_text() + f"\n{line}\n")
+    with pytest.raises(BundleError, match=message):
         bundle.build(str(tmp_path / "out"), source=str(source))
+    assert not (tmp_path / "out" / "xmem_admission").exists()
 
 
 def test_python_from_the_bundle_is_the_bundled_package(built, tmp_path):
@@ -135,7 +149,51 @@ def test_the_bundle_can_be_rebuilt_in_place(built, tmp_path):
 
 
 def test_on_python_3_9_without_a_stdlib_list_the_wall_is_checked_by_location(monkeypatch):
-    expected = bundle.closure()
+    expected = bundle.modules()
     monkeypatch.setattr(bundle, "_STDLIB", frozenset())  # sys.stdlib_module_names is 3.10+
-    assert bundle.closure() == expected
+    assert bundle.modules() == expected
     assert bundle._is_stdlib("argparse") and not bundle._is_stdlib("kubernetes")
+
+
+def _torch_only_venv(root: Path) -> Path:
+    """A virtual environment whose site-packages holds torch and what torch requires, nothing
+    else: links to this interpreter's installed distributions, found through their metadata."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    [site] = root.glob("lib/python*/site-packages")
+    names, pending = set(), ["torch"]
+    while pending:
+        dist = metadata.distribution(pending.pop())
+        name = dist.metadata["Name"].lower().replace("_", "-")
+        if name in names:
+            continue
+        names.add(name)
+        for text in dist.requires or []:
+            requirement = Requirement(text)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                pending.append(requirement.name)
+        for entry in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
+            link = site / entry
+            if not link.exists():
+                link.symlink_to(Path(dist.locate_file(entry)))
+    return root / "bin" / "python"
+
+
+def test_a_bundle_copied_alone_runs_the_probe_where_only_torch_is_installed(tmp_path):
+    python = _torch_only_venv(tmp_path / "venv")
+    lacks = subprocess.run([str(python), "-c", "import kubernetes"], capture_output=True)
+    assert lacks.returncode != 0  # the environment really lacks the cluster side's packages
+    target = tmp_path / "empty" / "probe"
+    target.parent.mkdir()
+    bundle.build(str(target))
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    shutil.copy(REPO / "examples/train_gpt.py", workdir / "train_gpt.py")
+    run = _run(target, [str(python), "train_gpt.py", *TINY_GPT], workdir)
+    assert run["code"] == 0, run["output"]
+    result = run["result"]
+    assert result.ok and result.steps == 2
+    assert all(g["total_bytes"] > g["peak_reserved_bytes"] > 0 for g in result.gpus)

@@ -10,10 +10,14 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
+from tests.fakekube.apiserver import wait_for
 from tests.kube.support import job, raw
 
 
-def _collect(fn: Any, seconds: int, **kwargs: Any) -> Tuple[threading.Thread, List[Tuple[str, str]]]:
+def _collect(fn: Any, seconds: int, ready: int = 0,
+             **kwargs: Any) -> Tuple[threading.Thread, List[Tuple[str, str]]]:
+    """Watch in a thread; returns once the first ``ready`` events (those of the objects that
+    already exist) have arrived, so the watch is open before the caller changes anything."""
     events: List[Tuple[str, str]] = []
 
     def run() -> None:
@@ -22,7 +26,7 @@ def _collect(fn: Any, seconds: int, **kwargs: Any) -> Tuple[threading.Thread, Li
 
     thread = threading.Thread(target=run)
     thread.start()
-    time.sleep(0.3)
+    wait_for(lambda: len(events) >= ready, 10, f"the watch's first {ready} events")
     return thread, events
 
 
@@ -40,7 +44,7 @@ def test_a_watch_from_a_version_streams_every_later_change_in_order(batch):
 
 def test_a_watch_without_a_version_starts_with_the_current_objects(batch):
     batch.create_namespaced_job("default", job("a"))
-    thread, events = _collect(batch.list_namespaced_job, 1, namespace="default")
+    thread, events = _collect(batch.list_namespaced_job, 1, ready=1, namespace="default")
     batch.create_namespaced_job("default", job("b"))
     thread.join()
     assert events == [("ADDED", "a"), ("ADDED", "b")]
@@ -48,7 +52,7 @@ def test_a_watch_without_a_version_starts_with_the_current_objects(batch):
 
 def test_objects_leaving_a_label_selector_arrive_as_deleted_and_entering_as_added(batch):
     batch.create_namespaced_job("default", job("a", labels={"team": "ml"}))
-    thread, events = _collect(batch.list_namespaced_job, 1, namespace="default",
+    thread, events = _collect(batch.list_namespaced_job, 1, ready=1, namespace="default",
                               label_selector="team=ml")
     batch.patch_namespaced_job("a", "default", {"metadata": {"labels": {"team": "web"}}})
     batch.patch_namespaced_job("a", "default", {"metadata": {"labels": {"team": "ml"}}})
