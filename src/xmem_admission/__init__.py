@@ -1,9 +1,9 @@
 """xmem-admission: accurate GPU-memory requests for Kubernetes training jobs, estimated on a CPU.
 
-The package splits into two halves that never import each other (see DESIGN): the estimator
-bundle (trace format, allocator simulator, GPU catalogue, probe) that runs inside users'
-containers with only the standard library and torch, and the cluster side (admission webhook,
-integrations, backends, policy, controller).
+Three packages, two walls (``docs/architecture.md``): ``contract`` (standard library only, read
+by both sides), ``estimator`` (standard library and torch: the probe bundle copied into users'
+containers) and ``cluster`` (admission webhook, controller and their plumbing, never torch);
+``commands`` and ``cli`` sit on top. import-linter keeps the walls.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ def register(sub: Any) -> None:
     paper = kinds.add_parser(
         "paper", help="estimate the xMem paper's measured jobs and compare all estimators",
         description="Rebuild each job of a runs file (the xMem paper artifact's format, e.g. "
-        "shared/data/xmem-paper/runs.jsonl), estimate it with the same path as `xmem "
+        "the yardstick's runs.jsonl), estimate it with the same path as `xmem "
         "estimate` for the row's GPU, write one JSON line per row and print the comparison "
         "with the estimators recorded in the file.")
     paper.add_argument("--runs", required=True, metavar="FILE.jsonl", help="the runs file")

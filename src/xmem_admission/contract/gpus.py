@@ -6,8 +6,9 @@ the cluster side (policy, MIG backend) needs capacities and MIG slices. Every fi
 place it comes from; where only a nominal vendor figure exists, the source says so.
 
 Capacities are what ``torch.cuda.get_device_properties(i).total_memory`` reports, because that is
-the ceiling the caching allocator runs into. Three are exact measurements in this repository
-(``shared/data/xmem-paper/runs.jsonl``, field ``gpu_total_bytes``); most others are torch's own
+the ceiling the caching allocator runs into. Three are exact measurements from the xMem paper's
+public artifact (repository ``Stone-ResearchLife/xMem``, ``plot/data/``: the ``total_memory`` each
+run recorded, the accuracy yardstick's ``gpu_total_bytes``); most others are torch's own
 figures found in public sources: ``_CudaDeviceProperties`` reprs (whole MiB, rounded down),
 deviceQuery output (bytes), or OOM messages ("GPU 0 has a total capacity of X GiB", 0.01 GiB,
 read as the lowest value that rounds to X). The figure also moves a little with the driver, so
@@ -35,7 +36,8 @@ from xmem_admission.contract.errors import UnknownGPUError
 GiB = 1 << 30
 MiB = 1 << 20
 
-RUNS_JSONL = "measured in this repo: shared/data/xmem-paper/runs.jsonl gpu_total_bytes"
+RUNS_JSONL = ("measured: xMem paper artifact (Stone-ResearchLife/xMem plot/data/), the runs'"
+              " total_memory (the yardstick's gpu_total_bytes)")
 
 
 def _reported_gib(value: float) -> int:
@@ -105,12 +107,12 @@ class GPU:
 
 # --- Figures shared by every model -------------------------------------------------------------
 
-# CUDA context with lazy module loading (the default since PyTorch 1.13): "about 290 MB" in
-# PyTorch PR 86509, recorded in shared/reference/cuda-caching-allocator.md and read as MiB. It
+# CUDA context with lazy module loading (the default since PyTorch 1.13): "about 290 MB" against
+# about 670 MB without, in PyTorch PR 86509 (CUDA_MODULE_LOADING=LAZY), read as MiB. It
 # varies with GPU, driver and kernels loaded; it stays the documented default until calibrated.
 CONTEXT_BYTES = 290 * MiB
 CONTEXT_SOURCE = (
-    "CUDA context ~290 MB with lazy loading (PyTorch PR 86509, reference/cuda-caching-allocator.md),"
+    "CUDA context ~290 MB with lazy loading (PyTorch PR 86509),"
     " documented default, not yet calibrated for this model; runtime overhead 0 until calibrated"
     " from measurements"
 )
@@ -211,11 +213,11 @@ def _mig_nominal(doc: str) -> str:
     return f"nominal: profile name read as decimal GB (lgip figure not found); profile list: {doc}"
 
 
-MIG_DOC = "reference/gpu-sharing-and-mig.md, NVIDIA MIG user guide 'Supported MIG Profiles'"
+MIG_DOC = "NVIDIA MIG user guide 'Supported MIG Profiles'"
 
 # --- MIG profile tables ------------------------------------------------------------------------
-# Profile names and instance counts: reference/gpu-sharing-and-mig.md (from NVIDIA's MIG user
-# guide). Memory: the driver's `nvidia-smi mig -lgip` figures where a public listing was found.
+# Profile names and instance counts: NVIDIA's MIG user guide, "Supported MIG Profiles".
+# Memory: the driver's `nvidia-smi mig -lgip` figures where a public listing was found.
 
 _H100_LGIP = _mig_lgip("jbarrow.ai/field_notes/nvidia-mig (H100 80GB)")
 _H100_MIG = (
@@ -319,11 +321,11 @@ def _repr(mib: int, name: str) -> str:
 # percentile of measured_peak_bytes (NVML peak minus the level after CUDA init) minus our
 # simulated peak reserved, over the rows that did not run out of memory, clamped at 0 and rounded
 # up to a MiB: at most 15% of the GPU's measured jobs needed more than the estimate.
-# `.venv/bin/python bench/fit_overhead.py shared/data/xmem-paper/runs.jsonl OUT.jsonl` on the
+# `.venv/bin/python bench/fit_overhead.py RUNS.jsonl OUT.jsonl` (RUNS: the yardstick) on the
 # output of `xmem bench paper` (see bench/README.md). One number per GPU model; the three fitted
 # GPUs land within 84-92 MiB of each other.
 def _fitted(mib: int, rows: int) -> Tuple[int, str]:
-    return (mib * MiB, f"{mib} MiB fitted from {rows} rows of shared/data/xmem-paper/runs.jsonl "
+    return (mib * MiB, f"{mib} MiB fitted from {rows} rows of the xMem paper's measured runs "
             "(85th percentile of measured minus simulated peak reserved; "
             "bench/fit_overhead.py)")
 
@@ -442,7 +444,7 @@ _CATALOGUE: Tuple[GPU, ...] = (
         "H200", "NVIDIA H200", ("H200-SXM", "H200-141GB", "H200-NVL"),
         143_156 * MiB,
         _repr(143_156, "NVIDIA H200") + "; nvidia-smi shows 143,771 MiB"
-        " (reference/gpu-sharing-and-mig.md), the allocator sees the repr's figure",
+        ", the allocator sees the repr's figure",
         (9, 0), 132, _CUDA_CC + "; multi_processor_count=132 in the same repr",
         _H200_MIG,
     ),
