@@ -120,7 +120,7 @@ def _review(obj: Dict[str, Any], uid: str, kind: Tuple[str, str, str]) -> bytes:
 
 def build_workload(directory: Path) -> List[Tuple[str, bytes, bytes]]:
     """(name, review body, bytes the answer must contain), and the estimate files they need."""
-    from xmem_admission.cluster.integrations import JobIntegration
+    from xmem_admission.cluster.integrations.job import JobIntegration
     from xmem_admission.cluster.policy import fingerprint
     from xmem_admission.contract import gpus
 

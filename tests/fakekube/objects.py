@@ -37,7 +37,6 @@ from tests.fakekube.status import already_exists, conflict, error, not_found
 Key = Tuple[str, str]  # (group, plural)
 Obj = Dict[str, Any]
 FOREGROUND = "foregroundDeletion"
-ORPHAN = "orphan"
 
 
 def clone(obj: Any) -> Any:
@@ -150,14 +149,6 @@ class Storage:
             items = [clone(o) for (ns, _), o in sorted(self._objects[res.key].items())
                      if namespace is None or ns == namespace]
             return items, self._rv
-
-    def by_uid(self, uid: str) -> Optional[Tuple[Resource, Obj]]:
-        with self.lock:
-            where = self._uids.get(uid)
-            if where is None:
-                return None
-            key, ns, name = where
-            return self.resources[key], self._objects[key][(ns, name)]
 
     def events_after(self, rv: int) -> Iterator[WatchEvent]:
         """History entries newer than ``rv``; callers hold ``lock``. 410 when ``rv`` is too old."""

@@ -50,7 +50,7 @@ def templates(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 
 def expect_backend_form(backend: str, template: Dict[str, Any], mib: int) -> None:
-    """The request in the backend's own form and unit (reference/gpu-sharing-and-mig.md)."""
+    """The request in the backend's own form and unit (src/xmem_admission/cluster/backends)."""
     limits = template["spec"]["containers"][0]["resources"]["limits"]
     annotations = template["metadata"].get("annotations", {})
     if backend == "annotation":

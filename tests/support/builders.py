@@ -65,11 +65,6 @@ class _Builder:
             template.setdefault("metadata", {}).setdefault("annotations", {})[key] = value
         return self
 
-    def template_label(self, key: str, value: str) -> _Builder:
-        for template in self._templates():
-            template.setdefault("metadata", {}).setdefault("labels", {})[key] = value
-        return self
-
     def gpus(self, count: int, resource: str = "nvidia.com/gpu") -> _Builder:
         for container in self._containers():
             container.setdefault("resources", {}).setdefault("limits", {})[resource] = str(count)

@@ -34,8 +34,6 @@ REQUEST_BYTES = PREFIX + "request-bytes"
 GPU_MODEL = PREFIX + "gpu-model"
 ESTIMATE_BYTES = PREFIX + "estimate-bytes"
 
-# The annotations that carry a sizing decision on a pod template or pod.
-SIZING_ANNOTATIONS = (REQUEST_BYTES, GPU_MODEL, ESTIMATE_BYTES)
 # The annotations that mark a workload as held by xmem (the controller removes them on release).
 HELD_ANNOTATIONS = (HELD_REASON, HELD_SINCE, USER_SUSPENDED)
 

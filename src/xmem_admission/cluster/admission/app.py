@@ -9,7 +9,7 @@ other status as a failed call). The body is read as bytes and never parsed by th
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Awaitable, Callable, Optional, Tuple
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -40,7 +40,7 @@ def create_admission_app(webhook: Webhook) -> FastAPI:
     """The TLS app the API server calls."""
     app = FastAPI(title="xmem admission", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def route(endpoint: Endpoint, scope: Scope) -> Callable:
+    def route(endpoint: Endpoint, scope: Scope) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
             length = request.headers.get("content-length")
             if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:

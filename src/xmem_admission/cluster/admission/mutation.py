@@ -1,6 +1,6 @@
 """The mutation: a pure function from (object, context) to (new object, outcome).
 
-It never touches the object it is given: writes go through a ``patch.Draft`` and the webhook
+It never touches the object it is given: writes go through a ``jsonpatch.Draft`` and the webhook
 diffs before and after. Each step is small, named and idempotent (a second pass over its own
 output writes nothing), which is what makes reinvocation give an empty patch:
 
@@ -27,17 +27,19 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from xmem_admission.cluster import backends, labels
 from xmem_admission.cluster.admission.response import Decision
-from xmem_admission.cluster.integrations.base import Integration, TemplateRef
+from xmem_admission.cluster.integrations.base import (
+    GpuTemplate,
+    Integration,
+    TemplateRef,
+    gpu_templates,
+)
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import gib
-from xmem_admission.cluster.kube.resources import gpu_containers
 from xmem_admission.cluster.policy import sizing
 from xmem_admission.cluster.policy.model import Settings
 from xmem_admission.cluster.policy.sizing import Plan
 from xmem_admission.cluster.policy.store import EstimateRecord
 from xmem_admission.contract.errors import InvalidObjectError
-
-GpuTemplate = Tuple[TemplateRef, List[Tuple[int, Mapping[str, Any], int]]]
 
 
 @dataclass(frozen=True)
@@ -62,16 +64,6 @@ class Outcome:
     carried: List[Plan] = field(default_factory=list)  # plans read from request annotations
     held: bool = False
     message: str = ""  # the denial message when decision is DENIED
-
-
-def gpu_templates(integration: Integration, obj: Mapping[str, Any]) -> List[GpuTemplate]:
-    """The pod templates that use GPUs, each with its GPU containers."""
-    out: List[GpuTemplate] = []
-    for ref in integration.pod_templates(obj):
-        containers = list(gpu_containers(ref.template))
-        if containers:
-            out.append((ref, containers))
-    return out
 
 
 def _annotations(template: Mapping[str, Any]) -> Dict[str, Any]:

@@ -1,7 +1,9 @@
 """Reading an AdmissionReview request: only the fields the webhook needs, each checked.
 
 Validating the whole review with a model costs more than the rest of the admission (the object
-inside can be 20 KB), so this reads the envelope by hand and leaves the object as parsed JSON;
+inside can be 20 KB), so this reads the envelope by hand, field by field, typed as the wire
+types of ``review`` say (each checked, since JSON promises nothing), and leaves the object as
+parsed JSON;
 integrations check the parts of it they use. Anything wrong raises ``MalformedReviewError``,
 which the response builder turns into a 400-class AdmissionResponse, never an HTTP error.
 """
@@ -45,7 +47,7 @@ class Envelope:
     uid: str = ""
 
 
-def _str(request: Dict[str, Any], key: str, required: bool = False) -> str:
+def _str(request: review.AdmissionRequest, key: str, required: bool = False) -> str:
     value = request.get(key)
     if value is None:
         if required:
@@ -61,7 +63,7 @@ def envelope(document: Any) -> Envelope:
     if not isinstance(document, dict):
         return Envelope()
     api_version = document.get("apiVersion")
-    request = document.get("request")
+    request: Optional[review.AdmissionRequest] = document.get("request")
     uid = request.get("uid") if isinstance(request, dict) else None
     return Envelope(
         api_version=api_version if api_version == review.API_VERSION else review.API_VERSION,
@@ -90,13 +92,13 @@ def parse(document: Any) -> Request:
             f"apiVersion must be {review.API_VERSION} (set admissionReviewVersions to [v1]),"
             f" got {document.get('apiVersion')!r}"
         )
-    request = document.get("request")
+    request: Optional[review.AdmissionRequest] = document.get("request")
     if not isinstance(request, dict):
         raise MalformedReviewError("request is required and must be an object")
     uid = _str(request, "uid", required=True)
     if not uid:
         raise MalformedReviewError("request.uid must not be empty")
-    gvk = request.get("kind")
+    gvk: Optional[review.GroupVersionKind] = request.get("kind")
     if not isinstance(gvk, dict) or not all(
         isinstance(gvk.get(k), str) for k in ("group", "version", "kind")
     ):
@@ -112,7 +114,7 @@ def parse(document: Any) -> Request:
         raise MalformedReviewError("request.oldObject must be an object or null")
     if operation in ("CREATE", "UPDATE") and obj is None:
         raise MalformedReviewError(f"request.object is required for {operation}")
-    dry_run = request.get("dryRun", False)
+    dry_run: Optional[bool] = request.get("dryRun", False)
     if dry_run is None:
         dry_run = False
     if not isinstance(dry_run, bool):

@@ -76,15 +76,17 @@ def short(text: str) -> str:
 
 def build(uid: str, verdict: Verdict, api_version: str = review.API_VERSION) -> bytes:
     """The AdmissionReview response for a verdict, serialised."""
-    response: Dict[str, Any] = {"uid": uid, "allowed": verdict.allowed}
+    response: review.AdmissionResponse = {"uid": uid, "allowed": verdict.allowed}
     if verdict.patch and verdict.allowed:
         response["patchType"] = review.PATCH_TYPE
         response["patch"] = base64.b64encode(orjson.dumps(verdict.patch)).decode("ascii")
     if verdict.code is not None:
-        status: Dict[str, Any] = {"code": verdict.code, "message": verdict.message}
+        status: review.Status = {"code": verdict.code, "message": verdict.message}
         if verdict.reason:
             status["reason"] = verdict.reason
         response["status"] = status
     if verdict.warnings:
         response["warnings"] = [short(w) for w in dict.fromkeys(verdict.warnings)]
-    return orjson.dumps({"apiVersion": api_version, "kind": review.KIND, "response": response})
+    out: review.AdmissionReview = {"apiVersion": api_version, "kind": review.KIND,
+                                   "response": response}
+    return orjson.dumps(out)

@@ -115,6 +115,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _uvicorn_config(app: Any, log_level: str) -> uvicorn.Config:
+    """The settings both servers share: no logging config or access log of uvicorn's, no
+    lifespan, httptools."""
+    return uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                          http="httptools", log_level=log_level, timeout_keep_alive=30)
+
+
 class AdmissionServer:
     """The admission and health servers of one ``xmem serve`` process."""
 
@@ -125,12 +132,11 @@ class AdmissionServer:
         self.tls = ReloadingTLS(config.cert_file, config.key_file)
         self.admission_socket = bind(config.host, config.port)
         self.health_socket = bind(config.host, config.metrics_port)
-        common = dict(log_config=None, access_log=False, lifespan="off", http="httptools",
-                      log_level=config.log_level, timeout_keep_alive=30)
-        admission = uvicorn.Config(create_admission_app(webhook), **common)
+        admission = _uvicorn_config(create_admission_app(webhook), config.log_level)
         admission.load()
         admission.ssl = self.tls.context  # ours, so that reloads reach the live listener
-        health = uvicorn.Config(create_health_app(webhook.metrics, self.readiness), **common)
+        health = _uvicorn_config(create_health_app(webhook.metrics, self.readiness),
+                                 config.log_level)
         self._servers: List[_Server] = [_Server(admission), _Server(health)]
 
     @property

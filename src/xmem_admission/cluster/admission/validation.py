@@ -17,14 +17,8 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional
 
 from xmem_admission.cluster import backends, labels
-from xmem_admission.cluster.admission.mutation import (
-    Context,
-    GpuTemplate,
-    annotated_plan,
-    gpu_templates,
-    record_plan,
-)
-from xmem_admission.cluster.integrations.base import Integration
+from xmem_admission.cluster.admission.mutation import Context, annotated_plan, record_plan
+from xmem_admission.cluster.integrations.base import GpuTemplate, Integration, gpu_templates
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.policy import sizing
 from xmem_admission.cluster.policy.sizing import Plan

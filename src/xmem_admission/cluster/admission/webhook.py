@@ -34,11 +34,11 @@ from typing import Any, Callable, Dict, List, Optional
 from xmem_admission.cluster import integrations, labels
 from xmem_admission.cluster.admission import request, response
 from xmem_admission.cluster.admission.metrics import AdmissionMetrics
-from xmem_admission.cluster.admission.mutation import Context, GpuTemplate, mutate
+from xmem_admission.cluster.admission.mutation import Context, mutate
 from xmem_admission.cluster.admission.request import Request
 from xmem_admission.cluster.admission.response import Decision, Verdict
 from xmem_admission.cluster.admission.validation import validate
-from xmem_admission.cluster.integrations.base import Integration
+from xmem_admission.cluster.integrations.base import GpuTemplate, Integration
 from xmem_admission.cluster.kube.jsonpatch import diff
 from xmem_admission.cluster.kube.resources import gpu_containers
 from xmem_admission.cluster.policy import fingerprint

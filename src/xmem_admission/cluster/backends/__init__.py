@@ -1,7 +1,10 @@
 """Backends: how a GPU memory request is expressed for each sharing system (one module each).
 
-``for_name(BackendName)`` returns the backend; see ``shared/reference/gpu-sharing-and-mig.md``
-for the systems and their units.
+``for_name(BackendName)`` returns the backend. Each module's docstring names the upstream
+document its resource names and units come from: HAMi's user guide ("Allocate device memory"),
+Volcano's "GPU Sharing User guide", Aliyun's gpushare-scheduler-extender user guide, the
+KAI-Scheduler GPU sharing docs, and the NVIDIA GPU Operator's "MIG support" with NVIDIA's MIG
+user guide.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from xmem_admission.cluster.integrations.base import TemplateRef
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import MiB, ceil_div
-from xmem_admission.cluster.kube.resources import NVIDIA_GPU, container_resources, resource_value
+from xmem_admission.cluster.kube.resources import container_resources, resource_value
 from xmem_admission.cluster.policy.model import BackendName
 from xmem_admission.contract import gpus
 from xmem_admission.contract.errors import InvalidObjectError, QuantityError
@@ -87,11 +87,6 @@ def set_limit(draft: Draft, ref: TemplateRef, index: int, name: str, value: str)
     limits, requests = container_resources(draft.get(ref.at("spec", "containers", index)))
     if name in requests:  # requests must equal limits for extended resources
         draft.set(ref.at("spec", "containers", index, "resources", "requests", name), value)
-
-
-def uses_nvidia_gpu(container: Mapping[str, Any]) -> bool:
-    limits, requests = container_resources(container)
-    return NVIDIA_GPU in limits or NVIDIA_GPU in requests
 
 
 class Backend(abc.ABC):

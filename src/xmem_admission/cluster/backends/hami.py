@@ -33,7 +33,7 @@ class HamiBackend(ContainerBackend):
         if found is not None:
             return found
         percent = resource_request(container, index, HAMI_GPUMEM_PERCENT, gpu.capacity_bytes)
-        if percent is None:
+        if percent is None or percent.bytes_per_gpu is None:
             return None
         return Existing(percent.what, percent.bytes_per_gpu // 100, percent.field)
 

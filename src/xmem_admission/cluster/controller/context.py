@@ -1,6 +1,6 @@
 """What every reconcile step needs, in one object: API, caches, policy, metrics, settings.
 
-The reconcilers (``estimation`` for GPUMemoryEstimates and their pods, ``workloads`` for held
+The reconcilers (``estimation_pods`` for GPUMemoryEstimates and their pods, ``workloads`` for held
 workloads) are functions of this context and a key; all their state lives in the API objects
 the caches mirror, which is what makes a restarted controller pick up where it left off.
 """
@@ -11,7 +11,7 @@ import datetime
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from xmem_admission.cluster.controller.metrics import ControllerMetrics
 from xmem_admission.cluster.integrations.base import Integration
@@ -30,11 +30,15 @@ def utcnow() -> datetime.datetime:
 
 @dataclass
 class Workload:
-    """One workload kind the controller releases: its integration, REST kind and cache."""
+    """One workload kind the controller releases: its integration and its cache."""
 
     integration: Integration
-    kind: Kind
     informer: Informer
+
+    @property
+    def kind(self) -> Kind:
+        """Where the kind lives in the REST tree (the integration's resource)."""
+        return self.integration.resource
 
 
 @dataclass
@@ -46,7 +50,7 @@ class Context:
     workloads: Dict[str, Workload]  # by kind name: "Job", "PyTorchJob"
     estimates: Informer
     pods: Informer
-    queue: WorkQueue
+    queue: WorkQueue[Tuple[Any, ...]]  # the controller's work: see manager.QueueKey
     metrics: ControllerMetrics
     probe_image: str
     identity: str = "xmem-controller"

@@ -27,9 +27,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from xmem_admission.cluster.admission.mutation import gpu_templates
 from xmem_admission.cluster.controller import podspec, records
 from xmem_admission.cluster.controller.context import Context, Workload
+from xmem_admission.cluster.integrations import gpu_templates
 from xmem_admission.cluster.kube.client import GME, POD, Obj
 from xmem_admission.cluster.policy import sizing
 from xmem_admission.contract import termination

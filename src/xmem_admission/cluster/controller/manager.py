@@ -17,21 +17,23 @@ from __future__ import annotations
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.cluster.controller import estimation_pods, records, workloads
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.controller.metrics import ControllerMetrics
-from xmem_admission.cluster.integrations.job import JobIntegration
-from xmem_admission.cluster.integrations.pytorchjob import PyTorchJobIntegration
-from xmem_admission.cluster.kube.client import GME, JOB, POD, PYTORCHJOB, Kube, Obj
+from xmem_admission.cluster.integrations import ALL as INTEGRATIONS
+from xmem_admission.cluster.integrations import Integration
+from xmem_admission.cluster.kube.client import GME, POD, Kube, Obj
 from xmem_admission.cluster.kube.informer import Informer, WorkQueue
 from xmem_admission.cluster.kube.leader import LeaderElector
 from xmem_admission.contract.errors import KubeApiError, KubeUnavailable
 
 log = logging.getLogger(__name__)
 
-KINDS = {"Job": (JobIntegration(), JOB), "PyTorchJob": (PyTorchJobIntegration(), PYTORCHJOB)}
+# The kinds the controller can release: every registered integration that can be held.
+KINDS: Dict[str, Integration] = {i.kind: i for i in INTEGRATIONS if i.can_hold}
+QueueKey = Tuple[Any, ...]  # ("workload", kind, namespace, name) or ("estimate", namespace, name)
 POD_SELECTOR = f"{records.MANAGED_BY[0]}={records.MANAGED_BY[1]},{records.COMPONENT[0]}={records.COMPONENT[1]}"
 
 
@@ -39,26 +41,26 @@ class Controller:
     """See the module docstring."""
 
     def __init__(self, kube: Kube, policy: Any, probe_image: str,
-                 kinds: Sequence[str] = ("Job", "PyTorchJob"),
+                 kinds: Sequence[str] = tuple(KINDS),
                  metrics: Optional[ControllerMetrics] = None, identity: str = "xmem-controller",
                  workers: int = 2, resync_seconds: float = 30.0, sync_timeout: float = 30.0,
                  log_lines: int = 20, deadline_slack: float = 60.0) -> None:
         self.kube = kube
         self.metrics = metrics or ControllerMetrics()
-        self.queue = WorkQueue()
+        self.queue: WorkQueue[QueueKey] = WorkQueue()
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.sync_timeout = sync_timeout
         self.policy = policy
         self._stop = threading.Event()
         self._threads: List[threading.Thread] = []
-        self._failures: Dict[Hashable, int] = {}
+        self._failures: Dict[QueueKey, int] = {}
         self.running = threading.Event()
         kinds_map: Dict[str, Workload] = {}
         for kind in kinds:
-            integration, rest = KINDS[kind]
-            kinds_map[kind] = Workload(integration, rest, Informer(
-                kube, rest, self._on_workload(kind)))
+            integration = KINDS[kind]
+            kinds_map[kind] = Workload(integration, Informer(
+                kube, integration.resource, self._on_workload(kind)))
         self.ctx = Context(
             kube=kube, policy=policy, workloads=kinds_map,
             estimates=Informer(kube, GME, self._on_estimate),
@@ -156,7 +158,7 @@ class Controller:
             finally:
                 self.queue.done(key)
 
-    def _retry(self, key: Hashable, exc: Exception) -> None:
+    def _retry(self, key: QueueKey, exc: Exception) -> None:
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
         self.metrics.errors.labels(str(key[0])).inc()
@@ -164,7 +166,7 @@ class Controller:
         log.warning("reconcile %s: %s; again in %.1fs", key, exc, delay)
         self.queue.add(key, delay)
 
-    def reconcile(self, key: Tuple[Any, ...]) -> Optional[float]:
+    def reconcile(self, key: QueueKey) -> Optional[float]:
         """One reconcile of a queue key; the delay after which to look again, or None."""
         if key[0] == "workload":
             _, kind, namespace, name = key

@@ -19,7 +19,7 @@ Series (all prefixed ``xmem_controller_``):
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Mapping, Optional, Set, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -57,9 +57,9 @@ class ControllerMetrics:
         self.errors = Counter("xmem_controller_reconcile_errors",
                               "Reconciles that failed and were requeued.", ("kind",), registry=r)
         self.leader = Gauge("xmem_controller_leader", "1 while this replica leads.", registry=r)
-        self._gpu_models: set = set()
+        self._gpu_models: Set[str] = set()
 
-    def set_held(self, ages_by_kind: Dict[str, Iterable[float]], kinds: Tuple[str, ...]) -> None:
+    def set_held(self, ages_by_kind: Mapping[str, Iterable[float]], kinds: Tuple[str, ...]) -> None:
         """Publish the held workloads: their count and the oldest age, per kind."""
         for kind in kinds:
             ages = list(ages_by_kind.get(kind, ()))

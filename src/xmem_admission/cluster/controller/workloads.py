@@ -30,9 +30,9 @@ import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 from xmem_admission.cluster import backends, labels
-from xmem_admission.cluster.admission.mutation import gpu_templates
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.controller.context import Context, Workload
+from xmem_admission.cluster.integrations import gpu_templates
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import gib
@@ -46,16 +46,18 @@ log = logging.getLogger(__name__)
 ESTIMATE_NAME = "xmem.io/estimate-name"  # on released workloads: which GME sized them
 
 
-def annotations(obj: Obj) -> Dict[str, str]:
-    return (obj.get("metadata") or {}).get("annotations") or {}
+def annotations_of(obj: Obj) -> Dict[str, str]:
+    """The object's annotations ({} when it has none)."""
+    found: Dict[str, str] = (obj.get("metadata") or {}).get("annotations") or {}
+    return found
 
 
 def is_held(obj: Obj) -> bool:
-    return labels.HELD_REASON in annotations(obj)
+    return labels.HELD_REASON in annotations_of(obj)
 
 
 def held_since(obj: Obj) -> datetime.datetime:
-    when = records.parse_time(annotations(obj).get(labels.HELD_SINCE))
+    when = records.parse_time(annotations_of(obj).get(labels.HELD_SINCE))
     return when or records.parse_time(obj["metadata"].get("creationTimestamp")) or \
         datetime.datetime.now(datetime.timezone.utc)
 
@@ -75,12 +77,11 @@ def _released(workload: Workload, obj: Obj) -> Obj:
     user_suspended = ann.get(labels.USER_SUSPENDED) == "true"
     for key in labels.HELD_ANNOTATIONS:
         ann.pop(key, None)
-    if not user_suspended:
-        node = out
-        for part in workload.integration.suspend_path[:-1]:
-            node = node.setdefault(part, {})
-        node[workload.integration.suspend_path[-1]] = False
-    return out
+    if user_suspended:
+        return out
+    draft = Draft(out)
+    workload.integration.unsuspend(draft)
+    return draft.root
 
 
 def _write(ctx: Context, workload: Workload, obj: Obj) -> Obj:
@@ -124,7 +125,7 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
     if not templates:
         return _fail(ctx, workload, obj, settings, "NoGPU", "the workload no longer requests a "
                      "GPU", deadline, timed_out=True)
-    old_fp = annotations(obj).get(labels.FINGERPRINT)
+    old_fp = annotations_of(obj).get(labels.FINGERPRINT)
     if old_fp != fp:
         new = copy.deepcopy(obj)
         new["metadata"].setdefault("annotations", {})[labels.FINGERPRINT] = fp
@@ -161,7 +162,7 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
             gme = ctx.kube.replace_status(GME, dict(gme, status=status))
             ctx.estimates.put(gme)
             ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))
-    if annotations(obj).get(labels.HELD_REASON) == labels.HeldReason.AWAITING_ESTIMATE.value:
+    if annotations_of(obj).get(labels.HELD_REASON) == labels.HeldReason.AWAITING_ESTIMATE.value:
         new = copy.deepcopy(obj)
         new["metadata"]["annotations"][labels.HELD_REASON] = labels.HeldReason.ESTIMATING.value
         _write(ctx, workload, new)
@@ -211,7 +212,7 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
                    f"requesting {', '.join(requesting)}")
     else:
         message = "GPU memory estimated; the pod templates already carry a request"
-    if labels.USER_SUSPENDED in annotations(obj):
+    if labels.USER_SUSPENDED in annotations_of(obj):
         message += " (left suspended, as its owner had it)"
     ctx.emit(obj, "Normal", "Estimated", f"xmem: {message}")
     ctx.metrics.released.labels(workload.kind.kind, "estimated").inc()
@@ -227,7 +228,7 @@ def _fail(ctx: Context, workload: Workload, obj: Obj, settings: Optional[Setting
         action = FailureAction.RELEASE
     why = f"xmem: GPU memory estimation failed ({reason}): {message}".rstrip(": ")
     if action is FailureAction.HOLD:
-        if annotations(obj).get(labels.HELD_REASON) != labels.HeldReason.ESTIMATION_FAILED.value:
+        if annotations_of(obj).get(labels.HELD_REASON) != labels.HeldReason.ESTIMATION_FAILED.value:
             new = copy.deepcopy(obj)
             new["metadata"]["annotations"][labels.HELD_REASON] = \
                 labels.HeldReason.ESTIMATION_FAILED.value

@@ -1,26 +1,27 @@
-"""Workload kinds the webhook understands, each behind the ``Integration`` interface.
+"""Workload kinds the webhook and the controller understand, each behind ``Integration``.
 
-``for_kind(group, version, kind)`` finds the integration for an AdmissionReview's ``kind``;
-``ALL`` lists them (the Helm chart's webhook rules and the controller's watches follow it).
+Importing this package imports every kind's module, and each registers itself once
+(``base.register``): ``ALL`` is the registry, in registration order (the Helm chart's webhook
+rules follow it, the controller watches the kinds in it that can be held), and
+``for_kind(group, version, kind)`` finds the integration for an AdmissionReview's ``kind``.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
-from xmem_admission.cluster.integrations.base import Integration, TemplateRef
-from xmem_admission.cluster.integrations.job import JobIntegration
-from xmem_admission.cluster.integrations.pod import PodIntegration
-from xmem_admission.cluster.integrations.pytorchjob import PyTorchJobIntegration
+# Imported for their registration; the order is the registry's order.
+from xmem_admission.cluster.integrations import job, pod, pytorchjob  # noqa: F401
+from xmem_admission.cluster.integrations.base import (
+    GpuTemplate,
+    Integration,
+    TemplateRef,
+    for_kind,
+    gpu_templates,
+    registered,
+)
 
-ALL: Tuple[Integration, ...] = (JobIntegration(), PodIntegration(), PyTorchJobIntegration())
+ALL: Tuple[Integration, ...] = registered()
 
-_BY_KIND = {(i.group, version, i.kind): i for i in ALL for version in i.versions}
-
-
-def for_kind(group: str, version: str, kind: str) -> Optional[Integration]:
-    """The integration for a group/version/kind, or None when the webhook does not handle it."""
-    return _BY_KIND.get((group, version, kind))
-
-
-__all__ = ["ALL", "Integration", "TemplateRef", "for_kind"]
+__all__ = ["ALL", "GpuTemplate", "Integration", "TemplateRef", "for_kind", "gpu_templates",
+           "registered"]

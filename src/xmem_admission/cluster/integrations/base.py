@@ -1,10 +1,15 @@
-"""The small interface every workload kind implements (Kueue's shape).
+"""The small interface every workload kind implements, and the registry of kinds (Kueue's shape).
 
-An integration knows where a kind keeps its pod templates, whether and how it can be held
-(suspended) before any pod exists, and who owns it. Everything else (opt-in, estimates,
-backends, patches) is kind-independent and lives in ``xmem_admission.cluster.admission``.
+An integration knows its API resource (group, versions, plural), where a kind keeps its pod
+templates, whether and how it can be held (suspended) before any pod exists, and who owns it.
+Everything else (opt-in, estimates, backends, patches) is kind-independent and lives in
+``xmem_admission.cluster.admission`` and ``xmem_admission.cluster.controller``.
 
-Templates are addressed by path so that mutations can go through a ``patch.Draft`` and the
+Each kind's module registers its integration once, on import, with ``@register`` (Kueue's
+``jobframework.RegisterIntegration``); ``xmem_admission.cluster.integrations`` imports them all,
+and the webhook (``for_kind``) and the controller (``registered()``) read the registry.
+
+Templates are addressed by path so that mutations can go through a ``jsonpatch.Draft`` and the
 patch stays exact; a bare Pod is its own template (path ``()``: it has ``metadata`` and ``spec``).
 """
 
@@ -12,9 +17,11 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, ClassVar, List, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
 
+from xmem_admission.cluster.kube.client import Kind
 from xmem_admission.cluster.kube.jsonpatch import Draft, Path, dotted
+from xmem_admission.cluster.kube.resources import gpu_containers
 from xmem_admission.cluster.policy.store import WorkloadRef
 from xmem_admission.contract.errors import InvalidObjectError
 
@@ -36,22 +43,25 @@ class TemplateRef:
         return dotted(self.at(*rest))
 
 
-def mapping_at(obj: Mapping[str, Any], path: Path, required: bool = True) -> Optional[Mapping[str, Any]]:
-    """The object at ``path``, checked to be a mapping; errors name the field."""
+# A GPU pod template and its GPU containers: (index, container, GPU count) each.
+GpuTemplate = Tuple[TemplateRef, List[Tuple[int, Mapping[str, Any], int]]]
+
+
+def object_at(obj: Mapping[str, Any], path: Path) -> Mapping[str, Any]:
+    """The object at ``path``, which must be there and be a mapping; errors name the field."""
     node: Any = obj
     for depth, part in enumerate(path):
         node = node.get(part) if isinstance(node, dict) else None
         if node is None:
-            if required:
-                raise InvalidObjectError(f"{dotted(path[: depth + 1])}: required")
-            return None
+            raise InvalidObjectError(f"{dotted(path[: depth + 1])}: required")
         if not isinstance(node, dict):
             raise InvalidObjectError(f"{dotted(path[: depth + 1])}: expected an object")
-    return node
+    mapping: Mapping[str, Any] = node
+    return mapping
 
 
 class Integration(abc.ABC):
-    """One workload kind."""
+    """One workload kind: its API resource, its pod templates, how it is held."""
 
     group: ClassVar[str]
     versions: ClassVar[Tuple[str, ...]]
@@ -63,8 +73,9 @@ class Integration(abc.ABC):
     suspend_path: ClassVar[Tuple[str, ...]] = ()
 
     @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.versions[0]}" if self.group else self.versions[0]
+    def resource(self) -> Kind:
+        """Where the kind lives in the REST tree (its first version): what the controller watches."""
+        return Kind(self.group, self.versions[0], self.plural, self.kind)
 
     @abc.abstractmethod
     def pod_templates(self, obj: Mapping[str, Any]) -> List[TemplateRef]:
@@ -83,7 +94,7 @@ class Integration(abc.ABC):
         draft.set(self.suspend_path, True)
 
     def unsuspend(self, draft: Draft) -> None:
-        """Release the workload (the controller's step once an estimate is recorded)."""
+        """Release the workload (the controller's step once it is estimated or given up on)."""
         if not self.can_hold:
             raise TypeError(f"{self.kind} cannot be held")
         draft.set(self.suspend_path, False)
@@ -103,3 +114,42 @@ class Integration(abc.ABC):
         meta = obj.get("metadata") or {}
         name = meta.get("name") or meta.get("generateName") or ""
         return WorkloadRef(namespace=namespace, kind=self.kind, name=str(name))
+
+
+def gpu_templates(integration: Integration, obj: Mapping[str, Any]) -> List[GpuTemplate]:
+    """The pod templates that use GPUs, each with its GPU containers (webhook and controller)."""
+    out: List[GpuTemplate] = []
+    for ref in integration.pod_templates(obj):
+        containers = list(gpu_containers(ref.template))
+        if containers:
+            out.append((ref, containers))
+    return out
+
+
+# --- the registry ---------------------------------------------------------------------------
+
+_REGISTRY: List[Integration] = []
+_BY_GVK: Dict[Tuple[str, str, str], Integration] = {}
+
+_Kind = TypeVar("_Kind", bound=Type[Integration])
+
+
+def register(cls: _Kind) -> _Kind:
+    """Class decorator: add the kind to the registry, once (a second kind of a name is a bug)."""
+    integration = cls()
+    if any(existing.kind == integration.kind for existing in _REGISTRY):
+        raise ValueError(f"integration for {integration.kind} registered twice")
+    _REGISTRY.append(integration)
+    for version in integration.versions:
+        _BY_GVK[(integration.group, version, integration.kind)] = integration
+    return cls
+
+
+def registered() -> Tuple[Integration, ...]:
+    """Every registered integration, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def for_kind(group: str, version: str, kind: str) -> Optional[Integration]:
+    """The integration for a group/version/kind, or None when the webhook does not handle it."""
+    return _BY_GVK.get((group, version, kind))

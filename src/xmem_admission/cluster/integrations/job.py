@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping
 
-from xmem_admission.cluster.integrations.base import Integration, TemplateRef, mapping_at
+from xmem_admission.cluster.integrations.base import Integration, TemplateRef, object_at, register
 
 
+@register
 class JobIntegration(Integration):
     group = "batch"
     versions = ("v1",)
@@ -22,6 +23,6 @@ class JobIntegration(Integration):
 
     def pod_templates(self, obj: Mapping[str, Any]) -> List[TemplateRef]:
         path = ("spec", "template")
-        template = mapping_at(obj, path)
-        mapping_at(obj, path + ("spec",))
+        template = object_at(obj, path)
+        object_at(obj, path + ("spec",))
         return [TemplateRef("", path, template)]

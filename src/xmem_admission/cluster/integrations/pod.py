@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, List, Mapping
 
-from xmem_admission.cluster.integrations.base import Integration, TemplateRef, mapping_at
+from xmem_admission.cluster.integrations.base import Integration, TemplateRef, object_at, register
 
 
+@register
 class PodIntegration(Integration):
     group = ""
     versions = ("v1",)
@@ -20,5 +21,5 @@ class PodIntegration(Integration):
     can_hold = False
 
     def pod_templates(self, obj: Mapping[str, Any]) -> List[TemplateRef]:
-        mapping_at(obj, ("spec",))
+        object_at(obj, ("spec",))
         return [TemplateRef("", (), obj)]

@@ -46,12 +46,17 @@ class Kind:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
-JOB = Kind("batch", "v1", "jobs", "Job")
-PYTORCHJOB = Kind("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+# The controller's own resources. Workload kinds (Job, PyTorchJob, ...) are not listed here:
+# each integration owns its resource (``xmem_admission.cluster.integrations``).
 GME = Kind("xmem.io", "v1alpha1", "gpumemoryestimates", "GPUMemoryEstimate")
 POD = Kind("", "v1", "pods", "Pod")
 EVENT = Kind("", "v1", "events", "Event")
 LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease")
+
+# Built-in API groups, served by the client's typed APIs (attribute of ``Kube``); every other
+# group is a custom resource, reached through ``CustomObjectsApi``.
+_TYPED_APIS = {("", "v1"): "core", ("batch", "v1"): "batch",
+               ("coordination.k8s.io", "v1"): "coordination"}
 
 
 def _error(exc: Any) -> ApiError:
@@ -114,24 +119,32 @@ class Kube:
             delay = min(delay * 2, 10.0)
         raise AssertionError("unreachable")
 
+    def request(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Obj:
+        """``call`` for the methods whose answer is a JSON object (reads and writes)."""
+        obj: Obj = self.call(fn, *args, **kwargs)
+        return obj
+
     # --- generic object access --------------------------------------------------------------
+
+    def _typed(self, kind: Kind, method: str) -> Optional[Callable[..., Any]]:
+        """A built-in kind's typed method (``method`` names the kind ``{}``: ``read_namespaced_{}``
+        is ``read_namespaced_job`` for a Job), None for a custom resource."""
+        api = _TYPED_APIS.get((kind.group, kind.version))
+        if api is None:
+            return None
+        fn: Callable[..., Any] = getattr(getattr(self, api), method.format(kind.kind.lower()))
+        return fn
 
     def list_all(self, kind: Kind, label_selector: str = "") -> Obj:
         """A cluster-wide list (the informers' first step)."""
         extra = {"label_selector": label_selector} if label_selector else {}
-        if kind is JOB:
-            return self.call(self.batch.list_job_for_all_namespaces, **extra)
-        if kind is POD:
-            return self.call(self.core.list_pod_for_all_namespaces, **extra)
-        return self.call(self.custom.list_cluster_custom_object, kind.group, kind.version,
-                         kind.plural, **extra)
+        return self.request(self.list_function(kind), **extra)
 
     def list_function(self, kind: Kind) -> Callable[..., Any]:
         """The list method a ``watch.Watch().stream`` drives for this kind."""
-        if kind is JOB:
-            return self.batch.list_job_for_all_namespaces
-        if kind is POD:
-            return self.core.list_pod_for_all_namespaces
+        typed = self._typed(kind, "list_{}_for_all_namespaces")
+        if typed is not None:
+            return typed
 
         def custom(**kwargs: Any) -> Any:
             return self.custom.list_cluster_custom_object(kind.group, kind.version, kind.plural,
@@ -141,33 +154,32 @@ class Kube:
         return custom
 
     def get(self, kind: Kind, namespace: str, name: str) -> Obj:
-        if kind is JOB:
-            return self.call(self.batch.read_namespaced_job, name, namespace)
-        if kind is POD:
-            return self.call(self.core.read_namespaced_pod, name, namespace)
-        return self.call(self.custom.get_namespaced_custom_object, kind.group, kind.version,
-                         namespace, kind.plural, name)
+        typed = self._typed(kind, "read_namespaced_{}")
+        if typed is not None:
+            return self.request(typed, name, namespace)
+        return self.request(self.custom.get_namespaced_custom_object, kind.group, kind.version,
+                            namespace, kind.plural, name)
 
     def replace(self, kind: Kind, obj: Obj) -> Obj:
         """PUT with the object's resourceVersion: 409 when someone wrote it since."""
         m = obj["metadata"]
-        if kind is JOB:
-            return self.call(self.batch.replace_namespaced_job, m["name"], m["namespace"], obj)
-        return self.call(self.custom.replace_namespaced_custom_object, kind.group, kind.version,
-                         m["namespace"], kind.plural, m["name"], obj)
+        typed = self._typed(kind, "replace_namespaced_{}")
+        if typed is not None:
+            return self.request(typed, m["name"], m["namespace"], obj)
+        return self.request(self.custom.replace_namespaced_custom_object, kind.group,
+                            kind.version, m["namespace"], kind.plural, m["name"], obj)
 
     def create(self, kind: Kind, namespace: str, obj: Obj) -> Obj:
-        if kind is POD:
-            return self.call(self.core.create_namespaced_pod, namespace, obj)
-        if kind is EVENT:
-            return self.call(self.core.create_namespaced_event, namespace, obj)
-        return self.call(self.custom.create_namespaced_custom_object, kind.group, kind.version,
-                         namespace, kind.plural, obj)
+        typed = self._typed(kind, "create_namespaced_{}")
+        if typed is not None:
+            return self.request(typed, namespace, obj)
+        return self.request(self.custom.create_namespaced_custom_object, kind.group,
+                            kind.version, namespace, kind.plural, obj)
 
     def replace_status(self, kind: Kind, obj: Obj) -> Obj:
         m = obj["metadata"]
-        return self.call(self.custom.replace_namespaced_custom_object_status, kind.group,
-                         kind.version, m["namespace"], kind.plural, m["name"], obj)
+        return self.request(self.custom.replace_namespaced_custom_object_status, kind.group,
+                            kind.version, m["namespace"], kind.plural, m["name"], obj)
 
     def delete_pod(self, namespace: str, name: str, uid: Optional[str] = None) -> None:
         body = {"preconditions": {"uid": uid}} if uid else None
@@ -190,12 +202,10 @@ class Kube:
     # --- leases -----------------------------------------------------------------------------
 
     def read_lease(self, namespace: str, name: str) -> Obj:
-        return self.call(self.coordination.read_namespaced_lease, name, namespace)
+        return self.get(LEASE, namespace, name)
 
     def create_lease(self, namespace: str, lease: Obj) -> Obj:
-        return self.call(self.coordination.create_namespaced_lease, namespace, lease)
+        return self.create(LEASE, namespace, lease)
 
     def replace_lease(self, lease: Obj) -> Obj:
-        m = lease["metadata"]
-        return self.call(self.coordination.replace_namespaced_lease, m["name"], m["namespace"],
-                         lease)
+        return self.replace(LEASE, lease)

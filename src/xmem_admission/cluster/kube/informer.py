@@ -18,7 +18,7 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, Hashable, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Generic, Hashable, List, Optional, Set, Tuple, TypeVar
 
 from xmem_admission.cluster.kube.client import Kind, Kube, Obj
 
@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[str, Obj], None]  # (event type, object)
 Key = Tuple[str, str]  # (namespace, name)
+QueueKey = TypeVar("QueueKey", bound=Hashable)
 
 
 def key_of(obj: Obj) -> Key:
@@ -129,7 +130,7 @@ class Informer:
         """Watch from ``version`` until the server ends the stream; the last version seen."""
         from kubernetes import watch
 
-        self._watch = watch.Watch()
+        self._watch = watch.Watch()  # type: ignore[no-untyped-call]  # kubernetes ships no types
         kwargs: Dict[str, Any] = {"resource_version": version, "timeout_seconds": self.watch_timeout,
                                   "allow_watch_bookmarks": True, "deserialize": False}
         if self.label_selector:
@@ -194,20 +195,20 @@ def _newer(a: Obj, b: Obj) -> bool:
         return True  # resourceVersions are opaque on some servers: trust the latest write
 
 
-class WorkQueue:
+class WorkQueue(Generic[QueueKey]):
     """Deduplicating, delaying work queue; see the module docstring."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._ready: List[Hashable] = []
-        self._queued: Set[Hashable] = set()
-        self._active: Set[Hashable] = set()
-        self._again: Set[Hashable] = set()  # queued while being processed
-        self._delayed: List[Tuple[float, int, Hashable]] = []
+        self._ready: List[QueueKey] = []
+        self._queued: Set[QueueKey] = set()
+        self._active: Set[QueueKey] = set()
+        self._again: Set[QueueKey] = set()  # queued while being processed
+        self._delayed: List[Tuple[float, int, QueueKey]] = []
         self._counter = itertools.count()
         self._closed = False
 
-    def add(self, key: Hashable, delay: float = 0.0) -> None:
+    def add(self, key: QueueKey, delay: float = 0.0) -> None:
         with self._cond:
             if delay > 0:
                 heapq.heappush(self._delayed, (time.monotonic() + delay, next(self._counter), key))
@@ -218,7 +219,7 @@ class WorkQueue:
                 self._ready.append(key)
             self._cond.notify()
 
-    def get(self, timeout: float = 0.5) -> Optional[Hashable]:
+    def get(self, timeout: float = 0.5) -> Optional[QueueKey]:
         """The next key to process (mark it ``done`` afterwards), or None after ``timeout``."""
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -237,7 +238,7 @@ class WorkQueue:
                     wait = min(wait, max(0.0, self._delayed[0][0] - time.monotonic()))
                 self._cond.wait(wait)
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: QueueKey) -> None:
         with self._cond:
             self._active.discard(key)
             if key in self._again:

@@ -20,13 +20,15 @@ def api_client(kubeconfig: Optional[str] = None) -> Any:
 
     try:
         configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
+        # the kubernetes client ships no type annotations
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         return client.ApiClient(configuration)
     except ConfigException:
         pass
     try:
         configuration = client.Configuration()
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        config.load_kube_config(  # type: ignore[no-untyped-call]  # kubernetes ships no types
+            config_file=kubeconfig, client_configuration=configuration)
     except (ConfigException, OSError, TypeError, ValueError) as exc:
         raise NoClusterCredentials(str(exc)) from None
     return client.ApiClient(configuration)

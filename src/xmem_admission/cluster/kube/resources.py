@@ -5,12 +5,14 @@ backend's form (``nvidia.com/gpu: 1`` becomes ``nvidia.com/mig-3g.40gb: 1`` unde
 disappears in favour of a ``gpu-memory`` annotation under KAI): the fingerprint and the
 "does this workload use a GPU" test both rely on it, and so does idempotence.
 
-Resource names and units (see shared/reference/gpu-sharing-and-mig.md):
-NVIDIA device plugin ``nvidia.com/gpu`` (whole GPUs, or vGPUs under HAMi) and
-``nvidia.com/mig-<profile>`` (MIG mixed strategy); Volcano vGPU ``volcano.sh/vgpu-number``;
-Aliyun gpushare ``aliyun.com/gpu-mem`` (GiB) with the ``aliyun.com/gpu-count`` pod label for
-multi-GPU sharing (Alibaba Cloud ACK docs, "multi-card sharing through shared GPU scheduling");
-NVIDIA KAI scheduler ``gpu-memory`` / ``gpu-fraction`` pod annotations (one device).
+Resource names and units, from each system's own documentation:
+NVIDIA device plugin ``nvidia.com/gpu`` (whole GPUs, or vGPUs under HAMi: HAMi's user guide)
+and ``nvidia.com/mig-<profile>`` (MIG mixed strategy: NVIDIA k8s-device-plugin README and the
+GPU Operator's "MIG support"); Volcano vGPU ``volcano.sh/vgpu-number`` (Volcano "GPU Sharing
+User guide"); Aliyun gpushare ``aliyun.com/gpu-mem`` (GiB, gpushare-scheduler-extender user
+guide) with the ``aliyun.com/gpu-count`` pod label for multi-GPU sharing (Alibaba Cloud ACK
+docs, "multi-card sharing through shared GPU scheduling"); NVIDIA KAI scheduler ``gpu-memory`` /
+``gpu-fraction`` pod annotations (one device; KAI-Scheduler GPU sharing docs).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ KAI_DEVICES = "gpu-fraction-num-devices"  # KAI: devices the fraction spans (def
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # GPU Feature Discovery node label, MiB
 
 
-def container_resources(container: Mapping[str, Any]) -> Tuple[Mapping, Mapping]:
+def container_resources(
+    container: Mapping[str, Any],
+) -> Tuple[Mapping[str, Any], Mapping[str, Any]]:
     """The container's (limits, requests), each an empty map when absent."""
     resources = container.get("resources") or {}
     if not isinstance(resources, dict):

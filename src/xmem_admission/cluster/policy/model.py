@@ -31,7 +31,7 @@ DEFAULT_NAME = "default"
 
 
 class BackendName(str, enum.Enum):
-    """How a GPU memory request is expressed to the scheduler (reference/gpu-sharing-and-mig.md)."""
+    """How a GPU memory request is expressed to the scheduler (``cluster/backends``: one each)."""
 
     ANNOTATION = "annotation"  # xmem.io/ annotations only: for dashboards, or a custom scheduler
     HAMI = "hami"

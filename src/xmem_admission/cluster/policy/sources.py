@@ -118,7 +118,9 @@ class ClusterPolicySource(_Held):
         from kubernetes.client.exceptions import ApiException
 
         try:
-            obj = self._api.get_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, self.name)
+            # The client declares ``object``: a custom object's GET answers a JSON object (a dict).
+            obj: Any = self._api.get_cluster_custom_object(
+                API_GROUP, API_VERSION, PLURAL, self.name)
         except ApiException as exc:
             what = "not found" if exc.status == 404 else f"HTTP {exc.status} {exc.reason}"
             self._fail("fetch", f"GPUAdmissionPolicy {self.name!r}: {what}")
