@@ -15,7 +15,7 @@ import pytest
 from tests.helm.chart import VALUE_SETS, find, render
 from tests.support.builders import make_job, make_pod, make_pytorchjob
 from xmem_admission.cluster import integrations
-from xmem_admission.cluster.admission.mutation import gpu_templates
+from xmem_admission.cluster.integrations.base import gpu_templates
 
 cel = pytest.importorskip(
     "cel_expr_python.cel",
