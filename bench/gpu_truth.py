@@ -213,10 +213,6 @@ class Job:
         return ["python", self.script, *self.args, "--steps", str(steps)]
 
 
-def _arg(args: Sequence[str], flag: str, default: str) -> str:
-    return args[args.index(flag) + 1] if flag in args else default
-
-
 def cnn_job(model: str, batch: int, optimizer: str, amp: Optional[str] = None,
             env: Optional[Dict[str, str]] = None, suffix: str = "") -> Job:
     args = ["--model", model, "--batch-size", str(batch), "--optimizer", optimizer]

@@ -1,6 +1,6 @@
 """``xmem bench paper``: estimate the xMem paper's measured jobs and compare every estimator.
 
-Each row of a runs file (``shared/data/xmem-paper/runs.jsonl`` format) is one training job
+Each row of a runs file (the ``runs.jsonl`` format of the xMem paper's artifact) is one training job
 measured on a real GPU. The job is rebuilt by ``paperjobs`` and estimated through exactly the
 path ``xmem estimate`` takes (``estimate.estimate``), for the row's GPU. The quantity compared
 is the row's ``measured_peak_bytes``: NVML device memory at its peak minus the first sample,
@@ -36,7 +36,8 @@ class Row:
 
     @property
     def id(self) -> str:
-        return self.data["id"]
+        ident: str = self.data["id"]
+        return ident
 
     def command(self) -> List[str]:
         argv = [sys.executable, JOBS_SCRIPT, "--model", self.data["model"],

@@ -1,7 +1,7 @@
 """The xMem paper's training jobs, rebuilt as a plain PyTorch training script.
 
 ``python bench/paper/jobs.py --model VGG16 --optimizer Adagrad --batch-size 480 ...``
-runs one job of ``shared/data/xmem-paper`` the way the artifact ran it (see its SETUP.md):
+runs one job of the xMem paper's artifact the way the artifact ran it (see its SETUP.md):
 
 - CNNs: the torchvision constructors of ``perf_estimator/models.py`` (1000 classes, except
   MobileNetV3 Small/Large and MNASNet with 10), input ``[B, 3, 86, 86]`` float32 plus ``[B]``

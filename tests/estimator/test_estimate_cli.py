@@ -73,6 +73,16 @@ def test_a_script_failing_before_its_first_step_shows_its_traceback(script):
     assert "raises.py" in proc.stderr and "exit status 1" in proc.stderr
 
 
+def test_a_script_failing_after_its_first_step_is_an_error_and_not_an_estimate(script):
+    proc = xmem("estimate", "--gpu", "A100-40GB", "--json", "--steps", "3", "--", "python",
+                script("raises_after_first_step.py"))
+    assert proc.returncode == 2
+    assert proc.stdout == ""  # no estimate from the one step it made
+    assert "RuntimeError: corrupt record in shard 3 after 1 of 3 optimizer steps" in proc.stderr
+    assert "raises_after_first_step.py" in proc.stderr and "exit status 1" in proc.stderr
+    assert "before its first optimizer step" not in proc.stderr
+
+
 def test_a_script_without_optimizer_step_is_a_clear_error(script):
     proc = xmem("estimate", "--gpu", "A100-40GB", "--", "python", script("no_step.py"))
     assert proc.returncode == 2

@@ -17,7 +17,7 @@ def traced():
 
 
 def workspaces(trace):
-    return [e[2] for e in trace.events if e[0] == "alloc" and e[4] == "workspace"]
+    return [e.size for e in trace.events if e.op == "alloc" and e.category == "workspace"]
 
 
 def test_each_blas_thread_gets_a_workspace_sized_for_the_gpu():

@@ -10,34 +10,39 @@ from xmem_admission.estimator.trace import ALLOC, FREE, MARK
 
 
 def allocs(trace):
-    return [e for e in trace.events if e[0] == ALLOC]
+    return [e for e in trace.events if e.op == ALLOC]
 
 
 def allocs_in(trace, step, phase):
     """The allocations of one phase within step ``step`` (0-based) of a trace."""
     current = 0
     for e in trace.events:
-        if e[0] == MARK and e[1].startswith("step"):
+        if e.op == MARK and e.label.startswith("step"):
             current += 1
-        elif current == step and e[0] == ALLOC and e[5] == phase:
+        elif current == step and e.op == ALLOC and e.phase == phase:
             yield e
 
 
 def bytes_by_category(trace):
     total = Counter()
     for e in allocs(trace):
-        total[e[4]] += e[2]
+        total[e.category] += e.size
     return total
+
+
+def without_ids_and_frees(trace):
+    """The stream without allocation ids and frees: what both modes must agree on."""
+    return [(e.op, e.size, e.stream, e.category) if e.op == ALLOC else (e.op,)
+            for e in trace.events if e.op != FREE]
 
 
 def test_fake_and_profile_modes_record_the_same_allocation_stream(probe_run, script):
     fake, _ = probe_run([script("tiny_mlp.py"), "--batch", "16", "--hidden", "64"], "fake")
     real, _ = probe_run([script("tiny_mlp.py"), "--batch", "16", "--hidden", "64"], "profile")
     assert fake.status == real.status == "ok"
-    assert [(e[0], e[2:5]) for e in fake.trace.events if e[0] != FREE] == \
-        [(e[0], e[2:5]) for e in real.trace.events if e[0] != FREE]
-    assert [e for e in fake.trace.events if e[0] == MARK] == \
-        [e for e in real.trace.events if e[0] == MARK]
+    assert without_ids_and_frees(fake.trace) == without_ids_and_frees(real.trace)
+    assert [e for e in fake.trace.events if e.op == MARK] == \
+        [e for e in real.trace.events if e.op == MARK]
 
 
 def test_gradient_sums_allocate_what_autograd_allocates_with_no_dispatch_mode(
@@ -56,7 +61,7 @@ def test_gradient_sums_allocate_what_autograd_allocates_with_no_dispatch_mode(
     for mode in ("fake", "profile"):
         result, _ = probe_run([script("residual.py")], mode)
         assert result.status == "ok", result.reason
-        traced = Counter(e[2] for e in allocs_in(result.trace, 2, "backward"))
+        traced = Counter(e.size for e in allocs_in(result.trace, 2, "backward"))
         # residual gradients (3,072 B), the weight used twice without a view (4,096 B: summed in
         # place), the tied weight whose first gradient is a view (6,144 B: summed out of place)
         for size in (3072, 4096, 6144):
@@ -92,7 +97,8 @@ def test_the_probe_stops_right_after_the_last_recorded_step(probe_run, script, t
     result, out = probe_run([script("tiny_mlp.py"), "--steps", "10", "--checkpoint",
                              str(marker)], steps=2)
     assert result.status == "ok" and result.steps == 2
-    assert [e[1] for e in result.trace.events if e[0] == MARK and e[1].startswith("step")] == \
+    assert [e.label for e in result.trace.events
+            if e.op == MARK and e.label.startswith("step")] == \
         ["step 1", "step 2"]
     assert not marker.exists(), "code after the last recorded step must not run"
     assert "step 1 loss" not in out  # the print after step 2's optimizer.step() never ran
@@ -116,7 +122,7 @@ def test_a_model_sized_by_tensor_arithmetic_is_traced_at_its_real_size(probe_run
     result, out = probe_run([script("regnet_widths.py")], "fake")
     assert result.status == "ok"
     assert "widths [32, 48, 64, 80]" in out
-    weights = sorted(e[2] for e in allocs(result.trace) if e[4] == "parameter")
+    weights = sorted(e.size for e in allocs(result.trace) if e.category == "parameter")
     # Linear weights 8x32, 32x48, 48x64, 64x80 and their biases, fp32
     expected = sorted([8 * 32 * 4, 32 * 48 * 4, 48 * 64 * 4, 64 * 80 * 4,
                        32 * 4, 48 * 4, 64 * 4, 80 * 4])
@@ -140,7 +146,7 @@ def test_bf16_autocast_follows_cuda_lists(probe_run, script):
     bf16, _ = probe_run([script("tiny_mlp.py"), "--hidden", "128", "--batch", "32",
                          "--amp", "bfloat16"], "fake")
     assert bf16.status == "ok"
-    sizes = Counter(e[2] for e in allocs(bf16.trace))
+    sizes = Counter(e.size for e in allocs(bf16.trace))
     # CUDA autocast casts the 128x512 weight to bf16 once per step (cached for the region)
     assert sizes[128 * 512 * 2] >= 3
     # cross_entropy runs in fp32 under CUDA autocast: its log-softmax of 32x10 logits is fp32
@@ -152,7 +158,7 @@ def test_bf16_autocast_follows_cuda_lists(probe_run, script):
 @pytest.mark.parametrize("mode", ["fake", "profile"])
 def test_cublas_marks_are_recorded_for_forward_and_backward_threads(probe_run, script, mode):
     result, _ = probe_run([script("tiny_mlp.py"), "--hidden", "32"], mode)
-    marks = [e[1] for e in result.trace.events if e[0] == MARK and e[1].startswith("cublas")]
+    marks = [e.label for e in result.trace.events if e.op == MARK and e.label.startswith("cublas")]
     assert marks == ["cublas:main", "cublas:autograd"]
 
 
@@ -161,6 +167,15 @@ def test_a_script_that_raises_is_reported_with_its_traceback(probe_run, script):
     assert result.status == "script_error"
     assert "ValueError: bad config" in result.reason
     assert "raises.py" in result.traceback and result.exit_code == 1
+
+
+def test_a_script_that_raises_after_its_first_step_is_reported_with_the_steps_it_made(
+        probe_run, script):
+    result, _ = probe_run([script("raises_after_first_step.py")], steps=3)
+    assert (result.status, result.steps, result.exit_code) == ("script_error", 1, 1)
+    assert result.reason == ("the script raised RuntimeError: corrupt record in shard 3 "
+                             "after 1 of 3 optimizer steps")
+    assert "raises_after_first_step.py" in result.traceback
 
 
 def test_a_script_without_an_optimizer_step_is_reported(probe_run, script):
@@ -179,8 +194,8 @@ def test_activation_checkpointing_recomputes_under_the_virtual_gpu(probe_run, am
     ckpt, _ = probe_run(args + ["--grad-ckpt"], "fake", steps=2)
     assert plain.status == ckpt.status == "ok", ckpt.reason
     # the recomputation in backward allocates the block's activations a second time
-    forward_allocs = sum(1 for e in allocs(ckpt.trace) if e[5] == "backward")
-    assert forward_allocs > sum(1 for e in allocs(plain.trace) if e[5] == "backward")
+    forward_allocs = sum(1 for e in allocs(ckpt.trace) if e.phase == "backward")
+    assert forward_allocs > sum(1 for e in allocs(plain.trace) if e.phase == "backward")
 
 
 def test_a_hugging_face_trainer_with_gradient_accumulation_traces_in_fake_mode(probe_run, script):
@@ -210,4 +225,5 @@ def test_a_hugging_face_trainer_with_gradient_accumulation_traces_in_fake_mode(p
     fused = "fused" in str(TrainingArguments(output_dir="unused", report_to=[]).optim)
     assert by_cat["optimizer_state"] == 2 * params * 4 + (28 * 4 if fused else 0)
     # two micro-batches per optimizer step, each its own forward
-    assert sum(1 for e in result.trace.events if e[0] == "mark" and e[1].startswith("step")) == 2
+    assert sum(1 for e in result.trace.events
+               if e.op == MARK and e.label.startswith("step")) == 2

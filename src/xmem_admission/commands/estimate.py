@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, List
+from typing import Any, List, Tuple
 
 EXIT_FITS_NONE = 3
 
@@ -89,7 +89,7 @@ def _table(est: Any) -> str:
              ""]
     head = ("GPU", "capacity", "peak alloc", "peak reserved", "overhead", "total", "request",
             "fits", "MIG profile")
-    rows = [head]
+    rows: List[Tuple[str, ...]] = [head]
     for g in est.gpus:
         rows.append((g.gpu, _gib(g.capacity_bytes), _gib(g.peak_allocated_bytes),
                      _gib(g.peak_reserved_bytes), _gib(g.overhead_bytes), _gib(g.total_bytes),
@@ -110,7 +110,7 @@ def _table(est: Any) -> str:
     return "\n".join(lines)
 
 
-def _columns(rows: List[tuple]) -> List[str]:
+def _columns(rows: List[Tuple[str, ...]]) -> List[str]:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 

@@ -118,7 +118,7 @@ class ProbeTimeout(EstimateError):
 
 
 class ScriptFailed(EstimateError):
-    """Raised when the traced script fails before its first optimizer step."""
+    """Raised when the traced script fails (raises or exits non-zero) before its last traced step."""
 
     def __init__(self, message: str, script_exit_code: int = 1) -> None:
         super().__init__(message)

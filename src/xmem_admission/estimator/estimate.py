@@ -178,7 +178,8 @@ def run_probe(command: Sequence[str], gpu: catalogue.GPU, mode: str, steps: int,
             raise EstimateError(f"the probe died without a result (exit status "
                                 f"{proc.returncode}); its output is above")
         with open(out, encoding="utf-8") as fh:
-            return json.load(fh)
+            result: Dict[str, Any] = json.load(fh)
+            return result
 
 
 def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mode: str = "auto",
@@ -195,7 +196,11 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
         raise EstimateError("no GPU given")
     config = allocator_config(alloc_conf)
     _check_command(command)
-    say = (lambda msg: print(msg, file=progress, flush=True)) if progress else (lambda msg: None)
+
+    def say(msg: str) -> None:
+        if progress:
+            print(msg, file=progress, flush=True)
+
     started = time.perf_counter()
     first = "fake" if mode in ("auto", "fake") else "profile"
     say(f"xmem: tracing {' '.join(command)} ({first} mode, {steps} steps) as {gpus[0].cuda_name}")
@@ -237,8 +242,10 @@ def _raise_for_status(result: Dict[str, Any], command: Sequence[str]) -> None:
         return
     if status == "script_error":
         detail = result.get("traceback") or ""
-        raise ScriptFailed(f"{result['reason']} (exit status {result['exit_code']}) before its "
-                           f"first optimizer step\n{detail}".rstrip(), result["exit_code"])
+        # The probe's reason says how many steps were made when there were any.
+        when = " before its first optimizer step" if not result.get("steps") else ""
+        raise ScriptFailed(f"{result['reason']} (exit status {result['exit_code']}){when}"
+                           f"\n{detail}".rstrip(), result["exit_code"])
     if status == "no_step":
         raise EstimateError(f"{result['reason']}: nothing to estimate (does the script train "
                             f"with a torch.optim optimizer?)")

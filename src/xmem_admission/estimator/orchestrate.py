@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping, Optional
+from typing import List, Mapping, Optional
 
 from xmem_admission.contract.gpus import GPU
-from xmem_admission.estimator.trace import ALLOC, MARK, Category, Trace
+from xmem_admission.estimator.trace import ALLOC, MARK, Alloc, Category, Event, Trace
 
 _WORKSPACE_CONFIG = re.compile(r"^(:\d+:\d+)+$")
 
@@ -60,16 +60,16 @@ def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None) -> 
     """Return a new trace for ``gpu``: cuBLAS marks replaced by that GPU's workspaces."""
     workspace = cublas_workspace_bytes(gpu, env)
     lt_workspace = cublaslt_workspace_bytes(gpu, env)
-    next_id = 1 + max((e[1] for e in trace.events if e[0] == ALLOC), default=0)
-    events = []
+    next_id = 1 + max((e.id for e in trace.events if e.op == ALLOC), default=0)
+    events: List[Event] = []
     workspace_category = Category.WORKSPACE.value
     for event in trace.events:
         events.append(event)
-        if event[0] != MARK or not event[1].startswith("cublas:"):
+        if event.op != MARK or not event.label.startswith("cublas:"):
             continue
         for size in (workspace, lt_workspace):
             if size > 0:
-                events.append((ALLOC, next_id, size, 0, workspace_category, event[1]))
+                events.append(Alloc(ALLOC, next_id, size, 0, workspace_category, event.label))
                 next_id += 1
     meta = dict(trace.meta, gpu=gpu.key, cublas_workspace_bytes=workspace,
                 cublaslt_workspace_bytes=lt_workspace)

@@ -30,17 +30,17 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Final, Iterable, Iterator, List, Literal, NamedTuple, Optional, Union
 
 from xmem_admission.contract.errors import TraceError
 
 FORMAT = "xmem-trace"
 VERSION = 1
 
-ALLOC = "alloc"
-FREE = "free"
-EMPTY_CACHE = "empty_cache"
-MARK = "mark"
+ALLOC: Final = "alloc"
+FREE: Final = "free"
+EMPTY_CACHE: Final = "empty_cache"
+MARK: Final = "mark"
 
 
 class Category(str, enum.Enum):
@@ -56,9 +56,41 @@ class Category(str, enum.Enum):
     OTHER = "other"
 
 
-# One event, as held in memory: the JSON list turned into a tuple.
-#   ("alloc", id, size, stream, category, phase) | ("free", id) | ("empty_cache",) | ("mark", label)
-Event = Tuple[Any, ...]
+# One event, as held in memory: the JSON list turned into a named tuple whose first field is the
+# operation, so an event still equals the plain tuple of its JSON list and ``list(event)`` is
+# that list. ``event.op == ALLOC`` narrows an ``Event`` to ``Alloc`` for the type checker.
+class Alloc(NamedTuple):
+    """A request for ``size`` bytes on ``stream``, live under ``id`` until its ``Free``."""
+
+    op: Literal["alloc"]
+    id: int
+    size: int
+    stream: int
+    category: str
+    phase: str
+
+
+class Free(NamedTuple):
+    """The release of the live allocation ``id``."""
+
+    op: Literal["free"]
+    id: int
+
+
+class EmptyCache(NamedTuple):
+    """``torch.cuda.empty_cache()``."""
+
+    op: Literal["empty_cache"]
+
+
+class Mark(NamedTuple):
+    """A label in the stream (step boundaries, phases, cuBLAS handle creation)."""
+
+    op: Literal["mark"]
+    label: str
+
+
+Event = Union[Alloc, Free, EmptyCache, Mark]
 
 
 class Trace:
@@ -79,16 +111,16 @@ class Trace:
         category: Union[Category, str] = Category.OTHER,
         phase: str = "",
     ) -> None:
-        self.events.append((ALLOC, id, size, stream, _category_str(category), phase))
+        self.events.append(Alloc(ALLOC, id, size, stream, _category_str(category), phase))
 
     def free(self, id: int) -> None:
-        self.events.append((FREE, id))
+        self.events.append(Free(FREE, id))
 
     def empty_cache(self) -> None:
-        self.events.append((EMPTY_CACHE,))
+        self.events.append(EmptyCache(EMPTY_CACHE))
 
     def mark(self, label: str) -> None:
-        self.events.append((MARK, label))
+        self.events.append(Mark(MARK, label))
 
     # -- reading ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -101,17 +133,16 @@ class Trace:
         """Raise ``TraceError`` naming the first event that breaks the rules above."""
         live = set()
         for index, event in enumerate(self.events):
-            op = event[0]
-            if op == ALLOC:
-                if event[1] in live:
-                    raise TraceError(f"event {index}: allocation id {event[1]} is already live")
-                live.add(event[1])
-            elif op == FREE:
-                if event[1] not in live:
+            if event.op == ALLOC:
+                if event.id in live:
+                    raise TraceError(f"event {index}: allocation id {event.id} is already live")
+                live.add(event.id)
+            elif event.op == FREE:
+                if event.id not in live:
                     raise TraceError(
-                        f"event {index}: free of id {event[1]}, which is not a live allocation"
+                        f"event {index}: free of id {event.id}, which is not a live allocation"
                     )
-                live.discard(event[1])
+                live.discard(event.id)
 
     # -- (de)serialising --------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
@@ -189,17 +220,17 @@ def _parse_events(raw: Iterable[Any]) -> Iterator[Event]:
                                  f"got {stream!r}")
             if not isinstance(category, str) or not isinstance(phase, str):
                 raise TraceError(f"event {index}: category and phase must be strings")
-            yield (ALLOC, ident, size, stream, category, phase)
+            yield Alloc(ALLOC, ident, size, stream, category, phase)
         elif op == FREE:
             if len(item) != 2 or not isinstance(item[1], int) or isinstance(item[1], bool):
                 raise TraceError(f"event {index}: 'free' takes exactly one integer id")
-            yield (FREE, item[1])
+            yield Free(FREE, item[1])
         elif op == EMPTY_CACHE:
-            yield (EMPTY_CACHE,)
+            yield EmptyCache(EMPTY_CACHE)
         elif op == MARK:
             if len(item) != 2 or not isinstance(item[1], str):
                 raise TraceError(f"event {index}: 'mark' takes exactly one string label")
-            yield (MARK, item[1])
+            yield Mark(MARK, item[1])
         else:
             raise TraceError(f"event {index}: unknown operation {op!r} "
                              f"(expected alloc, free, empty_cache or mark)")

@@ -13,16 +13,39 @@ Standard library only.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from xmem_admission.estimator.allocator.segments import SHIFT
 
 if TYPE_CHECKING:  # pragma: no cover
-    from xmem_admission.estimator.allocator.caching import Block, BlockPool
+    from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
+    from xmem_admission.estimator.allocator.caching import Block, BlockPool, PoolKind, SegmentHook
+    from xmem_admission.estimator.allocator.segments import DeviceAddressSpace
+    from xmem_admission.estimator.allocator.statistics import Counters, OversizeStat
 
 
 class CacheReleaseMixin:
     """The release half of ``CachingAllocator`` (uses its attributes)."""
+
+    # What this half uses of ``CachingAllocator`` (set by its __init__).
+    config: AllocatorConfig
+    allowed_bytes: Optional[int]
+    device: DeviceAddressSpace
+    total_reserved: int
+    num_device_free: int
+    num_sync_all_streams: int
+    oversize_segments: OversizeStat
+    on_segment_free: Optional[SegmentHook]
+    _mss: int
+    _all: Counters
+    _large: PoolKind
+    _pools: Dict[int, Tuple[BlockPool, BlockPool]]
+    _segments: Dict[int, Block]
+
+    if TYPE_CHECKING:  # pragma: no cover
+        def pools(self) -> List[BlockPool]: ...
+
+        def _release_expandable_block(self, block: Block) -> None: ...
 
     def empty_cache(self) -> None:
         """``torch.cuda.empty_cache()``: release every cached segment that is wholly free."""
@@ -84,6 +107,7 @@ class CacheReleaseMixin:
 
     def _garbage_collect(self) -> None:
         """``garbage_collect_cached_blocks``: free the oldest unsplit large cached blocks."""
+        assert self.allowed_bytes is not None, "garbage collection needs a memory fraction"
         threshold = int(self.config.garbage_collection_threshold * self.allowed_bytes)
         if self.total_reserved <= threshold:
             return

@@ -28,12 +28,12 @@ per-event dicts). A free block's key is ``size << 48 | address``, so ``bisect_le
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract.errors import AllocatorStateError, AllocConfError, SimulatedOutOfMemory
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig, Backend
 from xmem_admission.estimator.allocator.cache_release import CacheReleaseMixin
-from xmem_admission.estimator.allocator.expandable import ExpandableSegmentsMixin
+from xmem_admission.estimator.allocator.expandable import ExpandableSegment, ExpandableSegmentsMixin
 from xmem_admission.estimator.allocator.segments import (
     ADDR_LIMIT,
     SHIFT,
@@ -59,6 +59,9 @@ class Block:
 
     __slots__ = ("addr", "size", "requested", "pool", "prev", "next", "allocated", "mapped",
                  "exp", "gc_base", "tag")
+    # Left unset by __init__ (the hot path): a replay's label for the block, set when it is
+    # handed out (``simulate`` stores the index of the allocation's category there).
+    tag: int
 
     def __init__(self, addr: int, size: int, pool: BlockPool,
                  prev: Optional[Block] = None, next: Optional[Block] = None):
@@ -70,7 +73,7 @@ class Block:
         self.next = next
         self.allocated = False
         self.mapped = True
-        self.exp = None  # the ExpandableSegment this block lives in, if any
+        self.exp: Optional[ExpandableSegment] = None  # the expandable segment it lives in
         self.gc_base = 0  # pool kind's get_free_block call count when cached (GC age)
 
     @property
@@ -437,7 +440,7 @@ class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
         return restore_segment(self, addr, size, stream, is_small, live)
 
     # ---------------------------------------------------------------- introspection
-    def segments(self) -> List[Dict[str, object]]:
+    def segments(self) -> List[Dict[str, Any]]:
         """Every segment with its blocks, like the ``segments`` of a memory snapshot."""
         return segment_table(self)
 

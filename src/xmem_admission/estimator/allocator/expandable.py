@@ -18,7 +18,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
-    from xmem_admission.estimator.allocator.caching import Block, BlockPool
+    from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
+    from xmem_admission.estimator.allocator.caching import Block, BlockPool, SegmentHook
+    from xmem_admission.estimator.allocator.segments import DeviceAddressSpace
+    from xmem_admission.estimator.allocator.statistics import Counters
 
 kSmallBuffer = 2097152  # small-pool page size (CUDACachingAllocator.cpp kSmallBuffer, 2 MiB)
 # Virtual size assumed when neither the capacity nor the device total is known: only the
@@ -36,11 +39,25 @@ class ExpandableSegment:
         self.page = page
         self.size = size
         self.mapped_bytes = 0
-        self.head: Optional[Block] = None  # the block at ``base`` (never replaced)
+
+    # The block at ``base``, set right after the segment is made and never replaced.
+    head: Block
 
 
 class ExpandableSegmentsMixin:
     """The expandable-segment half of ``CachingAllocator`` (uses its attributes)."""
+
+    # What this half uses of ``CachingAllocator`` (set by its __init__).
+    config: AllocatorConfig
+    capacity_bytes: Optional[int]
+    device_total_bytes: Optional[int]
+    device: DeviceAddressSpace
+    total_reserved: int
+    num_device_alloc: int
+    num_device_free: int
+    on_segment_alloc: Optional[SegmentHook]
+    on_segment_free: Optional[SegmentHook]
+    _all: Counters
 
     def _init_expandable(self) -> None:
         self._exp_segments: List[ExpandableSegment] = []
@@ -88,6 +105,7 @@ class ExpandableSegmentsMixin:
         # ExpandableSegment: max_handles = numSegments(totalGlobalMem + totalGlobalMem / 8)
         pages = -(-(device_total + device_total // 8) // page)
         base = self.device.reserve(page * pages)
+        assert base is not None, "reserving a virtual range never fails (no memory is mapped)"
         es = ExpandableSegment(base, page, page * pages)
         block = Block(base, es.size, pool)
         block.mapped = False
@@ -106,6 +124,7 @@ class ExpandableSegmentsMixin:
         from xmem_admission.estimator.allocator.caching import Block, merge_neighbours
 
         es = to_map.exp
+        assert es is not None, "only blocks of expandable segments are mapped"
         page = es.page
         offset = to_map.addr - es.base
         begin = offset // page
@@ -142,11 +161,13 @@ class ExpandableSegmentsMixin:
         """``try_allocate_expandable_block``: map pages until one free block holds ``size``."""
         candidate = self._find_expandable_block(pool, size)
         if not candidate.mapped:
-            candidate = self._map_block(candidate, min(candidate.size, size))
-            if candidate is None:
+            mapped = self._map_block(candidate, min(candidate.size, size))
+            if mapped is None:
                 return None
+            candidate = mapped
         while candidate.size < size:
             nxt = candidate.next  # invariant: free -> unmapped -> *
+            assert nxt is not None, "a free expandable block too small is followed by unmapped"
             merged = self._map_block(nxt, min(size - candidate.size, nxt.size))
             if merged is None:
                 return None
@@ -160,6 +181,7 @@ class ExpandableSegmentsMixin:
         from xmem_admission.estimator.allocator.caching import Block, merge_neighbours
 
         es = block.exp
+        assert es is not None, "only blocks of expandable segments are unmapped"
         page = es.page
         offset = block.addr - es.base
         begin = -(-offset // page)
@@ -207,7 +229,7 @@ class ExpandableSegmentsMixin:
         hole = self._unmap_block(block)
         if hole is not None and hole.prev is None and hole.next is None:
             es = hole.exp
-            if hole.size != es.size or hole.mapped:
+            if es is None or hole.size != es.size or hole.mapped:
                 raise AssertionError("expandable segment's last block disagrees with the segment")
             del hole.pool.unmapped[hole.addr]
             self._exp_segments.remove(es)

@@ -17,7 +17,7 @@ Standard library only.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract.errors import AllocatorStateError
 
@@ -89,13 +89,13 @@ def restore_segment(alloc: CachingAllocator, addr: int, size: int, stream: int,
     pool = alloc._pool_pair(stream)[0 if is_small else 1]
     pieces: List[Tuple[int, int, Optional[int]]] = []
     cursor = addr
-    for b_addr, b_size, requested in sorted(live):
+    for b_addr, b_size, b_requested in sorted(live):
         if b_addr < cursor or b_size <= 0 or b_addr + b_size > end:
             raise AllocatorStateError(f"block at {b_addr:#x} of {b_size} bytes does not fit "
                                       f"segment {addr:#x}..{end:#x} beside its neighbours")
         if b_addr > cursor:
             pieces.append((cursor, b_addr - cursor, None))
-        pieces.append((b_addr, b_size, requested))
+        pieces.append((b_addr, b_size, b_requested))
         cursor = b_addr + b_size
     if cursor < end:
         pieces.append((cursor, end - cursor, None))
@@ -130,9 +130,9 @@ def restore_segment(alloc: CachingAllocator, addr: int, size: int, stream: int,
     return allocated
 
 
-def segment_table(alloc: CachingAllocator) -> List[Dict[str, object]]:
+def segment_table(alloc: CachingAllocator) -> List[Dict[str, Any]]:
     """Every segment (each mapped range of an expandable one) with its blocks, by address."""
-    out: List[Dict[str, object]] = []
+    out: List[Dict[str, Any]] = []
     for head in alloc._segment_heads():
         block: Optional[Block] = head
         while block is not None:
@@ -140,7 +140,7 @@ def segment_table(alloc: CachingAllocator) -> List[Dict[str, object]]:
                 block = block.next
                 continue
             start = block
-            blocks = []
+            blocks: List[Dict[str, Any]] = []
             while block is not None and block.mapped:
                 blocks.append({"address": block.addr, "size": block.size,
                                "requested_size": block.requested if block.allocated else 0,
@@ -172,7 +172,7 @@ def check_invariants(alloc: CachingAllocator) -> None:
         if head.prev is not None:
             _fail(f"segment head {head!r} has a previous block")
         is_small = head.pool.is_small
-        block = head
+        block: Optional[Block] = head
         end = head.addr
         blocks_in_segment = 0
         while block is not None:
@@ -206,7 +206,7 @@ def check_invariants(alloc: CachingAllocator) -> None:
             if head.mapped is False:
                 _fail(f"{head!r} of a cudaMalloc'd segment is unmapped")
             if blocks_in_segment > 1:
-                b = head
+                b: Optional[Block] = head
                 while b is not None:
                     if not b.allocated:
                         split[is_small][0] += 1

@@ -117,24 +117,24 @@ def simulate(
     events = trace.events
     num_events = len(events)
     for index, event in enumerate(events):
-        op = event[0]
-        if op == ALLOC:
-            ident = event[1]
+        if event.op == ALLOC:
+            ident = event.id
             if ident in live:
                 raise TraceError(f"event {index}: allocation id {ident!r} is already live")
-            size = event[2]
+            size = event.size
             if size == 0:
                 live[ident] = None
                 continue
-            ci = index_of.get(event[4])
+            category = event.category
+            ci = index_of.get(category)
             if ci is None:
-                ci = index_of[event[4]] = len(names)
-                names.append(event[4])
+                ci = index_of[category] = len(names)
+                names.append(category)
                 sums.append(0)
                 at_peak_allocated.append(0)
                 at_peak_reserved.append(0)
             try:
-                block = malloc(size, event[3])
+                block = malloc(size, event.stream)
             except SimulatedOutOfMemory as exc:
                 oom = _oom_info(index, exc)
                 num_events = index + 1
@@ -152,16 +152,16 @@ def simulate(
                 peak_reserved = reserved
                 peak_reserved_event = index
                 at_peak_reserved = sums[:]
-        elif op == FREE:
-            block = live.pop(event[1], _MISSING)
+        elif event.op == FREE:
+            block = live.pop(event.id, _MISSING)
             if block is None:
                 continue
             if block is _MISSING:
-                raise TraceError(f"event {index}: free of id {event[1]!r}, "
+                raise TraceError(f"event {index}: free of id {event.id!r}, "
                                  f"which is not a live allocation")
             sums[block.tag] -= block.size
             free(block)
-        elif op == EMPTY_CACHE:
+        elif event.op == EMPTY_CACHE:
             alloc.empty_cache()
         else:
             continue

@@ -31,7 +31,7 @@ import dataclasses
 import io
 import pickle
 from bisect import bisect_left, bisect_right, insort
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from xmem_admission.contract.errors import AllocatorStateError, SimulatedOutOfMemory, SnapshotError
 from xmem_admission.estimator.allocator.alloc_conf import (
@@ -83,11 +83,11 @@ def loads_snapshot(raw: bytes, name: str = "snapshot") -> Dict[str, Any]:
         if "truncated" in detail:
             raise SnapshotError(f"{name}: the pickle is truncated ({detail})") from None
         raise SnapshotError(f"{name}: not a readable pickle ({detail})") from None
-    _check_shape(data, name)
-    return data
+    return _check_shape(data, name)
 
 
-def _check_shape(data: Any, name: str) -> None:
+def _check_shape(data: Any, name: str) -> Dict[str, Any]:
+    """``data`` itself once it has the shape of a memory snapshot; else SnapshotError."""
     if not isinstance(data, dict) or "segments" not in data or "device_traces" not in data:
         what = type(data).__name__ if not isinstance(data, dict) else \
             f"a dict with keys {sorted(map(str, data))[:6]}"
@@ -109,6 +109,7 @@ def _check_shape(data: Any, name: str) -> None:
                     not all(_is_int(entry.get(k, 0)) for k in ("addr", "size", "stream")):
                 raise SnapshotError(f"{name}: device {d} trace entry {i} is malformed "
                                     f"(needs an action and integer addr, size, stream)")
+    return data
 
 
 def _is_int(value: Any) -> bool:
@@ -175,9 +176,11 @@ class _ReplayDevice(DeviceAddressSpace):
     def malloc(self, size: int) -> Optional[int]:
         expect, self.expect = self.expect, None
         if expect is not None and expect[1] == size and self._is_free(expect[0], size):
-            addr = expect[0]
+            addr: Optional[int] = expect[0]
         else:
             addr = super().malloc(size)
+        if addr is None:
+            return None
         self.occupy(addr, size)
         return addr
 
@@ -219,7 +222,7 @@ def _replay_device(segments: List[Dict[str, Any]], trace: List[Dict[str, Any]], 
     # Pass 1: which segments and blocks existed before the trace started.
     created: Dict[int, int] = {}
     freed_before_created: List[Tuple[int, int, int]] = []
-    trace_live: set = set()
+    trace_live: Set[int] = set()
     freed_preexisting: Dict[int, Tuple[int, int]] = {}  # address -> (requested, event index)
     trace_allocs: List[Tuple[int, int]] = []  # (address, event index) of every alloc
     for index, entry in enumerate(trace):
@@ -264,7 +267,7 @@ def _replay_device(segments: List[Dict[str, Any]], trace: List[Dict[str, Any]], 
 
 def _restore(alloc: CachingAllocator, device_mem: _ReplayDevice,
              initial: List[Tuple[int, int, int, bool]], dump_blocks: Dict[int, Dict[str, Any]],
-             trace_live: set, freed_preexisting: Dict[int, Tuple[int, int]],
+             trace_live: Set[int], freed_preexisting: Dict[int, Tuple[int, int]],
              trace_allocs: List[Tuple[int, int]], report: ReplayReport) -> Dict[int, Any]:
     """Rebuild the pre-trace segments; returns address -> simulated block of live blocks."""
     starts = [a for a, _, _, _ in initial]
@@ -276,10 +279,10 @@ def _restore(alloc: CachingAllocator, device_mem: _ReplayDevice,
             return starts[i]
         return None
 
-    for addr, block in dump_blocks.items():
+    for addr, dumped in dump_blocks.items():
         seg = owner(addr)
         if seg is not None and addr not in trace_live and addr not in freed_preexisting:
-            per_segment[seg].append((addr, block["size"], block.get("requested_size", 0)))
+            per_segment[seg].append((addr, dumped["size"], dumped.get("requested_size", 0)))
     for addr, (requested, _index) in freed_preexisting.items():
         seg = owner(addr)
         if seg is None:
@@ -451,7 +454,7 @@ def _cut_off_segment(alloc: CachingAllocator, addr: int, size: int,
     return segment
 
 
-def _releasable(alloc: CachingAllocator) -> set:
+def _releasable(alloc: CachingAllocator) -> Set[Tuple[int, int]]:
     """(address, size) of every segment empty_cache would release now (wholly free ones)."""
     return {(seg["address"], seg["total_size"]) for seg in alloc.segments()
             if len(seg["blocks"]) == 1 and seg["allocated_size"] == 0 and not seg["is_expandable"]}

@@ -16,7 +16,7 @@ Standard library only (probe bundle, Python >= 3.9).
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 # (name in memory_stats(), attribute prefix in Counters). "active" mirrors "allocation" and
 # "active_bytes" mirrors "allocated_bytes", see the module docstring.
@@ -38,6 +38,28 @@ class Counters:
     """Current, peak and total-increase of every statistic for one pool type (or all pools)."""
 
     __slots__ = tuple(p + s for p in _PREFIXES for s in ("", "_peak", "_total"))
+    # The slots above, spelled out for the type checker.
+    alloc_n: int
+    alloc_n_peak: int
+    alloc_n_total: int
+    alloc_b: int
+    alloc_b_peak: int
+    alloc_b_total: int
+    req_b: int
+    req_b_peak: int
+    req_b_total: int
+    seg_n: int
+    seg_n_peak: int
+    seg_n_total: int
+    res_b: int
+    res_b_peak: int
+    res_b_total: int
+    split_n: int
+    split_n_peak: int
+    split_n_total: int
+    split_b: int
+    split_b_peak: int
+    split_b_total: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -148,6 +170,3 @@ def stats_dict(
         out[name + ".freed"] = stat_obj.total - stat_obj.current
     out.update(counters)
     return dict(sorted(out.items()))
-
-
-STAT_NAMES: List[str] = [name for name, _ in _STATS]

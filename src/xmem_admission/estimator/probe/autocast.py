@@ -1,8 +1,8 @@
 """CUDA autocast's casting policy, applied by the probe on CPU tensors.
 
 Without a GPU ``torch.autocast("cuda")`` does nothing to CPU tensors, and CPU autocast has other
-op lists (under CPU bf16 autocast ``softmax`` returns bf16; CUDA autocast runs it in fp32, see
-``reference/fake-mode-pitfalls.md``). What a CUDA run allocates depends on CUDA's lists, so the
+op lists (under CPU bf16 autocast ``softmax`` returns bf16; CUDA autocast runs it in fp32: it is
+in ``AT_FORALL_FP32_SET_OPT_DTYPE`` of ``aten/src/ATen/autocast_mode.h``). What a CUDA run allocates depends on CUDA's lists, so the
 probe applies them itself, at the torch-function level (above autograd, where the real autocast
 casts too, so the casts are recorded by autograd and their memory is what a GPU run holds).
 
@@ -16,7 +16,7 @@ region exits.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -95,7 +95,8 @@ class CudaAutocastState:
     def clear_cache(self) -> None:
         self._cache = WeakIdKeyDictionary()
 
-    def cast_args(self, func: Callable[..., Any], args: tuple, kwargs: dict):
+    def cast_args(self, func: Callable[..., Any], args: Tuple[Any, ...],
+                  kwargs: Dict[str, Any]) -> Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]]:
         """Return (args, kwargs) cast as CUDA autocast would for ``func``, or None if untouched."""
         policy = POLICY.get(func)
         if policy is None:
@@ -117,7 +118,7 @@ class CudaAutocastState:
             target = max(dtypes, key=lambda d: torch.finfo(d).bits)
         return self._cast_all(args, target), {k: self._cast(v, target) for k, v in kwargs.items()}
 
-    def _cast_all(self, args: tuple, dtype: torch.dtype) -> tuple:
+    def _cast_all(self, args: Tuple[Any, ...], dtype: torch.dtype) -> Tuple[Any, ...]:
         return tuple(self._cast(a, dtype) for a in args)
 
     def _cast(self, value: Any, dtype: torch.dtype) -> Any:
@@ -143,7 +144,7 @@ def _is_lower(t: torch.Tensor) -> bool:
     return t.dtype in (torch.float16, torch.bfloat16)
 
 
-def _tensors(args: tuple, kwargs: dict):
+def _tensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Iterator[torch.Tensor]:
     for a in list(args) + list(kwargs.values()):
         if isinstance(a, torch.Tensor):
             yield a

@@ -7,9 +7,10 @@ stops the script cleanly right after step K (nothing after it runs: no checkpoin
 and writes one JSON result: status, steps, seconds, peak RSS and the trace.
 
 Statuses: ``ok``; ``needs_real_values`` (fake mode met a decision on a value it cannot know:
-rerun in profile mode); ``script_error`` (the script raised or exited non-zero before its first
-step: traceback and exit code included); ``no_step`` (the script ended without an optimizer
-step). Python >= 3.9 and torch >= 2.1 only: this module ships in the probe bundle.
+rerun in profile mode); ``script_error`` (the script raised or exited non-zero before step K:
+traceback and exit code included, ``steps`` counts the steps it made, and when it made any the
+reason says so too); ``no_step`` (the script ended without an optimizer step). Python >= 3.9
+and torch >= 2.1 only: this module ships in the probe bundle.
 """
 
 from __future__ import annotations
@@ -190,13 +191,14 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         status, reason = "needs_real_values", str(exc)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if code != 0 and hooks.steps == 0:
+        if code != 0:
             status, reason = "script_error", f"the script exited with status {code}"
+            reason += _after_steps(hooks.steps, steps)
     except Exception as exc:  # the user's script failed: report it, never hide it
-        if hooks.steps == 0:
-            status, code = "script_error", 1
-            reason = f"the script raised {type(exc).__name__}: {exc}"
-            tb = _user_traceback(exc)
+        status, code = "script_error", 1
+        reason = f"the script raised {type(exc).__name__}: {exc}"
+        reason += _after_steps(hooks.steps, steps)
+        tb = _user_traceback(exc)
     finally:
         tracker.finish()
         hooks.remove()
@@ -206,6 +208,13 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         status, reason = "no_step", "the script finished without an optimizer step"
     return ProbeResult(status, mode, hooks.steps, time.perf_counter() - started, trace, reason,
                        code, tb)
+
+
+def _after_steps(done: int, wanted: int) -> str:
+    """How far a failed script got, for its reason: nothing before the first optimizer step."""
+    if done == 0:
+        return ""
+    return f" after {done} of {wanted} optimizer steps"
 
 
 def _run_argv(argv: Sequence[str], fake_mode: Any, tracker: Any, device_mode: Any) -> None:

@@ -15,10 +15,11 @@ container then imports the bundle's ``sitecustomize``, which calls ``activate()`
   ``XMEM_RESULT_PATH`` (the container's ``terminationMessagePath``); the process then exits 0
   without running the rest of the script;
 - fake mode that needs real values re-executes the same command line in profile mode;
-- a script that fails before its first step writes the failure (traceback included) and exits
-  with the script's status; one that ends without an optimizer step (a data-preparation script
-  before the training one) writes ``no_step`` only if nothing better is there, and exits with
-  its own status, so ``prepare.py && train.py`` goes on to the training script;
+- a script that fails before its last step writes the failure (traceback included, and how
+  many steps it made if any) and exits with the script's status; one that ends without an
+  optimizer step (a data-preparation script before the training one) writes ``no_step`` only
+  if nothing better is there, and exits with its own status, so ``prepare.py && train.py`` goes
+  on to the training script;
 - once a successful result is written, later Python processes of the container exit at once,
   so nothing after the estimated training runs (an upload step, a second script).
 
@@ -96,7 +97,8 @@ def existing_status(path: str) -> Optional[str]:
     """The status of a result already written by an earlier process of the container."""
     try:
         with open(path, encoding="utf-8") as handle:
-            return json.loads(handle.read() or "null").get("status")
+            status: Optional[str] = json.loads(handle.read() or "null").get("status")
+            return status
     except (OSError, ValueError, AttributeError):
         return None
 

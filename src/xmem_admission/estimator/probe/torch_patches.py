@@ -190,10 +190,10 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
 
 def _patch_autocast(p: Patches, mode: DeviceMode) -> None:
     """``torch.autocast("cuda")`` drives the emulated CUDA policy; CPU autocast stays real."""
-    real_autocast = torch.amp.autocast
     state = mode.autocast
 
-    class autocast(real_autocast):  # noqa: N801 - same name as the class it stands for
+    # torch is read as Any by the type checker, so is the class this one stands for.
+    class autocast(torch.amp.autocast):  # type: ignore[misc]  # noqa: N801 - same name as it
         def __init__(self, device_type: str = "cuda", dtype: Optional[torch.dtype] = None,
                      enabled: bool = True, cache_enabled: Optional[bool] = None) -> None:
             self._virtual = str(device_type) == "cuda"
@@ -245,7 +245,7 @@ def _patch_autocast(p: Patches, mode: DeviceMode) -> None:
     def is_autocast_enabled(device_type: Optional[str] = None) -> bool:
         if device_type is None or device_type == "cuda":
             return state.enabled
-        return real_is_enabled(device_type)
+        return bool(real_is_enabled(device_type))
 
     def get_autocast_dtype(device_type: str) -> torch.dtype:
         return state.dtype if device_type == "cuda" else real_get_dtype(device_type)
@@ -348,8 +348,10 @@ def _patch_fake_tensor_device(p: Patches, tracker: AllocationTracker) -> None:
 
 
 def _patch_init(p: Patches) -> None:
-    """Initial values never matter for memory, and some init paths call ``.item()`` or loop
-    until a sampled value fits (``reference/fake-mode-pitfalls.md``): neutralise them."""
+    """Initial values never matter for memory, and some init paths call ``.item()`` (which
+    raises ``DataDependentOutputException`` under fake mode) or loop until a sampled value fits
+    (answered with a dummy value, torchvision's ``convnext_base`` never finishes building):
+    neutralise them."""
     import torch.nn.init as init
 
     for name in ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",

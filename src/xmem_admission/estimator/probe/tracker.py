@@ -21,16 +21,18 @@ Runs inside users' images: Python >= 3.9, torch >= 2.1, no other dependency.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-from xmem_admission.estimator.trace import ALLOC, Category, Trace
+from xmem_admission.estimator.trace import ALLOC, Alloc, Category, Trace
 
 aten = torch.ops.aten
+Args = Tuple[Any, ...]
+Kwargs = Dict[str, Any]
 
 # Shadows: factory ops with no tensor input get a real value only when small (a step counter, a
 # handful of widths, a batch's ``torch.ones(batch, seq)`` attention mask up to 64K tokens, which
@@ -85,7 +87,7 @@ class _Block:
         self.event = event
 
 
-class AllocationTracker(TorchDispatchMode):
+class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is read as Any
     """Records the GPU allocation stream of the ops that run under it."""
 
     def __init__(self, trace: Trace, fake: bool, fake_mode: Any = None) -> None:
@@ -108,7 +110,7 @@ class AllocationTracker(TorchDispatchMode):
         self._refs: Dict[int, Any] = {}
         # > 0 while an op runs: torch's own code then sees real devices (see patches).
         self.dispatch_depth = 0
-        self._blas_threads: set = set()
+        self._blas_threads: Set[str] = set()
         # The autograd node whose ops run now, and the first block id made under it.
         self._node_key: Optional[Tuple[int, int]] = None
         self._node_first_block = 0
@@ -136,8 +138,7 @@ class AllocationTracker(TorchDispatchMode):
         if block is None or block.category == category.value:
             return
         block.category = category.value
-        event = self.trace.events[block.event]
-        self.trace.events[block.event] = event[:4] + (category.value,) + event[5:]
+        self._recategorize(block, category.value)
 
     def shadow(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
         """The real value behind ``tensor`` when it is known (always, outside fake mode)."""
@@ -146,7 +147,8 @@ class AllocationTracker(TorchDispatchMode):
         return self._shadows.get(tensor)
 
     # -- the dispatcher hook ----------------------------------------------------------------
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(self, func: Any, types: Any, args: Args = (),
+                           kwargs: Optional[Kwargs] = None) -> Any:
         kwargs = kwargs or {}
         if self.fake and func is aten._local_scalar_dense.default:
             real = self.shadow(args[0])
@@ -188,7 +190,7 @@ class AllocationTracker(TorchDispatchMode):
             self._node_key = key
             self._node_first_block = self._next_id
 
-    def _engine_accumulates(self, func, args, kwargs) -> bool:  # noqa: ANN001
+    def _engine_accumulates(self, func: Any, args: Args, kwargs: Kwargs) -> bool:
         """Is this ``add`` autograd summing two gradients of one input (a residual, a tied weight)?
 
         The engine's ``InputBuffer::accumulate`` (torch/csrc/autograd/input_buffer.cpp) computes
@@ -222,7 +224,7 @@ class AllocationTracker(TorchDispatchMode):
                 and old_storage.nbytes() == old.numel() * old.element_size()
                 and new_storage is not old_storage)
 
-    def _run_fake(self, func, args, kwargs, inputs):  # noqa: ANN001
+    def _run_fake(self, func: Any, args: Args, kwargs: Kwargs, inputs: List[torch.Tensor]) -> Any:
         from torch._subclasses.fake_tensor import (
             DataDependentOutputException,
             DynamicOutputShapeException,
@@ -239,8 +241,10 @@ class AllocationTracker(TorchDispatchMode):
         return out
 
     # -- shadows ----------------------------------------------------------------------------
-    def _propagate_shadows(self, func, args, kwargs, inputs, out) -> None:  # noqa: ANN001
+    def _propagate_shadows(self, func: Any, args: Args, kwargs: Kwargs,
+                           inputs: List[torch.Tensor], out: Any) -> None:
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        limit: Optional[int]
         if func in _LIFT_OPS:
             limit = None
         elif func.overloadpacket in _NO_VALUE_PACKETS:
@@ -269,7 +273,8 @@ class AllocationTracker(TorchDispatchMode):
             if is_fake(fake_t):
                 self._shadows[fake_t] = real_t
 
-    def _run_real(self, func, args, kwargs, inputs, limit):  # noqa: ANN001
+    def _run_real(self, func: Any, args: Args, kwargs: Kwargs, inputs: List[torch.Tensor],
+                  limit: Optional[int]) -> Any:
         reals = []
         for t in inputs:
             r = self.shadow(t)
@@ -288,7 +293,7 @@ class AllocationTracker(TorchDispatchMode):
         except Exception:  # a shadow went stale; the fake result stands without a value
             return _MISSING
 
-    def _fake_from_real(self, real):  # noqa: ANN001
+    def _fake_from_real(self, real: Any) -> Any:
         def convert(t: Any) -> Any:
             if not isinstance(t, torch.Tensor):
                 return t
@@ -299,12 +304,12 @@ class AllocationTracker(TorchDispatchMode):
         with _disable_current_modes():
             return tree_map(convert, real)
 
-    def _forget_mutated(self, func, args) -> None:  # noqa: ANN001
+    def _forget_mutated(self, func: Any, args: Args) -> None:
         for index in self._mutated_args(func):
             if index < len(args) and isinstance(args[index], torch.Tensor):
                 self._shadows.pop(args[index], None)
 
-    def _mutated_args(self, func) -> Tuple[int, ...]:  # noqa: ANN001
+    def _mutated_args(self, func: Any) -> Tuple[int, ...]:
         cached = self._mutated_cache.get(func)
         if cached is None:
             cached = tuple(
@@ -315,7 +320,7 @@ class AllocationTracker(TorchDispatchMode):
         return cached
 
     # -- allocations ------------------------------------------------------------------------
-    def _record_outputs(self, out, inputs) -> None:  # noqa: ANN001
+    def _record_outputs(self, out: Any, inputs: List[torch.Tensor]) -> None:
         cuda = None  # decided lazily: most outputs of most ops are new storages
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
@@ -337,7 +342,7 @@ class AllocationTracker(TorchDispatchMode):
                 continue
             self._new_block(st)
 
-    def _output_on_cuda(self, inputs) -> bool:  # noqa: ANN001
+    def _output_on_cuda(self, inputs: List[torch.Tensor]) -> bool:
         flag = self.device_flag
         if flag is not None:
             return flag == "cuda"
@@ -352,7 +357,7 @@ class AllocationTracker(TorchDispatchMode):
                 continue
         return False
 
-    def _new_block(self, st) -> None:  # noqa: ANN001
+    def _new_block(self, st: Any) -> None:
         nbytes = st.nbytes()
         if nbytes == 0:
             # A zero-byte request never reaches cudaMalloc nor a block: the caching allocator
@@ -366,7 +371,7 @@ class AllocationTracker(TorchDispatchMode):
         if category is None:
             category = Category.INPUT.value if self.device_flag == "cuda" else Category.OTHER.value
         block = _Block(ident, nbytes, category, self.phase, self.phase_seq, len(self.trace.events))
-        self.trace.events.append((ALLOC, ident, nbytes, 0, category, self.phase))
+        self.trace.events.append(Alloc(ALLOC, ident, nbytes, 0, category, self.phase))
         self._storages[st] = block
         self.live_bytes += nbytes
         if self.live_bytes > self.peak_live_bytes:
@@ -374,7 +379,13 @@ class AllocationTracker(TorchDispatchMode):
         # The weakref object must outlive the storage for its callback to run: keep it here.
         self._refs[ident] = weakref.ref(st, _FreeCallback(self, block))
 
-    def _resized(self, st, block: _Block) -> None:  # noqa: ANN001
+    def _recategorize(self, block: _Block, category: str) -> None:
+        """Rewrite the category of the allocation event that made ``block``."""
+        event = self.trace.events[block.event]
+        assert event.op == ALLOC, f"event {block.event} is {event.op}, not the block's allocation"
+        self.trace.events[block.event] = event._replace(category=category)
+
+    def _resized(self, st: Any, block: _Block) -> None:
         # resize_ on a CUDA storage allocates a new block and frees the old one.
         self._on_free(block)
         self._new_block(st)
@@ -386,8 +397,7 @@ class AllocationTracker(TorchDispatchMode):
             Category.ACTIVATION.value, Category.OPTIMIZER_STATE.value
         ):
             # Freed within the same forward (or optimizer step) that made it: a temporary.
-            event = self.trace.events[block.event]
-            self.trace.events[block.event] = event[:4] + (Category.TEMPORARY.value,) + event[5:]
+            self._recategorize(block, Category.TEMPORARY.value)
         self.trace.free(block.ident)
         self.live_bytes -= block.nbytes
         block.nbytes = -1
@@ -426,7 +436,7 @@ _current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: Non
 
 def _dense(t: torch.Tensor) -> bool:
     """Non-overlapping and dense, as ``can_accumulate_inplace`` requires."""
-    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
+    return bool(t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last))
 
 
 def is_fake(t: Any) -> bool:

@@ -1,7 +1,9 @@
 """A virtual CUDA device: the script believes it runs on the target GPU, tensors stay on the CPU.
 
-Fake CUDA tensors do not survive training without a GPU (``reference/fake-mode-pitfalls.md``),
-so every tensor really lives on the CPU (fake or real) and the GPU is virtual:
+Fake CUDA tensors do not survive training without a GPU (under ``FakeTensorMode`` a backward
+through ``device="cuda"`` tensors fails in ``hasPrimaryContext``, or aborts in ``AccumulateGrad``
+on a CPU-only build, and ``module.to("cuda")`` cannot swap the parameters), so every tensor
+really lives on the CPU (fake or real) and the GPU is virtual:
 
 - ``torch.cuda`` answers as the target GPU (name, capability, capacity, memory counters fed by
   the tracker); streams, events, seeds and RNG state are inert.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +35,11 @@ from xmem_admission.estimator.probe.tracker import AllocationTracker, DataDepend
 from xmem_admission.estimator.trace import Category
 
 CUDA0 = torch.device("cuda", 0)
+
+# What a torch-function handler gets: the function called, its positional and keyword arguments.
+Func = Callable[..., Any]
+Args = Tuple[Any, ...]
+Kwargs = Dict[str, Any]
 
 
 class NeedsRealValues(BaseException):
@@ -52,7 +59,7 @@ def where_in_script() -> str:
     return "unknown location"
 
 
-def _decide(*_args: Any) -> Any:
+def _decide(*_args: Any) -> NoReturn:
     raise NeedsRealValues(
         f"the script takes a decision on a value computed by the model at {where_in_script()}"
     )
@@ -67,10 +74,10 @@ class Placeholder(float):
     def _same(self, *_args: Any) -> Placeholder:
         return Placeholder()
 
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __bool__ = _decide  # type: ignore
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _same  # type: ignore
-    __truediv__ = __rtruediv__ = __floordiv__ = __pow__ = __neg__ = __abs__ = _same  # type: ignore
-    __round__ = _same  # type: ignore
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __bool__ = _decide
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _same
+    __truediv__ = __rtruediv__ = __floordiv__ = __pow__ = __neg__ = __abs__ = _same
+    __round__ = _same  # type: ignore[assignment]  # float.__round__ is overloaded
     __hash__ = float.__hash__
 
     def __format__(self, spec: str) -> str:
@@ -80,7 +87,7 @@ class Placeholder(float):
 def _is_cuda_device(value: Any) -> Optional[bool]:
     """True for a CUDA device spec, False for another device spec, None if not a device."""
     if isinstance(value, torch.device):
-        return value.type == "cuda"
+        return bool(value.type == "cuda")
     if isinstance(value, str):
         kind = value.split(":")[0]
         if kind in ("cuda", "cpu", "meta", "mps", "xpu"):
@@ -91,7 +98,7 @@ def _is_cuda_device(value: Any) -> Optional[bool]:
     return None
 
 
-class DeviceMode(TorchFunctionMode):
+class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as Any
     """Torch-function hook: device rewriting, CUDA-only kernels, autocast, unknowable values."""
 
     def __init__(self, tracker: AllocationTracker, capability: Tuple[int, int], fake: bool):
@@ -100,7 +107,7 @@ class DeviceMode(TorchFunctionMode):
         self.capability = capability
         self.fake = fake
         self.autocast = CudaAutocastState()
-        self._handlers: Dict[Callable[..., Any], Callable[..., Any]] = {
+        self._handlers: Dict[Func, Callable[[Func, Args, Kwargs], Any]] = {
             torch.Tensor.to: self._to,
             torch.Tensor.cuda: self._cuda,
             torch.Tensor.cpu: self._cpu,
@@ -124,7 +131,8 @@ class DeviceMode(TorchFunctionMode):
         }
 
     # -- entry ------------------------------------------------------------------------------
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_function__(self, func: Func, types: Any, args: Args = (),
+                           kwargs: Optional[Kwargs] = None) -> Any:
         kwargs = kwargs or {}
         handler = self._handlers.get(func)
         if handler is not None:
@@ -137,7 +145,7 @@ class DeviceMode(TorchFunctionMode):
                 return self._call(func, args, kwargs)
         return self._call(func, args, kwargs)
 
-    def _call(self, func, args, kwargs):  # noqa: ANN001
+    def _call(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         if self.autocast.enabled:
             cast = self.autocast.cast_args(func, args, kwargs)
             if cast is not None:
@@ -145,7 +153,7 @@ class DeviceMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
     @contextlib.contextmanager
-    def on(self, side: str):
+    def on(self, side: str) -> Iterator[None]:
         previous = self.tracker.device_flag
         self.tracker.device_flag = side
         try:
@@ -154,7 +162,7 @@ class DeviceMode(TorchFunctionMode):
             self.tracker.device_flag = previous
 
     # -- moving between host and device -----------------------------------------------------
-    def _to(self, func, args, kwargs):  # noqa: ANN001
+    def _to(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         src = args[0]
         rest = list(args[1:])
         target: Optional[bool] = None
@@ -173,15 +181,16 @@ class DeviceMode(TorchFunctionMode):
             kwargs = dict(kwargs, device="cpu")
         return self._move(src, target, lambda kw: src.to(*rest, **kw), kwargs)
 
-    def _cuda(self, func, args, kwargs):  # noqa: ANN001
+    def _cuda(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         kwargs = {k: v for k, v in kwargs.items() if k in ("non_blocking", "memory_format")}
         return self._move(args[0], True, lambda kw: args[0].to("cpu", **kw), kwargs)
 
-    def _cpu(self, func, args, kwargs):  # noqa: ANN001
+    def _cpu(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         kwargs = {k: v for k, v in kwargs.items() if k == "memory_format"}
         return self._move(args[0], False, lambda kw: args[0].to("cpu", **kw), kwargs)
 
-    def _move(self, src, target, call, kwargs):  # noqa: ANN001
+    def _move(self, src: Any, target: Optional[bool], call: Callable[[Kwargs], Any],
+              kwargs: Kwargs) -> Any:
         src_cuda = self.tracker.is_cuda(src)
         if target is None or target == src_cuda:
             with self.on("cuda" if src_cuda else "host"):
@@ -193,7 +202,7 @@ class DeviceMode(TorchFunctionMode):
             self.tracker.tag(out, Category.PARAMETER)
         return out
 
-    def _device(self, func, args, kwargs):  # noqa: ANN001
+    def _device(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         return CUDA0 if self.tracker.is_cuda(args[0]) else func(*args, **kwargs)
 
     # -- autograd ---------------------------------------------------------------------------
@@ -202,14 +211,14 @@ class DeviceMode(TorchFunctionMode):
     # without the CUDA kernels and casts of the original forward (a different set of saved
     # tensors, which torch.utils.checkpoint rejects). The engine call runs with this mode pushed
     # again and autograd's own torch-function check answered "no" for that one call.
-    def _tensor_backward(self, func, args, kwargs):  # noqa: ANN001
+    def _tensor_backward(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         bound = _bind(("self", "gradient", "retain_graph", "create_graph", "inputs"),
                       (None, None, None, False, None), args, kwargs)
         return self._autograd(torch.autograd.backward, (bound["self"],), {
             "grad_tensors": bound["gradient"], "retain_graph": bound["retain_graph"],
             "create_graph": bound["create_graph"], "inputs": bound["inputs"]})
 
-    def _autograd(self, func, args, kwargs):  # noqa: ANN001
+    def _autograd(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         import torch.autograd as autograd_module
 
         real = autograd_module.has_torch_function
@@ -221,7 +230,7 @@ class DeviceMode(TorchFunctionMode):
             autograd_module.has_torch_function = real
 
     # -- values -----------------------------------------------------------------------------
-    def _item(self, func, args, kwargs):  # noqa: ANN001
+    def _item(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         try:
             return func(*args, **kwargs)
         except DataDependentValue:
@@ -229,7 +238,7 @@ class DeviceMode(TorchFunctionMode):
                 _decide()
             return Placeholder()
 
-    def _truth(self, func, args, kwargs):  # noqa: ANN001
+    def _truth(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         try:
             return func(*args, **kwargs)
         except DataDependentValue:
@@ -240,7 +249,7 @@ class DeviceMode(TorchFunctionMode):
                 return False
             _decide()
 
-    def _tolist(self, func, args, kwargs):  # noqa: ANN001
+    def _tolist(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         real = self.tracker.shadow(args[0])
         if real is not None:
             with _disable_current_modes():
@@ -255,21 +264,21 @@ class DeviceMode(TorchFunctionMode):
 
         return nested(list(args[0].shape))
 
-    def _numpy(self, func, args, kwargs):  # noqa: ANN001
+    def _numpy(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         real = self.tracker.shadow(args[0])
         if real is None:
             _decide()
         with _disable_current_modes():
             return real.numpy()
 
-    def _format(self, func, args, kwargs):  # noqa: ANN001
+    def _format(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         tensor, spec = args[0], args[1] if len(args) > 1 else ""
         if is_fake(tensor) and tensor.dim() == 0:
             return format(self._item(torch.Tensor.item, (tensor,), {}), spec)
         return func(*args, **kwargs)
 
     # -- CUDA kernels whose memory differs from the CPU path --------------------------------
-    def _dropout(self, func, args, kwargs):  # noqa: ANN001
+    def _dropout(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         # CUDA's fused kernel keeps a bool mask (Dropout.cpp, is_fused_kernel_acceptable ->
         # native_dropout); the CPU path multiplies by a float noise tensor four times larger.
         params = _bind(("input", "p", "training", "inplace"), (None, 0.5, True, False), args,
@@ -282,7 +291,7 @@ class DeviceMode(TorchFunctionMode):
             return x.copy_(out)
         return out
 
-    def _sdpa(self, func, args, kwargs):  # noqa: ANN001
+    def _sdpa(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         if self.autocast.enabled:
             cast = self.autocast.cast_args(func, args, kwargs)
             if cast is not None:
@@ -303,8 +312,7 @@ def _never(*_args: Any) -> bool:
     return False
 
 
-def _bind(names: Tuple[str, ...], defaults: Tuple[Any, ...], args: tuple,
-          kwargs: dict) -> Dict[str, Any]:
+def _bind(names: Tuple[str, ...], defaults: Args, args: Args, kwargs: Kwargs) -> Dict[str, Any]:
     bound = dict(zip(names, defaults))
     bound.update(zip(names, args))
     bound.update({k: v for k, v in kwargs.items() if k in bound})
