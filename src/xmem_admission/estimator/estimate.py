@@ -249,6 +249,8 @@ def _raise_for_status(result: Dict[str, Any], command: Sequence[str]) -> None:
     if status == "no_step":
         raise EstimateError(f"{result['reason']}: nothing to estimate (does the script train "
                             f"with a torch.optim optimizer?)")
+    if status == "not_on_gpu":
+        raise EstimateError(f"not estimated: {result['reason']}")
     if status == "needs_real_values":
         raise EstimateError(f"fake mode cannot run this script: {result['reason']}; use "
                             f"--mode auto or --mode profile")

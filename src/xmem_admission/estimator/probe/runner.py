@@ -7,7 +7,9 @@ stops the script cleanly right after step K (nothing after it runs: no checkpoin
 and writes one JSON result: status, steps, seconds, peak RSS and the trace.
 
 Statuses: ``ok``; ``needs_real_values`` (fake mode met a decision on a value it cannot know:
-rerun in profile mode); ``script_error`` (the script raised or exited non-zero before step K:
+rerun in profile mode); ``not_on_gpu`` (the script steps a model that is not on the virtual
+GPU: a placement the probe did not see; the reason names the module and the call that left it
+on the host); ``script_error`` (the script raised or exited non-zero before step K:
 traceback and exit code included, ``steps`` counts the steps it made, and when it made any the
 reason says so too); ``no_step`` (the script ended without an optimizer step). Python >= 3.9
 and torch >= 2.1 only: this module ships in the probe bundle.
@@ -27,6 +29,10 @@ import weakref
 from typing import Any, Dict, List, Optional, Sequence
 
 MODES = ("fake", "profile")
+
+
+class NotAGPUJob(BaseException):
+    """The script steps a model that is not on the virtual GPU: refuse to estimate it."""
 
 
 class StopProbe(BaseException):
@@ -135,8 +141,65 @@ class _StepHooks:
                     self.tracker.tag(p.grad, Category.GRADIENT)
 
     def _step_pre(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        self._check_on_gpu([p for group in optimizer.param_groups for p in group["params"]],
+                           f"{type(optimizer).__name__}.step()")
         self._tag_gradients(group["params"] for group in optimizer.param_groups)
         self.tracker.enter_phase("optimizer")
+
+    def _check_on_gpu(self, params: List[Any], call: str) -> None:
+        """Refuse a step that is not a GPU job's: a silently low estimate is the worst answer.
+
+        A GPU run cannot step host parameters of a module whose forward ran on the GPU (it
+        fails with a device mismatch), and a step with no parameter on the GPU traces nothing
+        of the model: both mean the script kept its model off the (virtual) GPU here, most
+        likely through a placement idiom the probe does not see. Offloaded optimizer copies
+        (parameters of no module) are left alone.
+        """
+        stepped = [p for p in params if isinstance(p, self.torch.Tensor)]
+        if not stepped:
+            return
+        on_gpu = [self.tracker.is_cuda(p) for p in stepped]
+        module_ids = {id(p) for m in list(self._modules) for p in m.parameters(recurse=False)}
+        host = [p for p, cuda in zip(stepped, on_gpu) if not cuda and id(p) in module_ids]
+        gpu_activations = self.tracker.forward_allocations > 0
+        if any(on_gpu) and not (host and gpu_activations):
+            return
+        raise NotAGPUJob(self._host_message(host or stepped, call, any(on_gpu)))
+
+    def _host_message(self, host: List[Any], call: str, some_on_gpu: bool) -> str:
+        from xmem_admission.estimator.probe.torch_patches import APPLY_SITES
+
+        host_ids = {id(p) for p in host}
+        what = (f"{len(host)} parameter tensors "
+                f"({sum(p.numel() * p.element_size() for p in host) / 2**20:.1f} MiB)")
+        site: Any = None
+        for root in list(self._seen_roots):
+            names = [n for n, p in root.named_parameters() if id(p) in host_ids]
+            if not names:
+                continue
+            # The innermost module that holds them all, and the latest move of it or of a
+            # module above it.
+            parts = [n.split(".")[:-1] for n in names]
+            common: List[str] = []
+            for level in zip(*parts):
+                if len(set(level)) > 1:
+                    break
+                common.append(level[0])
+            modules = dict(root.named_modules())
+            paths = [".".join(common[:i]) for i in range(len(common), -1, -1)]
+            site = max((APPLY_SITES[modules[q]] for q in paths if modules[q] in APPLY_SITES),
+                       default=None)
+            holder = modules[paths[0]]
+            what += (f" of {paths[0] or 'the model'} ({type(holder).__name__}): "
+                     f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''},")
+            break
+        where = ("while the step's activations are on the GPU" if some_on_gpu
+                 else "and no parameter is on the GPU at all")
+        why = (f"the last move of that module, at {site[1]}, left it on the host" if site
+               else "no .to()/.cuda() call ever moved that module")
+        return (f"{call} updates {what} that live on the host {where}: {why}. This is not a "
+                f"GPU job as traced, so it is not estimated (a GPU run would fail or use "
+                f"memory the trace does not hold)")
 
     def _step_post(self, optimizer: Any, _args: Any, _kwargs: Any) -> None:
         from xmem_admission.estimator.trace import Category
@@ -146,10 +209,35 @@ class _StepHooks:
                 if isinstance(value, self.torch.Tensor):
                     self.tracker.tag(value, Category.OPTIMIZER_STATE)
         self.tracker.enter_phase("after_step")
+        self.tracker.forward_allocations = 0
         self.steps += 1
         self.tracker.trace.mark(f"step {self.steps}")
         if self.steps >= self.steps_wanted:
             raise StopProbe()
+
+
+# Whether a probe runs in this process now: a process the script forks (a multiprocessing pool
+# preparing data) leaves it at once (see ``_forked_child``).
+_RUNNING = [False]
+_FORK_HOOK = [False]
+_CHILD_MODES_OFF: List[Any] = []
+
+
+def _forked_child() -> None:
+    """In a process forked by the traced script: host work with real tensors, untraced.
+
+    The child inherits the probe's modes; it prepares data (a ``multiprocessing.Pool``, a
+    worker of the script's own) whose results reach the script through a pickle, which fake
+    tensors cannot cross. Nothing a child does reaches the GPU of the traced job.
+    """
+    if not _RUNNING[0]:
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    # Popped for the life of the child: the context is kept, never exited (a collected one
+    # would push the modes back).
+    _CHILD_MODES_OFF.append(_disable_current_modes())
+    _CHILD_MODES_OFF[-1].__enter__()
 
 
 def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> ProbeResult:
@@ -181,6 +269,10 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     started = time.perf_counter()
     status, reason, code, tb = "ok", "", 0, ""
+    if not _FORK_HOOK[0] and hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forked_child)
+        _FORK_HOOK[0] = True
+    _RUNNING[0] = True
     try:
         patching.apply(patches, props, tracker, device_mode, fake)
         hooks.install(patches)
@@ -189,6 +281,8 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         pass
     except NeedsRealValues as exc:
         status, reason = "needs_real_values", str(exc)
+    except NotAGPUJob as exc:
+        status, reason = "not_on_gpu", str(exc)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code != 0:
@@ -200,6 +294,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         reason += _after_steps(hooks.steps, steps)
         tb = _user_traceback(exc)
     finally:
+        _RUNNING[0] = False
         tracker.finish()
         hooks.remove()
         patches.restore()

@@ -205,6 +205,8 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
             write_result(path, termination.encode_failure("no_step", result.reason,
                                                           result.exit_code))
         return result.exit_code
+    if result.status == "not_on_gpu":  # the contract's name for "refused, with the reason"
+        result.status = "unsupported"
     if result.traceback:
         print(result.traceback, file=sys.stderr, end="" if result.traceback.endswith("\n") else "\n")
     write_result(path, termination.encode_failure(result.status, result.reason,

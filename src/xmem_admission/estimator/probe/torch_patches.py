@@ -7,6 +7,7 @@ that goes on afterwards (tests, the estimation pod's ``sitecustomize``).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, List, Optional, Tuple
 
 import torch
@@ -90,6 +91,7 @@ def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationT
     _patch_cuda_api(patches, props, tracker)
     _patch_autocast(patches, mode)
     _patch_training_helpers(patches, fake)
+    _patch_serialization(patches, tracker, fake)
     if fake:
         _patch_fake_tensor_device(patches, tracker)
         _patch_init(patches)
@@ -302,6 +304,14 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
     p.set(torch.nn.Module, "_apply", _module_apply)
 
 
+# Where the script last moved or converted each module (``model.to(...)``, ``.cuda()``,
+# ``.half()``): the probe names that call when a module's parameters stay on the host.
+# Each entry is (sequence number, "file:line (source)"); the highest number is the latest call.
+APPLY_SITES: weakref.WeakKeyDictionary[Any, Tuple[int, str]] = weakref.WeakKeyDictionary()
+_APPLY_DEPTH = [0]
+_APPLY_COUNT = [0]
+
+
 def _module_apply(self: Any, fn: Any, recurse: bool = True) -> Any:
     """``Module._apply`` with the ``param.data = ...`` semantics of PyTorch's default path.
 
@@ -310,6 +320,19 @@ def _module_apply(self: Any, fn: Any, recurse: bool = True) -> Any:
     ``.data`` keeps the Parameter objects (optimizers built earlier keep working) and frees the
     old storage, as ``module.to("cuda")`` does on a GPU.
     """
+    if _APPLY_DEPTH[0] == 0:
+        from xmem_admission.estimator.probe.virtual_cuda import where_in_script
+
+        _APPLY_COUNT[0] += 1
+        APPLY_SITES[self] = (_APPLY_COUNT[0], where_in_script())
+    _APPLY_DEPTH[0] += 1
+    try:
+        return _apply_to_module(self, fn, recurse)
+    finally:
+        _APPLY_DEPTH[0] -= 1
+
+
+def _apply_to_module(self: Any, fn: Any, recurse: bool) -> Any:
     if recurse:
         for module in self.children():
             module._apply(fn)
@@ -359,3 +382,75 @@ def _patch_init(p: Patches) -> None:
                  "kaiming_normal_", "orthogonal_", "sparse_"):
         if hasattr(init, name):
             p.set(init, name, lambda tensor, *a, **k: tensor)
+
+
+def _cuda_location(map_location: Any) -> Optional[bool]:
+    """Whether ``torch.load``'s ``map_location`` sends storages to the GPU (None: not said)."""
+    if map_location is None or callable(map_location):
+        return None
+    if isinstance(map_location, dict):
+        return any(str(v).startswith("cuda") for v in map_location.values())
+    return str(map_location).startswith("cuda")
+
+
+def _patch_serialization(p: Patches, tracker: AllocationTracker, fake: bool) -> None:
+    """Checkpoints in and out of the virtual GPU.
+
+    ``torch.load`` reads the file for real on the host (a checkpoint's values are data: a script
+    may decide on them), memory-mapped where the format allows (only what is read costs host
+    memory), and what ``map_location`` (or, without one, the location saved in the file) puts
+    on the GPU is moved there through the virtual device, so it is traced. In fake mode a
+    FakeTensor pickles as its real value when the probe knows it and as zeros of its shape
+    otherwise (``torch.save``, ``multiprocessing`` queues and pools).
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._pytree import tree_map
+
+    real_load = torch.load
+
+    def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+        to_cuda = _cuda_location(map_location)
+        if to_cuda is None and map_location is not None:
+            with _disable_current_modes():
+                return real_load(f, map_location, *args, **kwargs)
+        saved: List[str] = []
+
+        def on_host(storage: Any, location: str) -> Any:
+            saved.append(location)
+            return storage
+
+        with _disable_current_modes():
+            obj = _load_mapped(real_load, f, on_host, args, kwargs)
+        if to_cuda is None:
+            to_cuda = bool(saved) and all(loc.startswith("cuda") for loc in saved)
+        if not to_cuda:
+            return obj
+        return tree_map(lambda t: t.to("cuda") if isinstance(t, torch.Tensor) else t, obj)
+
+    p.set(torch, "load", load)
+    if not fake:
+        return
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def reduce_ex(self: Any, protocol: Any) -> Any:
+        real = tracker.shadow(self)
+        with _disable_current_modes():
+            if real is None:
+                real = torch.zeros(tuple(self.shape), dtype=self.dtype)
+            elif real.requires_grad != self.requires_grad:
+                real = real.detach().requires_grad_(self.requires_grad)
+            return real.__reduce_ex__(protocol)
+
+    p.set(FakeTensor, "__reduce_ex__", reduce_ex)
+
+
+def _load_mapped(real_load: Any, f: Any, map_location: Any, args: Any, kwargs: Any) -> Any:
+    """``torch.load`` memory-mapped when ``f`` is a path to a zip checkpoint, else plainly."""
+    import os
+
+    if isinstance(f, (str, os.PathLike)) and "mmap" not in kwargs and not args:
+        try:
+            return real_load(f, map_location, mmap=True, **kwargs)
+        except RuntimeError:  # a legacy (non-zip) checkpoint cannot be mapped
+            pass
+    return real_load(f, map_location, *args, **kwargs)

@@ -106,6 +106,8 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         self.default_cuda = False
         self.live_bytes = 0
         self.peak_live_bytes = 0
+        # GPU blocks made by forward passes since the last optimizer step (the probe's guard).
+        self.forward_allocations = 0
         self._mutated_cache: Dict[Any, Tuple[int, ...]] = {}
         self._refs: Dict[int, Any] = {}
         # > 0 while an op runs: torch's own code then sees real devices (see patches).
@@ -368,6 +370,8 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         ident = self._next_id
         self._next_id += 1
         category = _PHASE_CATEGORY.get(self.phase)
+        if self.phase == "forward":
+            self.forward_allocations += 1
         if category is None:
             category = Category.INPUT.value if self.device_flag == "cuda" else Category.OTHER.value
         block = _Block(ident, nbytes, category, self.phase, self.phase_seq, len(self.trace.events))

@@ -111,6 +111,8 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
             torch.Tensor.to: self._to,
             torch.Tensor.cuda: self._cuda,
             torch.Tensor.cpu: self._cpu,
+            torch.Tensor.type: self._type,
+            torch._C._nn._parse_to: self._parse_to,
             torch.Tensor.record_stream: lambda f, a, k: None,
             torch.Tensor.is_cuda.__get__: lambda f, a, k: self.tracker.is_cuda(a[0]),
             torch.Tensor.device.__get__: self._device,
@@ -180,6 +182,36 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
             target = _is_cuda_device(kwargs["device"])
             kwargs = dict(kwargs, device="cpu")
         return self._move(src, target, lambda kw: src.to(*rest, **kw), kwargs)
+
+    def _parse_to(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
+        # ``Module.to`` parses its arguments here and moves each tensor with what comes back:
+        # the device must come back as the virtual GPU when the script names it (positionally,
+        # as ``device=``, or through a tensor on it), never rewritten to the host on the way in.
+        device, dtype, non_blocking, memory_format = func(*args, **kwargs)
+        for value in list(args) + list(kwargs.values()):
+            if isinstance(value, torch.Tensor):
+                if self.tracker.is_cuda(value):
+                    device = CUDA0
+                break
+        return device, dtype, non_blocking, memory_format
+
+    def _type(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
+        # The legacy tensor types (torchsummary: ``x.type(torch.cuda.FloatTensor)``): a type
+        # object or its name says the dtype and the device at once.
+        src = args[0]
+        bound = _bind(("self", "dtype", "non_blocking"), (None, None, False), args, kwargs)
+        wanted = bound["dtype"]
+        if wanted is None:
+            name = func(src)
+            if self.tracker.is_cuda(src) and name.startswith("torch."):
+                return "torch.cuda." + name[len("torch."):]
+            return name
+        legacy = _legacy_type(wanted)
+        if legacy is None:
+            return func(*args, **kwargs)
+        dtype, cuda = legacy
+        options = {"non_blocking": bool(bound["non_blocking"])}
+        return self._move(src, cuda, lambda kw: src.to("cpu", dtype, **kw), options)
 
     def _cuda(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         kwargs = {k: v for k, v in kwargs.items() if k in ("non_blocking", "memory_format")}
@@ -306,6 +338,18 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
 
         return cuda_sdpa(q, k, v, params["attn_mask"], params["dropout_p"], params["is_causal"],
                          params["scale"], params["enable_gqa"], self.capability)
+
+
+def _legacy_type(value: Any) -> Optional[Tuple[torch.dtype, bool]]:
+    """(dtype, on the GPU) for a legacy tensor type or its name (``torch.cuda.HalfTensor``)."""
+    if isinstance(value, str):
+        parts = value.split(".")
+        owner = torch.cuda if parts[:2] == ["torch", "cuda"] else torch
+        value = getattr(owner, parts[-1], None) if parts[0] == "torch" else None
+    dtype = getattr(value, "dtype", None)
+    if not isinstance(value, type) or not isinstance(dtype, torch.dtype):
+        return None
+    return dtype, bool(getattr(value, "is_cuda", False))
 
 
 def _never(*_args: Any) -> bool:

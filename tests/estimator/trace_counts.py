@@ -1,0 +1,23 @@
+"""Reading a trace the way the tests check it: what is live, by category, at a mark."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from xmem_admission.estimator.trace import ALLOC, FREE, MARK
+
+
+def live_by_category_at(trace, label: str) -> Counter:
+    """Bytes of the allocations live when the trace reaches the mark ``label``, by category."""
+    live = {}
+    for e in trace.events:
+        if e.op == ALLOC:
+            live[e.id] = e
+        elif e.op == FREE:
+            live.pop(e.id, None)
+        elif e.op == MARK and e.label == label:
+            total: Counter = Counter()
+            for a in live.values():
+                total[a.category] += a.size
+            return total
+    raise AssertionError(f"the trace has no mark {label!r}")
