@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes control plane the cluster tests and the playground run on, once per set
+# of versions, into a cache outside the clone:
+#
+#   kube-apiserver, kube-controller-manager, kube-scheduler   k8s.io/kubernetes
+#   etcd                                                      go.etcd.io/etcd/server/v3
+#   kwok                                                      sigs.k8s.io/kwok (fake GPU nodes)
+#   kwok-stages/*.yaml      node-fast, heartbeat-with-lease and pod-fast Stages, from kwok's module
+#   crds/*.yaml             Kubeflow PyTorchJob, prometheus-operator ServiceMonitor/PrometheusRule
+#                           and cert-manager CRDs, from those projects' modules
+#
+# Versions: scripts/kube-versions.env (the only place they are written). Everything comes from the
+# Go module proxy through the machine's `go`; nothing else is downloaded.
+#
+# k8s.io/kubernetes cannot be `go install`ed: its go.mod replaces every staging module
+# (k8s.io/api, k8s.io/client-go, ...) with a folder inside its own tree. So it is built from a small
+# generated wrapper module whose replace lines, generated from that go.mod, point each staging
+# module at its published v0.X.Y. etcd's server module has folder replaces of the same kind, so it
+# gets a wrapper module too.
+#
+# Cache: $XMEM_KUBE_CACHE (default ~/.cache/xmem-admission/kube)/<key>/, the key made of the
+# versions, so CI on the same machine reuses it and a cold machine builds once. The temporary Go
+# module and build caches (several GB) live in <cache>/.build-<key>/ while building, so an
+# interrupted build resumes, and are deleted when the build succeeds. .tools/kube links to the
+# cache entry. A second `make tools` while one is building waits for it (flock).
+#
+# Figures on 2 loaded cores: about 15-25 minutes cold, under a second warm.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=kube-versions.env
+source "$ROOT/scripts/kube-versions.env"
+
+GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
+CACHE_ROOT="${XMEM_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xmem-admission/kube}"
+KEY="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_to-${TRAINING_OPERATOR_VERSION}_po-${PROMETHEUS_OPERATOR_VERSION}_cm-${CERT_MANAGER_VERSION}_r${KUBE_BUILD_RECIPE}"
+DEST="$CACHE_ROOT/$KEY"
+WORK="$CACHE_ROOT/.build-$KEY"
+LINK="${XMEM_TOOLS_DIR:-$ROOT/.tools}/kube"
+
+log() { echo "build-kube: $*" >&2; }
+
+link_tools() {
+  mkdir -p "$(dirname "$LINK")"
+  ln -sfn "$DEST" "$LINK"
+}
+
+if [ -f "$DEST/.complete" ]; then
+  link_tools
+  exit 0
+fi
+
+if [ ! -x "$GO" ]; then
+  log "no go toolchain (looked for 'go' on PATH and /usr/local/go/bin/go); cannot build the control plane"
+  exit 1
+fi
+
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/.lock-$KEY"
+if ! flock -n 9; then
+  log "another build of $KEY is running; waiting for it"
+  flock 9
+fi
+if [ -f "$DEST/.complete" ]; then
+  link_tools
+  exit 0
+fi
+
+started=$(date +%s)
+mkdir -p "$DEST/bin" "$DEST/kwok-stages" "$DEST/crds" "$WORK"
+export GOMODCACHE="$WORK/mod" GOCACHE="$WORK/gocache" GOPATH="$WORK/gopath"
+export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod GOPROXY="${GOPROXY:-https://proxy.golang.org}"
+export GONOSUMDB="" GOFIPS140=off
+# The machine is shared: leave some room for everyone else.
+NICE="nice -n 10"
+
+k8s_minor="${KUBERNETES_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
+k8s_patch="${KUBERNETES_VERSION##*.}"
+staging_version="v0.${k8s_minor}.${k8s_patch}"
+
+# --- k8s.io/kubernetes -------------------------------------------------------------------------
+build_kubernetes() {
+  local bins=(kube-apiserver kube-controller-manager kube-scheduler) missing=0 b
+  for b in "${bins[@]}"; do [ -x "$DEST/bin/$b" ] || missing=1; done
+  [ "$missing" = 1 ] || return 0
+  local mod="$WORK/wrap-kubernetes"
+  mkdir -p "$mod"
+  log "k8s.io/kubernetes $KUBERNETES_VERSION (staging modules at $staging_version)"
+  # The upstream go.mod, for its replace block.
+  local upstream
+  upstream="$("$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
+  [ -f "$upstream" ] || { log "could not download k8s.io/kubernetes@$KUBERNETES_VERSION"; return 1; }
+  {
+    echo "module xmem.local/build/kubernetes"
+    echo
+    echo "go $(sed -n 's/^go \(.*\)$/\1/p' "$upstream")"
+    echo
+    echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+    echo
+    echo "replace ("
+    # "k8s.io/api => ./staging/src/k8s.io/api" becomes "k8s.io/api => k8s.io/api v0.X.Y".
+    sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/src/k8s\.io/.*$#\t\1 => \1 '"$staging_version"'#p' "$upstream"
+    echo ")"
+  } >"$mod/go.mod"
+  cat >"$mod/tools.go" <<EOF
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
+EOF
+  (cd "$mod" && "$GO" mod tidy)
+  local v="k8s.io/component-base/version"
+  local ldflags="-s -w -X $v.gitVersion=$KUBERNETES_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$k8s_minor"
+  ldflags+=" -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
+  mkdir -p "$WORK/out-kubernetes"
+  (cd "$mod" && $NICE "$GO" build -trimpath -ldflags "$ldflags" -o "$WORK/out-kubernetes/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler)
+  for b in "${bins[@]}"; do mv -f "$WORK/out-kubernetes/$b" "$DEST/bin/$b"; done
+}
+
+# --- etcd --------------------------------------------------------------------------------------
+build_etcd() {
+  [ -x "$DEST/bin/etcd" ] && return 0
+  local mod="$WORK/wrap-etcd"
+  mkdir -p "$mod"
+  log "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+  printf 'module xmem.local/build/etcd\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$mod/go.mod"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' >"$mod/tools.go"
+  (cd "$mod" && "$GO" mod tidy)
+  (cd "$mod" && $NICE "$GO" build -trimpath -ldflags "-s -w" -o "$WORK/etcd" go.etcd.io/etcd/server/v3)
+  mv -f "$WORK/etcd" "$DEST/bin/etcd"
+}
+
+# --- kwok, its Stages --------------------------------------------------------------------------
+build_kwok() {
+  local mod="$WORK/wrap-kwok"
+  mkdir -p "$mod"
+  if [ ! -x "$DEST/bin/kwok" ]; then
+    log "sigs.k8s.io/kwok $KWOK_VERSION"
+    printf 'module xmem.local/build/kwok\n\ngo 1.26\n\nrequire sigs.k8s.io/kwok %s\n' "$KWOK_VERSION" >"$mod/go.mod"
+    printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/kwok/cmd/kwok"\n' >"$mod/tools.go"
+    (cd "$mod" && "$GO" mod tidy)
+    (cd "$mod" && $NICE "$GO" build -trimpath \
+      -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
+      -o "$WORK/kwok" sigs.k8s.io/kwok/cmd/kwok)
+    mv -f "$WORK/kwok" "$DEST/bin/kwok"
+  fi
+  local dir
+  dir="$(module_dir sigs.k8s.io/kwok "$KWOK_VERSION")"
+  cp "$dir"/kustomize/stage/node/fast/node-*.yaml "$DEST/kwok-stages/"
+  cp "$dir"/kustomize/stage/node/heartbeat-with-lease/node-*.yaml "$DEST/kwok-stages/"
+  cp "$dir"/kustomize/stage/pod/fast/pod-*.yaml "$DEST/kwok-stages/"
+  chmod u+w "$DEST"/kwok-stages/*.yaml
+}
+
+module_dir() {
+  "$GO" mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p'
+}
+
+# --- CRD manifests -----------------------------------------------------------------------------
+copy_crds() {
+  local dir
+  dir="$(module_dir github.com/kubeflow/training-operator "$TRAINING_OPERATOR_VERSION")"
+  cp "$dir/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" "$DEST/crds/"
+  dir="$(module_dir github.com/prometheus-operator/prometheus-operator "$PROMETHEUS_OPERATOR_VERSION")"
+  cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" "$DEST/crds/"
+  cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml" "$DEST/crds/"
+  dir="$(module_dir github.com/cert-manager/cert-manager "$CERT_MANAGER_VERSION")"
+  cp "$dir"/deploy/crds/cert-manager.io_*.yaml "$DEST/crds/"
+  chmod u+w "$DEST"/crds/*.yaml
+}
+
+build_etcd
+build_kwok
+copy_crds
+build_kubernetes
+
+"$DEST/bin/kube-apiserver" --version
+"$DEST/bin/etcd" --version | head -n 1
+"$DEST/bin/kwok" --version 2>/dev/null | head -n 1 || true
+printf 'KEY=%s\nBUILT=%s\nSECONDS=%s\n' "$KEY" "$(date -u +%FT%TZ)" "$(( $(date +%s) - started ))" >"$DEST/.complete"
+# The module cache is read-only by design; make it deletable, then drop every temporary cache.
+chmod -R u+w "$WORK" 2>/dev/null || true
+rm -rf "$WORK"
+link_tools
+log "built $KEY in $(( $(date +%s) - started )) s: $(du -sh "$DEST" | cut -f1)"
