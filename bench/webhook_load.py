@@ -102,6 +102,13 @@ def _job(name: str, opted_in: bool) -> Dict[str, Any]:
     }
 
 
+def _requester(obj: Dict[str, Any]) -> str:
+    """Who creates it: the Job controller makes a Job's pods, a tenant the rest."""
+    if obj["kind"] == "Pod" and obj["metadata"].get("ownerReferences"):
+        return "system:serviceaccount:kube-system:job-controller"
+    return "alice"
+
+
 def _review(obj: Dict[str, Any], uid: str, kind: Tuple[str, str, str]) -> bytes:
     group, version, resource = kind
     review = {
@@ -111,7 +118,7 @@ def _review(obj: Dict[str, Any], uid: str, kind: Tuple[str, str, str]) -> bytes:
             "kind": {"group": group, "version": version, "kind": obj["kind"]},
             "resource": {"group": group, "version": version, "resource": resource},
             "name": obj["metadata"].get("name", ""), "namespace": "research",
-            "operation": "CREATE", "userInfo": {"username": "alice"},
+            "operation": "CREATE", "userInfo": {"username": _requester(obj)},
             "object": obj, "oldObject": None, "dryRun": False,
         },
     }

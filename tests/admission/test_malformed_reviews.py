@@ -66,29 +66,58 @@ def test_an_unknown_kind_is_refused_with_a_400_naming_the_kinds_handled(served: 
     assert "Deployment" in answer.status["message"] and "Job, Pod, PyTorchJob" in answer.status["message"]
 
 
-@pytest.mark.parametrize(
-    "path, value, where",
-    [
-        (("spec", "template"), "not-a-template", "spec.template"),
-        (("spec", "template", "spec", "containers"), {"a": 1}, "spec.containers"),
-        (("spec", "template", "spec", "containers", 0, "resources", "limits", "nvidia.com/gpu"),
-         "lots", "nvidia.com/gpu"),
-        (("spec", "template", "metadata", "annotations", "xmem.io/request-bytes"), "12 GiB",
-         "xmem.io/request-bytes"),
-    ],
-)
-def test_an_object_that_cannot_be_read_as_its_kind_gets_a_422_with_the_field(
-    served: HttpsWebhook, path: tuple, value: Any, where: str
-) -> None:
+UNREADABLE = [
+    (("spec", "template"), "not-a-template", "spec.template"),
+    (("spec", "template", "spec", "containers"), {"a": 1}, "spec.containers"),
+    (("spec", "template", "spec", "containers", 0, "resources", "limits", "nvidia.com/gpu"),
+     "lots", "nvidia.com/gpu"),
+    (("spec", "template", "spec", "containers", 0, "resources", "limits", "nvidia.com/gpu"),
+     "1e8000000", "too large"),
+    (("spec", "template", "spec", "initContainers"), "not-a-list", "spec.initContainers"),
+]
+
+
+def _broken(path: tuple, value: Any) -> Dict[str, Any]:
     job = make_job("bad").opt_in().gpus(1).obj()
     node: Any = job
     for part in path[:-1]:
         node = node.setdefault(part, {}) if isinstance(part, str) else node[part]
     node[path[-1]] = value
-    answer = served.send(review(job, uid="bad-1"))
+    return job
+
+
+@pytest.mark.parametrize("path, value, where", UNREADABLE)
+def test_an_unreadable_object_where_the_policy_enforces_fails_closed_with_a_422_naming_the_field(
+    served: HttpsWebhook, path: tuple, value: Any, where: str
+) -> None:
+    served.use(make_policy(enforcement="Enforce"))
+    answer = served.send(review(_broken(path, value), uid="bad-1"))
     assert answer.response["uid"] == "bad-1"
     assert not answer.allowed and answer.status["code"] == 422, answer.response
     assert answer.status["reason"] == "Invalid" and where in answer.status["message"]
+    assert "fails closed" in answer.status["message"]
+
+
+@pytest.mark.parametrize("path, value, where", UNREADABLE)
+def test_an_unreadable_object_where_the_policy_warns_is_admitted_unchanged_saying_it_fails_open(
+    served: HttpsWebhook, path: tuple, value: Any, where: str
+) -> None:
+    answer = served.send(review(_broken(path, value), uid="bad-2"))
+    assert answer.allowed and not answer.ops, answer.response
+    [warning] = answer.warnings
+    assert where in warning and "fails open" in warning
+
+
+@pytest.mark.parametrize("value", ["12 GiB", "\u00b2", "1" * 40, "-5", "0"])
+def test_an_unreadable_request_annotation_on_a_released_pod_fails_closed_where_enforced(
+    served: HttpsWebhook, value: str
+) -> None:
+    served.use(make_policy(enforcement="Enforce"))
+    pod = (make_pod("train-x1").owned_by("Job", "train").opt_in().gpus(1)
+           .template_annotation("xmem.io/request-bytes", value).obj())
+    answer = served.send(review(pod))
+    assert not answer.allowed and answer.status["code"] == 422, answer.response
+    assert "xmem.io/request-bytes" in answer.status["message"]
 
 
 def test_a_body_beyond_any_api_server_limit_is_refused_without_being_read(served: HttpsWebhook) -> None:

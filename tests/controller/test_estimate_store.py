@@ -32,7 +32,7 @@ def test_put_records_a_succeeded_estimate_that_get_then_answers(harness):
     store = KubeStore(harness.kube()).start()
     try:
         store.put(_record())
-        assert store.get(FP) == _record()
+        assert store.get(FP, "default") == _record()
         [gme] = harness.gmes()
         assert gme["metadata"]["name"] == records.name_for(FP)
         assert gme["status"]["phase"] == "Succeeded"
@@ -47,13 +47,13 @@ def test_only_succeeded_estimates_are_served_and_deleted_ones_go(harness):
     try:
         job = harness.submit(training_job("train"))
         pending = kube.create(GME, "default", records.new(job, FP, ["A100-80GB"], "img"))
-        assert store.get(FP) is None
+        assert store.get(FP, "default") is None
         record = _record()
         kube.replace_status(GME, dict(pending, status=records.from_record(record, "default")["status"]))
-        wait(lambda: store.get(FP), 10, "the succeeded estimate in the store")
+        wait(lambda: store.get(FP, "default"), 10, "the succeeded estimate in the store")
         kube.custom.delete_namespaced_custom_object("xmem.io", "v1alpha1", "default",
                                                     "gpumemoryestimates", records.name_for(FP))
-        wait(lambda: store.get(FP) is None, 10, "the deleted estimate to leave the store")
+        wait(lambda: store.get(FP, "default") is None, 10, "the deleted estimate to leave the store")
     finally:
         store.stop()
 

@@ -125,3 +125,39 @@ def test_the_pod_is_named_by_attempt_and_owned_by_its_estimate():
     [owner] = pod["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("GPUMemoryEstimate", "gme-uid", True)
     assert copy.deepcopy(pod["metadata"]["labels"])["app.kubernetes.io/component"] == "estimation"
+
+
+def _hostile_job() -> Dict[str, Any]:
+    """A workload whose own pod would not pass Pod Security ``restricted`` at all."""
+    job = _rich_job()
+    spec = job["spec"]["template"]["spec"]
+    spec.update(runtimeClassName="gvisor", hostNetwork=True,
+                securityContext={"runAsUser": 0, "sysctls": [{"name": "kernel.msgmax",
+                                                              "value": "1"}]})
+    spec["volumes"].append({"name": "shared", "nfs": {"server": "nfs.example", "path": "/x"}})
+    spec["containers"][0]["securityContext"] = {
+        "privileged": True, "allowPrivilegeEscalation": True, "runAsUser": 0,
+        "capabilities": {"add": ["SYS_ADMIN"]}, "seccompProfile": {"type": "Unconfined"}}
+    spec["containers"][0]["volumeMounts"].append({"name": "shared", "mountPath": "/shared"})
+    return job
+
+
+def test_the_estimation_pod_passes_pod_security_restricted_init_container_included():
+    from tests.fakekube.podsecurity import violations
+
+    assert violations("restricted", _hostile_job()["spec"]["template"]) != []  # the workload fails
+    pod = _build(_hostile_job())
+    assert violations("restricted", pod) == []
+    [init] = pod["spec"]["initContainers"]
+    assert init["securityContext"]["runAsNonRoot"] is True
+    assert init["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["spec"]["securityContext"]["runAsUser"] != 0
+    assert "hostNetwork" not in pod["spec"]
+
+
+def test_the_estimation_pod_keeps_the_workloads_sandbox_runtime_and_non_root_user():
+    pod = _build(_hostile_job())
+    assert pod["spec"]["runtimeClassName"] == "gvisor"
+    own = _build(_rich_job())  # runAsUser 1000, fsGroup 1000
+    assert (own["spec"]["securityContext"]["runAsUser"],
+            own["spec"]["securityContext"]["fsGroup"]) == (1000, 1000)

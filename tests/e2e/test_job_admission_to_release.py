@@ -2,40 +2,28 @@
 Pod gets the backend's resources, all over the real protocols.
 
 Everything runs here and is started by the test: the stand-in API server (HTTPS, official
-client), which calls ``xmem serve`` over HTTPS through the chart's own webhook configurations
-(rendered in ``deploy/``; the Service reference becomes a loopback URL and the CEL
-``matchConditions``, which the stand-in does not evaluate, are dropped); ``xmem controller`` as
-its own process; the stand-in node running the estimation pod with the real probe on the example
-GPT script; and the stand-in Job controller that turns the released Job into its Pod.
+client, RBAC), which calls ``xmem serve`` over HTTPS through the chart's own webhook
+configurations (``tests.support.installed``: the chart's RBAC too, so ``xmem serve`` and ``xmem
+controller`` run as their own processes with exactly the chart's permissions, as its
+ServiceAccounts); the stand-in node running the estimation pod with the real probe on the
+example GPT script; and the stand-in Job controller that turns the released Job into its Pod.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import re
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator
 
 import pytest
-import yaml
 from kubernetes import client
 
-from tests.controller.support import (
-    REPO,
-    Harness,
-    code_map,
-    template_annotations,
-    training_job,
-    wait,
-)
+from tests.controller.support import Harness, code_map, template_annotations, training_job, wait
+from tests.fakekube.cluster import PROBE_IMAGE
 from tests.support.harness import Certificates
+from tests.support.installed import Installed
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.quantity import MiB, ceil_div
-
-MANIFESTS = REPO / "deploy/xmem-admission-self-signed.yaml"
 
 
 @pytest.fixture()
@@ -47,46 +35,30 @@ def cluster(tmp_path: Path) -> Iterator[Harness]:
         running.close()
 
 
-def _serve(cluster: Harness, certs: Certificates) -> subprocess.Popen:
-    log = open(cluster.root / "serve.log", "wb")  # noqa: SIM115 - owned by the child
-    process = subprocess.Popen(
-        [sys.executable, "-m", "xmem_admission.cli", "serve", "--cert-file", str(certs.cert_file),
-         "--key-file", str(certs.key_file), "--host", "127.0.0.1", "--port", "0",
-         "--metrics-port", "0", "--policy", cluster.policy_file(), "--log-level", "warning"],
-        stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    cluster.processes.append(process)
-    return process
+@pytest.fixture()
+def installed(cluster: Harness, tmp_path: Path) -> Iterator[Installed]:
+    running = Installed(cluster.server, tmp_path)
+    try:
+        yield running
+    finally:
+        running.close()
 
 
-def _webhook_configurations(port: int, ca: bytes) -> List[Dict[str, Any]]:
-    out = []
-    for doc in yaml.safe_load_all(MANIFESTS.read_text()):
-        if not doc or not doc["kind"].endswith("WebhookConfiguration"):
-            continue
-        for webhook in doc["webhooks"]:
-            path = webhook["clientConfig"]["service"]["path"]
-            webhook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}",
-                                       "caBundle": base64.b64encode(ca).decode()}
-            webhook.pop("matchConditions", None)
-        out.append(doc)
-    return out
-
-
-def test_a_job_goes_from_held_to_estimated_to_a_pod_with_the_backends_resources(cluster, tmp_path):
+def _certs(tmp_path: Path) -> Certificates:
     (tmp_path / "tls").mkdir()
-    certs = Certificates(tmp_path / "tls")
-    serve = _serve(cluster, certs)
-    port = int(wait(lambda: (lambda m: m.group(1) if m else None)(re.search(
-        r"admission on https://127\.0\.0\.1:(\d+)", (cluster.root / "serve.log").read_text())),
-        30, "xmem serve to listen"))
-    for configuration in _webhook_configurations(port, certs.ca_file.read_bytes()):
-        cluster.server.create(configuration)
+    return Certificates(tmp_path / "tls")
+
+
+def test_a_job_goes_from_held_to_estimated_to_a_pod_with_the_backends_resources(
+        cluster, installed, tmp_path):
+    installed.serve(_certs(tmp_path), policy_file=cluster.policy_file())
     core = client.CoreV1Api(cluster.server.api_client())
     batch = client.BatchV1Api(cluster.server.api_client())
     core.create_namespace({"metadata": {"name": "ml", "labels": {labels.OPT_IN: "true"}}})
     cluster.server.create(code_map("ml"))
-    cluster.spawn(identity="controller", cluster_policy=True)  # the GPUAdmissionPolicy object
+    cluster.server.create({"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
+                           "metadata": {"name": "default"}, "spec": cluster.spec})
+    installed.controller(PROBE_IMAGE, "--workloads", "Job")  # reads the GPUAdmissionPolicy
 
     job = training_job("train", namespace="ml")
     del job["metadata"]["labels"][labels.OPT_IN]  # opted in through its namespace
@@ -121,31 +93,18 @@ def test_a_job_goes_from_held_to_estimated_to_a_pod_with_the_backends_resources(
     assert f"requesting nvidia.com/gpumem {ceil_div(request, MiB)} MiB" in event["message"]
     [gme] = cluster.gmes("ml")
     assert (gme["status"]["gpu"], gme["status"]["requestBytes"]) == ("A100-80GB", request)
-    assert serve.poll() is None  # the webhook served throughout
+    assert all(p.poll() is None for p in installed.processes)  # served and led throughout
 
 
 def test_in_a_cluster_the_webhook_sizes_a_repeat_job_at_once_from_the_recorded_estimate(
-        cluster, tmp_path):
+        cluster, installed, tmp_path):
     """`xmem serve` with cluster credentials and no policy file reads the GPUAdmissionPolicy and
     the controller's GPUMemoryEstimates: a second Job with the same fingerprint is not held."""
-    (tmp_path / "tls").mkdir()
-    certs = Certificates(tmp_path / "tls")
-    cluster.spawn(identity="controller", cluster_policy=True)  # creates the policy object too
-    log_path = cluster.root / "serve-cluster.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - owned by the child
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "xmem_admission.cli", "serve", "--cert-file", str(certs.cert_file),
-         "--key-file", str(certs.key_file), "--host", "127.0.0.1", "--port", "0",
-         "--metrics-port", "0", "--kubeconfig", cluster.cluster.kubeconfig,
-         "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    cluster.processes.append(serve)
-    port = int(wait(lambda: (lambda m: m.group(1) if m else None)(re.search(
-        r"admission on https://127\.0\.0\.1:(\d+)", log_path.read_text())), 30,
-        "xmem serve to listen"))
-    assert "policy GPUAdmissionPolicy/default" in log_path.read_text()
-    for configuration in _webhook_configurations(port, certs.ca_file.read_bytes()):
-        cluster.server.create(configuration)
+    cluster.server.create({"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
+                           "metadata": {"name": "default"}, "spec": cluster.spec})
+    installed.controller(PROBE_IMAGE, "--workloads", "Job")
+    installed.serve(_certs(tmp_path))
+    assert "policy GPUAdmissionPolicy/default" in installed.log_of("serve")
     core = client.CoreV1Api(cluster.server.api_client())
     batch = client.BatchV1Api(cluster.server.api_client())
     core.create_namespace({"metadata": {"name": "ml", "labels": {labels.OPT_IN: "true"}}})
@@ -172,4 +131,4 @@ def test_in_a_cluster_the_webhook_sizes_a_repeat_job_at_once_from_the_recorded_e
     second = wait(sized_at_once, 30, "the webhook's store to see the recorded estimate")
     assert template_annotations(second)[labels.REQUEST_BYTES] == request
     assert labels.HELD_REASON not in second["metadata"].get("annotations", {})
-    assert serve.poll() is None
+    assert all(p.poll() is None for p in installed.processes)

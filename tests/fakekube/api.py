@@ -1,8 +1,9 @@
 """The verbs of the stand-in API server: create, get, list, update, patch, delete, bind, log.
 
 Each verb runs the steps the real request path runs, in the real order: decode and default,
-mutating admission, the strategy's preparation (uids, Job selectors, status reset), validation
-(schemas and semantic rules), validating admission, then the write with its concurrency check.
+mutating admission, Pod Security admission for pods (``podsecurity``), the strategy's
+preparation (uids, Job selectors, status reset), validation (schemas and semantic rules),
+validating admission, then the write with its concurrency check.
 Updates and patches without a resourceVersion precondition are retried on a concurrent write,
 as the registry's ``GuaranteedUpdate`` does; with one, a stale version is a 409 Conflict.
 ``apiserver`` maps HTTP onto these methods; tests may call them directly to seed a cluster.
@@ -14,8 +15,9 @@ import base64
 import json
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from tests.fakekube import kinds, merge, webhooks
+from tests.fakekube import kinds, merge, podsecurity, rbac, webhooks
 from tests.fakekube.objects import Obj, Resource, Storage, clone, generate_name, meta, now
+from tests.fakekube.rbac import ADMIN, User
 from tests.fakekube.selectors import LabelSelector, field_selector
 from tests.fakekube.status import error, not_found
 
@@ -38,7 +40,7 @@ class Api:
         self.storage = Storage()
         self._by_path: Dict[Tuple[str, str, str], Resource] = {}  # (group, version, plural)
         self.log_source: Optional[LogSource] = None
-        for res in kinds.CORE:
+        for res in kinds.CORE + rbac.RESOURCES:
             self.register(res)
         for name in ("default", "kube-system", "kube-public"):
             self.create(self.resource("", "v1", "namespaces"), None, {"metadata": {"name": name}})
@@ -78,13 +80,14 @@ class Api:
                 raise not_found("namespaces", "", namespace)
 
     def _admit(self, mutating: bool, res: Resource, operation: str, obj: Optional[Obj],
-               old: Optional[Obj], namespace: str, dry_run: bool) -> Tuple[Optional[Obj], List[str]]:
+               old: Optional[Obj], namespace: str, dry_run: bool,
+               user: User = ADMIN) -> Tuple[Optional[Obj], List[str]]:
         plural = "mutatingwebhookconfigurations" if mutating else "validatingwebhookconfigurations"
         configs, _ = self.storage.list(self.resource("admissionregistration.k8s.io", "v1", plural), None)
         if not configs or res.group == "admissionregistration.k8s.io":
             return obj, []
         return webhooks.admit(configs, mutating, res, operation, obj, old,
-                              lambda: self._namespace_labels(namespace), dry_run)
+                              lambda: self._namespace_labels(namespace), dry_run, user.info())
 
     def _check_body(self, res: Resource, body: Any) -> Obj:
         if not isinstance(body, dict):
@@ -113,7 +116,8 @@ class Api:
     # --- verbs ------------------------------------------------------------------------------
 
     def create(self, res: Resource, namespace: Optional[str], body: Any,
-               params: Optional[Dict[str, str]] = None) -> Tuple[Obj, List[str]]:
+               params: Optional[Dict[str, str]] = None,
+               user: User = ADMIN) -> Tuple[Obj, List[str]]:
         params = params or {}
         obj = clone(self._check_body(res, body))
         kinds.check_namespace_scope(res, namespace, obj)
@@ -131,9 +135,15 @@ class Api:
         dry_run = params.get("dryRun") == "All"
         kinds.default(res, obj)
         warnings = kinds.unknown_field_warnings(res, obj) if params.get("fieldValidation") != "Ignore" else []
-        mutated, more = self._admit(True, res, "CREATE", obj, None, namespace or "", dry_run)
+        mutated, more = self._admit(True, res, "CREATE", obj, None, namespace or "", dry_run, user)
         assert mutated is not None
         obj, warnings = mutated, warnings + more
+        if res.kind == "Pod" and namespace:
+            level = (self._namespace_labels(namespace) or {}).get(podsecurity.LABEL)
+            found = podsecurity.violations(level, obj)
+            if found:
+                raise error(403, f'pods "{meta(obj).get("name", "")}" is forbidden: violates '
+                            f'PodSecurity "{level}:latest": ' + ", ".join(dict.fromkeys(found)))
         import uuid
 
         meta(obj)["uid"] = str(uuid.uuid4())
@@ -141,7 +151,7 @@ class Api:
         kinds.prepare_create(res, obj)
         kinds.validate(res, obj, self.schema_version, params.get("fieldValidation") == "Strict")
         self._check_owners(res, obj)
-        _, more = self._admit(False, res, "CREATE", obj, None, namespace or "", dry_run)
+        _, more = self._admit(False, res, "CREATE", obj, None, namespace or "", dry_run, user)
         warnings += more
         if dry_run:
             return obj, warnings
@@ -184,7 +194,7 @@ class Api:
 
     def update(self, res: Resource, namespace: Optional[str], name: str, body: Any,
                params: Optional[Dict[str, str]] = None,
-               subresource: str = "") -> Tuple[Obj, List[str]]:
+               subresource: str = "", user: User = ADMIN) -> Tuple[Obj, List[str]]:
         body = self._check_body(res, body)
         body_meta = body.get("metadata") or {}
         if body_meta.get("name") not in (None, name):
@@ -192,11 +202,11 @@ class Api:
                         f"the name on the URL ({name})")
         precondition = body_meta.get("resourceVersion") or None
         return self._write(res, namespace, name, lambda current: clone(body), precondition,
-                           params or {}, subresource)
+                           params or {}, subresource, user)
 
     def patch(self, res: Resource, namespace: Optional[str], name: str, raw: bytes,
               content_type: str, params: Optional[Dict[str, str]] = None,
-              subresource: str = "") -> Tuple[Obj, List[str]]:
+              subresource: str = "", user: User = ADMIN) -> Tuple[Obj, List[str]]:
         kind = PATCH_TYPES.get(content_type.split(";")[0].strip())
         if kind is None or kind == "apply":
             raise error(415, f"the body of the request was in an unknown format - accepted media "
@@ -224,11 +234,13 @@ class Api:
                 raise error(422, "the patch must leave an object")
             return out
 
-        return self._write(res, namespace, name, apply, precondition, params or {}, subresource)
+        return self._write(res, namespace, name, apply, precondition, params or {}, subresource,
+                           user)
 
     def _write(self, res: Resource, namespace: Optional[str], name: str,
                change: Callable[[Obj], Obj], precondition: Optional[str],
-               params: Dict[str, str], subresource: str) -> Tuple[Obj, List[str]]:
+               params: Dict[str, str], subresource: str,
+               user: User = ADMIN) -> Tuple[Obj, List[str]]:
         if subresource not in ("", "status") or (subresource == "status" and not res.status):
             raise error(404, f"the server could not find the requested resource ({subresource})")
         dry_run = params.get("dryRun") == "All"
@@ -259,14 +271,15 @@ class Api:
             warnings: List[str] = []
             if not subresource:
                 mutated, warnings = self._admit(True, res, "UPDATE", new, current,
-                                                namespace or "", dry_run)
+                                                namespace or "", dry_run, user)
                 assert mutated is not None
                 new = mutated
             kinds.validate(res, new, self.schema_version, params.get("fieldValidation") == "Strict")
             kinds.validate_update(res, current, new)
             self._check_owners(res, new)
             if not subresource:
-                _, more = self._admit(False, res, "UPDATE", new, current, namespace or "", dry_run)
+                _, more = self._admit(False, res, "UPDATE", new, current, namespace or "", dry_run,
+                                      user)
                 warnings += more
             if dry_run:
                 return new, warnings
@@ -284,7 +297,7 @@ class Api:
         raise error(409, f"too many concurrent writes to {res.plural} {name!r}", "Conflict")
 
     def delete(self, res: Resource, namespace: Optional[str], name: str, body: Any,
-               params: Optional[Dict[str, str]] = None) -> Obj:
+               params: Optional[Dict[str, str]] = None, user: User = ADMIN) -> Obj:
         params = params or {}
         options = body if isinstance(body, dict) else {}
         propagation = options.get("propagationPolicy") or params.get("propagationPolicy")
@@ -294,18 +307,18 @@ class Api:
         if params.get("dryRun") == "All" or options.get("dryRun") == ["All"]:
             return self.get(res, namespace, name)
         current = self.storage.get(res, namespace or "", name)
-        self._admit(False, res, "DELETE", None, current, namespace or "", False)
+        self._admit(False, res, "DELETE", None, current, namespace or "", False, user)
         return self.storage.delete(res, namespace or "", name, propagation,
                                    options.get("preconditions"),
                                    None if grace is None else int(grace))
 
     def delete_collection(self, res: Resource, namespace: Optional[str], body: Any,
-                          params: Optional[Dict[str, str]] = None) -> Obj:
+                          params: Optional[Dict[str, str]] = None, user: User = ADMIN) -> Obj:
         listing = self.list(res, namespace, params)
         for item in listing["items"]:
             try:
                 self.delete(res, item["metadata"].get("namespace"), item["metadata"]["name"],
-                            body, params)
+                            body, params, user)
             except Exception as exc:  # already gone: deletecollection does not fail on that
                 if getattr(exc, "code", None) != 404:
                     raise

@@ -10,6 +10,10 @@ chunked JSON events from a ``resourceVersion`` (410 Gone when it is older than t
 with the synthetic ADDED events of a fresh watch, DELETED/ADDED when an object leaves or enters
 a selector, ``timeoutSeconds`` and ``allowWatchBookmarks``.
 
+Users: each bearer token names a user (``add_user``; the server's own token is a superuser);
+requests are authorized by the stored RBAC objects (``rbac``), and the requester is the
+``userInfo`` the admission webhooks see.
+
 Fault injection: ``server.faults.add(status=429, method="PATCH", path="/jobs/")`` answers the
 next matching request with that status (``Retry-After`` when given), before it is handled, or
 after it was (``when="after"``: the write landed but the client saw an error, as on a timeout).
@@ -33,6 +37,7 @@ from tests.fakekube.api import Api
 from tests.fakekube.errors import ApiStatusError
 from tests.fakekube.faults import Fault, Faults
 from tests.fakekube.objects import Obj, Resource, WatchEvent
+from tests.fakekube.rbac import ADMIN, Attributes, Authorizer, User
 from tests.fakekube.selectors import LabelSelector, field_selector
 
 Observer = Callable[[str, str, int], None]
@@ -108,12 +113,13 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         try:
-            if owner.token and self.headers.get("Authorization") != f"Bearer {owner.token}":
+            user = owner.authenticate(self.headers.get("Authorization"))
+            if user is None:
                 raise statuses.error(401, "Unauthorized")
             fault = owner.faults.take(method, url.path, "before")
             if fault is not None:
                 raise self._fault_error(fault)
-            self._handle(method, url.path, params, raw)
+            self._handle(method, url.path, params, raw, user)
             if self.pending is not None:
                 fault = owner.faults.take(method, url.path, "after")
                 if fault is not None:
@@ -135,7 +141,8 @@ class _Handler(BaseHTTPRequestHandler):
         return statuses.error(fault.status, fault.message or f"injected fault {fault.status}",
                               headers=headers)
 
-    def _handle(self, method: str, path: str, params: Dict[str, str], raw: bytes) -> None:
+    def _handle(self, method: str, path: str, params: Dict[str, str], raw: bytes,
+                user: User) -> None:
         owner: ApiServer = self.server.owner
         api = owner.api
         parts = [p for p in path.split("/") if p]
@@ -151,6 +158,7 @@ class _Handler(BaseHTTPRequestHandler):
         res = api.resource(group, version, plural)
         if namespace is not None and not res.namespaced:
             raise statuses.error(404, f"{plural} is not a namespaced resource")
+        owner.authorize(user, method, params, res, namespace, name, sub)
         body = None
         if raw and method != "PATCH":
             try:
@@ -163,10 +171,10 @@ class _Handler(BaseHTTPRequestHandler):
             elif method == "GET":
                 self._send(200, api.list(res, namespace, params))
             elif method == "POST":
-                obj, warnings = api.create(res, namespace, body, params)
+                obj, warnings = api.create(res, namespace, body, params, user=user)
                 self._send(201, obj, self._warnings(warnings))
             elif method == "DELETE":
-                self._send(200, api.delete_collection(res, namespace, body, params))
+                self._send(200, api.delete_collection(res, namespace, body, params, user=user))
             else:
                 raise statuses.error(405, f"{method} is not allowed on a collection")
             return
@@ -179,14 +187,15 @@ class _Handler(BaseHTTPRequestHandler):
         elif method == "GET":
             self._send(200, api.get(res, namespace, name))
         elif method == "PUT":
-            obj, warnings = api.update(res, namespace, name, body, params, sub)
+            obj, warnings = api.update(res, namespace, name, body, params, sub, user=user)
             self._send(200, obj, self._warnings(warnings))
         elif method == "PATCH":
             obj, warnings = api.patch(res, namespace, name, raw,
-                                      self.headers.get("Content-Type", ""), params, sub)
+                                      self.headers.get("Content-Type", ""), params, sub,
+                                      user=user)
             self._send(200, obj, self._warnings(warnings))
         elif method == "DELETE" and not sub:
-            self._send(200, api.delete(res, namespace, name, body, params))
+            self._send(200, api.delete(res, namespace, name, body, params, user=user))
         else:
             raise statuses.error(405, f"{method} is not allowed here")
 
@@ -357,6 +366,8 @@ class ApiServer:
         self.observers: List[Observer] = []
         self.stopping = threading.Event()
         self.ca_pem = b""
+        self.users: Dict[str, User] = {token: ADMIN} if token else {}
+        self.authorizer = Authorizer(self.api.storage)
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -366,6 +377,39 @@ class ApiServer:
 
     def on_request(self, observer: Observer) -> None:
         self.observers.append(observer)
+
+    # --- users ------------------------------------------------------------------------------
+
+    def add_user(self, user: User) -> str:
+        """A bearer token for ``user`` (RBAC decides what it may do, unless a superuser)."""
+        import secrets
+
+        token = secrets.token_urlsafe(24)
+        self.users[token] = user
+        return token
+
+    def authenticate(self, header: Optional[str]) -> Optional[User]:
+        if not self.token:
+            return ADMIN  # authentication off
+        if not header or not header.startswith("Bearer "):
+            return None
+        return self.users.get(header[len("Bearer "):])
+
+    def authorize(self, user: User, method: str, params: Dict[str, str], res: Any,
+                  namespace: Optional[str], name: str, sub: str) -> None:
+        """Raise 403 unless RBAC allows the request (the message a real server gives)."""
+        if method == "GET":
+            verb = "get" if name else "watch" if params.get("watch") in ("true", "1") else "list"
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
+                    "DELETE": "delete" if name else "deletecollection"}[method]
+        if sub == "binding":
+            verb = "create"
+        attrs = Attributes(verb, res.group, res.plural, sub, namespace or "", name)
+        if not self.authorizer.allowed(user, attrs):
+            what = f'{res.plural} "{name}"' if name else res.plural
+            raise statuses.error(403, f'{what} is forbidden: User "{user.username}" '
+                                 f"{attrs.describe()}", "Forbidden")
 
     def start(self) -> ApiServer:
         server = _Server(("127.0.0.1", 0), _Handler)
@@ -409,8 +453,10 @@ class ApiServer:
 
     # --- clients ----------------------------------------------------------------------------
 
-    def kubeconfig(self, path: str, namespace: str = "default") -> str:
-        """Write a kubeconfig for this server (CA data and token inline); returns the path."""
+    def kubeconfig(self, path: str, namespace: str = "default",
+                   token: Optional[str] = None) -> str:
+        """Write a kubeconfig for this server (CA data and token inline; the server's own
+        superuser token unless ``token``); returns the path."""
         import base64
 
         import yaml
@@ -418,7 +464,8 @@ class ApiServer:
         cluster: Dict[str, Any] = {"server": self.url}
         if self.tls:
             cluster["certificate-authority-data"] = base64.b64encode(self.ca_pem).decode()
-        user: Dict[str, Any] = {"token": self.token} if self.token else {}
+        token = token or self.token
+        user: Dict[str, Any] = {"token": token} if token else {}
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "standin",
             "clusters": [{"name": "standin", "cluster": cluster}],
@@ -430,8 +477,9 @@ class ApiServer:
             yaml.safe_dump(config, handle)
         return path
 
-    def api_client(self) -> Any:
-        """An official ``kubernetes.client.ApiClient`` for this server (CA file and token set)."""
+    def api_client(self, token: Optional[str] = None) -> Any:
+        """An official ``kubernetes.client.ApiClient`` for this server (CA file and token set:
+        the superuser's unless ``token``)."""
         import tempfile
 
         from kubernetes import client
@@ -443,8 +491,8 @@ class ApiServer:
             handle.write(self.ca_pem)
             handle.close()
             configuration.ssl_ca_cert = handle.name
-        if self.token:
-            configuration.api_key = {"authorization": f"Bearer {self.token}"}
+        if token or self.token:
+            configuration.api_key = {"authorization": f"Bearer {token or self.token}"}
         return client.ApiClient(configuration)
 
     # --- seeding (tests): the same code path as a request, without HTTP -----------------------

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 from tests.fakekube.apiserver import ApiServer
 from tests.fakekube.objects import now
+from tests.fakekube.rbac import service_account
 
 
 class JobController:
@@ -33,7 +34,10 @@ class JobController:
     def start(self) -> JobController:
         from kubernetes import client
 
-        api_client = self.server.api_client()
+        # As the Job controller of kube-controller-manager (--use-service-account-credentials):
+        # the user the webhook sees on the pods it creates.
+        identity = service_account("kube-system", "job-controller", superuser=True)
+        api_client = self.server.api_client(self.server.add_user(identity))
         self._batch = client.BatchV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._thread = threading.Thread(target=self._loop, name="standin-jobs", daemon=True)

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterable, List, Optional
 from tests.fakekube import containers as ctr
 from tests.fakekube.apiserver import ApiServer
 from tests.fakekube.objects import now
+from tests.fakekube.rbac import User
 from tests.fakekube.selectors import LabelSelector
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.informer import interrupt_watch
@@ -69,7 +70,9 @@ class Kubelet:
     def start(self) -> Kubelet:
         from kubernetes import client
 
-        self._client = client.CoreV1Api(self.server.api_client())
+        node = User(f"system:node:{self.node_name}", ("system:nodes", "system:authenticated"),
+                    superuser=True)
+        self._client = client.CoreV1Api(self.server.api_client(self.server.add_user(node)))
         self.server.api.log_source = self._log
         self.server.storage.kubelet_present = lambda: not self._stop.is_set()
         self._thread = threading.Thread(target=self._watch, name="standin-kubelet", daemon=True)

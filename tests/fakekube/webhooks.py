@@ -10,8 +10,9 @@ in the response is applied, warnings travel back to the client as ``Warning`` he
 denial becomes the error a real server returns (``admission webhook "x" denied the request:
 ...``).
 
-Not modelled: ``clientConfig.service`` (no cluster DNS; use ``url``), ``matchConditions``, and
-reinvocation (``reinvocationPolicy: IfNeeded`` is treated as ``Never``).
+The review's ``userInfo`` is the requester's (``rbac.User``). Not modelled:
+``clientConfig.service`` (no cluster DNS; use ``url``), ``matchConditions``, and reinvocation
+(``reinvocationPolicy: IfNeeded`` is treated as ``Never``).
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from tests.fakekube.merge import json_patch
 from tests.fakekube.objects import Obj, Resource
 from tests.fakekube.selectors import LabelSelector
 from tests.fakekube.status import error
-
-USER = {"username": "system:serviceaccount:default:standin", "groups": ["system:authenticated"]}
 
 
 def _rule_matches(rule: Dict[str, Any], res: Resource, operation: str) -> bool:
@@ -79,7 +78,7 @@ def _post(url: str, ca_bundle: Optional[str], body: bytes, timeout: float) -> Di
 
 
 def _review(res: Resource, operation: str, obj: Optional[Obj], old: Optional[Obj],
-            namespace: str, name: str, dry_run: bool) -> Dict[str, Any]:
+            namespace: str, name: str, dry_run: bool, user: Dict[str, Any]) -> Dict[str, Any]:
     kind = {"group": res.group, "version": res.version, "kind": res.kind}
     resource = {"group": res.group, "version": res.version, "resource": res.plural}
     options_kind = {"CREATE": "CreateOptions", "UPDATE": "UpdateOptions",
@@ -89,7 +88,7 @@ def _review(res: Resource, operation: str, obj: Optional[Obj], old: Optional[Obj
         "request": {
             "uid": str(uuid.uuid4()), "kind": kind, "resource": resource,
             "requestKind": kind, "requestResource": resource, "name": name,
-            "namespace": namespace, "operation": operation, "userInfo": USER,
+            "namespace": namespace, "operation": operation, "userInfo": user,
             "object": obj, "oldObject": old, "dryRun": dry_run,
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": options_kind},
         },
@@ -105,6 +104,7 @@ def admit(
     old: Optional[Obj],
     namespace_labels: Callable[[], Optional[Dict[str, str]]],
     dry_run: bool,
+    user: Dict[str, Any],
 ) -> Tuple[Optional[Obj], List[str]]:
     """Run every matching webhook of the configurations (in name order); returns (object, warnings)."""
     warnings: List[str] = []
@@ -120,7 +120,7 @@ def admit(
                 raise error(400, f'admission webhook "{name}" does not support dry run')
             meta = (obj or old or {}).get("metadata") or {}
             review = _review(res, operation, obj, old, meta.get("namespace", ""),
-                             meta.get("name", ""), dry_run)
+                             meta.get("name", ""), dry_run, user)
             config = webhook.get("clientConfig") or {}
             try:
                 answer = _post(config.get("url", ""), config.get("caBundle"),

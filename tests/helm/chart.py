@@ -59,6 +59,7 @@ VALUE_SETS: Dict[str, Dict[str, Any]] = {
             "dashboard": {"namespace": "monitoring", "annotations": {"grafana_folder": "GPU"}},
         },
         "networkPolicy": {
+            "apiServerCIDRs": ["10.0.0.0/24", "fd00:10::/64"],
             "metricsFrom": [
                 {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
             ]
@@ -123,6 +124,18 @@ def render(values: Optional[Dict[str, Any]] = None, include_crds: bool = True,
     """The rendered objects, in helm's order."""
     docs = yaml.safe_load_all(render_text(values, include_crds, namespace))
     return [d for d in docs if d]
+
+
+def notes(values: Optional[Dict[str, Any]] = None) -> str:
+    """The NOTES helm prints after an install with these values (a client-side dry run)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
+        handle.write(yaml.safe_dump(values or {}))
+        handle.flush()
+        out = run([tool("helm"), "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                   "--dry-run=client", "--values", handle.name]).stdout
+    return out.split("NOTES:", 1)[1] if "NOTES:" in out else ""
 
 
 def find(objects: List[Dict[str, Any]], kind: str, name: Optional[str] = None) -> List[Dict[str, Any]]:

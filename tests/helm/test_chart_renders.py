@@ -60,6 +60,7 @@ def test_the_crds_folder_is_installed_with_the_chart() -> None:
 def test_every_object_is_namespaced_in_the_release_namespace_or_cluster_scoped() -> None:
     cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                       "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
                       "GPUAdmissionPolicy"}
     for obj in render(VALUE_SETS["cert-manager"], namespace="gpu-admission"):
         namespace = obj["metadata"].get("namespace")

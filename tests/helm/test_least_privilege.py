@@ -61,11 +61,14 @@ def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
         ("", "xmem.io", "gpumemoryestimates", "create"),
         ("", "xmem.io", "gpumemoryestimates", "update"),
         ("", "xmem.io", "gpumemoryestimates/status", "update"),
+        # blockOwnerDeletion on the estimation pods' owner reference (OpenShift's
+        # OwnerReferencesPermissionEnforcement asks for it)
+        ("", "xmem.io", "gpumemoryestimates/finalizers", "update"),
         (NAMESPACE, "coordination.k8s.io", "leases", "create"),
         (NAMESPACE, "coordination.k8s.io", "leases", "update"),
     }
-    assert not any(r in ("secrets", "configmaps", "serviceaccounts", "nodes")
-                   for _, _, r, _ in grants)
+    assert not any(r in ("secrets", "configmaps", "serviceaccounts", "nodes", "pods/log")
+                   for _, _, r, _ in grants)  # no pod's logs: failures come as messages
 
 
 def test_the_lease_and_the_certgen_secrets_are_limited_by_name() -> None:
@@ -141,12 +144,45 @@ def test_network_policies_open_only_the_admission_metrics_dns_and_api_ports() ->
     assert webhook["policyTypes"] == ["Ingress", "Egress"]
     ingress_ports = [p["port"] for rule in webhook["ingress"] for p in rule["ports"]]
     assert ingress_ports == [8443, 8080]
+    admission_rule = webhook["ingress"][0]
+    assert admission_rule["from"] == [
+        {"ipBlock": {"cidr": c}} for c in VALUE_SETS["everything"]["networkPolicy"]["apiServerCIDRs"]]
     metrics_rule = webhook["ingress"][1]
     assert metrics_rule["from"] == VALUE_SETS["everything"]["networkPolicy"]["metricsFrom"]
     egress_ports = sorted({p["port"] for rule in webhook["egress"] for p in rule["ports"]})
     assert egress_ports == [53, 443, 6443]
     controller = policies[f"{RELEASE}-xmem-admission-controller"]
     assert [p["port"] for rule in controller["ingress"] for p in rule["ports"]] == [8080]
+
+
+def test_by_default_only_the_monitoring_namespace_may_scrape_the_metrics_ports() -> None:
+    for policy in find(render({}), "NetworkPolicy"):
+        metrics_rule = policy["spec"]["ingress"][-1]
+        assert metrics_rule["from"] == [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}]
+
+
+def test_without_api_server_cidrs_the_admission_port_is_open_and_the_install_notes_say_so() -> None:
+    from tests.helm.chart import notes
+
+    webhook = one(render({}), "NetworkPolicy", f"{RELEASE}-xmem-admission-webhook")["spec"]
+    assert "from" not in webhook["ingress"][0]
+    assert "networkPolicy.apiServerCIDRs is empty" in notes({})
+    assert "apiServerCIDRs" not in notes({"networkPolicy": {"apiServerCIDRs": ["10.0.0.0/24"]}})
+
+
+def test_the_webhook_trusts_the_controllers_own_service_account_and_holds_only_with_a_controller(
+) -> None:
+    def env(values: Dict[str, Any]) -> Dict[str, Any]:
+        container = one(render(values), "Deployment", WEBHOOK_SA)["spec"]["template"]["spec"][
+            "containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    default = env({})
+    assert default["XMEM_CONTROLLER_USERS"] == f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}"
+    assert default["XMEM_HOLD"] == "true"
+    assert "system:serviceaccount:kube-system:*" in default["XMEM_WORKLOAD_CONTROLLERS"].split(",")
+    assert env({"controller": {"enabled": False}})["XMEM_HOLD"] == "false"
 
 
 def test_the_controller_environment_variables_are_ones_xmem_controller_reads() -> None:

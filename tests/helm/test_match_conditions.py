@@ -14,6 +14,7 @@ import pytest
 
 from tests.helm.chart import VALUE_SETS, find, render
 from tests.support.builders import make_job, make_pod, make_pytorchjob
+from tests.support.builders import templates_of as _templates
 from xmem_admission.cluster import integrations
 from xmem_admission.cluster.integrations.base import gpu_templates
 
@@ -125,13 +126,6 @@ def test_no_workload_the_webhook_acts_on_is_ever_skipped(condition) -> None:
         checked += 1
     assert checked == 3 * 7 * 7 * 2
 
-
-def _templates(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
-    if obj["kind"] == "Pod":
-        return [obj]
-    if obj["kind"] == "Job":
-        return [obj["spec"]["template"]]
-    return [r["template"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
 
 
 def test_match_conditions_can_be_turned_off() -> None:

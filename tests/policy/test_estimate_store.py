@@ -28,11 +28,13 @@ def test_a_directory_of_estimate_files_seeds_the_store(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("not an estimate")
     store = MemoryStore.from_directory(str(tmp_path))
     assert len(store) == 3
-    record = store.get("a" * 32)
+    record = store.get("a" * 32, "ml")  # no namespace in the file: the admin's, for every one
     assert record is not None and record.gpus[0].gpu == "A100-80GB"
     assert record.gpus[0].total_bytes == 10 * GiB
-    assert str(store.get("b" * 32).workload) == "ml/Job/train"
-    assert store.get("d" * 32) is None
+    assert store.get("a" * 32, "elsewhere") == record
+    assert str(store.get("b" * 32, "ml").workload) == "ml/Job/train"
+    assert store.get("b" * 32, "team-b") is None  # recorded for ml: sizes ml's workloads only
+    assert store.get("d" * 32, "ml") is None
     assert EstimateRecord.from_dict(record.to_dict()) == record
 
 

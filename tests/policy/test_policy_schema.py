@@ -67,9 +67,15 @@ def test_the_crd_defaults_are_the_parser_defaults() -> None:
 
 
 def test_every_field_an_override_may_set_is_a_spec_field() -> None:
+    """Every spec field but the cluster-wide ones (overrides, estimateSharing, and the
+    cluster-wide estimation cap) can be refined per namespace, and nothing else."""
+    from xmem_admission.cluster.policy.model import TOP_LEVEL_FIELDS
+
     spec = crd_schema(POLICY_CRD)["properties"]["spec"]["properties"]
     override = spec["overrides"]["items"]["properties"]
-    assert set(override) - {"namespaces"} == set(spec) - {"overrides"}
+    assert set(override) - {"namespaces"} == set(spec) - set(TOP_LEVEL_FIELDS)
+    estimation = set(spec["estimation"]["properties"]) - {"maxConcurrent"}
+    assert set(override["estimation"]["properties"]) == estimation
 
 
 def _with(path: str, value: Any) -> Dict[str, Any]:
@@ -149,3 +155,31 @@ def test_the_first_matching_override_wins_and_others_keep_the_defaults() -> None
 def test_the_schema_the_tests_use_is_strict_about_unknown_fields() -> None:
     with pytest.raises(jsonschema.ValidationError):
         crd_validator(str(POLICY_CRD)).validate(_with("spec.targets.0.colour", "blue"))
+
+
+def test_an_override_refines_nested_blocks_field_by_field() -> None:
+    """An override of one nested field keeps its siblings from above, at every depth."""
+    spec = {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+            "estimation": {"activeDeadlineSeconds": 30, "maxHoldSeconds": 600,
+                           "resources": {"cpu": "1", "memory": "2Gi"}},
+            "overrides": [{"namespaces": ["short"], "estimation": {"maxHoldSeconds": 150}},
+                          {"namespaces": ["big"], "estimation": {"resources": {"memory": "32Gi"}}}]}
+    policy = Policy.from_spec(spec)
+    short = policy.for_namespace("short").estimation
+    assert (short.max_hold_seconds, short.active_deadline_seconds, short.memory) == (150, 30, "2Gi")
+    big = policy.for_namespace("big").estimation
+    assert (big.memory, big.cpu, big.max_hold_seconds, big.active_deadline_seconds) == \
+        ("32Gi", "1", 600, 30)
+
+
+def test_estimates_are_shared_only_between_namespaces_the_policy_names() -> None:
+    spec = {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+            "estimateSharing": [{"namespaces": ["team-a", "team-a-dev"]}]}
+    policy = Policy.from_spec(spec)
+    assert policy.shares_with("team-a") == {"team-a", "team-a-dev"}
+    assert policy.shares_with("team-b") == {"team-b"}
+    with pytest.raises(PolicyError, match=r"estimateSharing\[0\].namespaces\[1\]: 'team-\*'"):
+        Policy.from_spec(dict(spec, estimateSharing=[{"namespaces": ["team-a", "team-*"]}]))
+    with pytest.raises(PolicyError, match=r"overrides\[0\].estimation.maxConcurrent: is cluster"):
+        Policy.from_spec(dict(spec, overrides=[{"namespaces": ["x"],
+                                                "estimation": {"maxConcurrent": 3}}]))

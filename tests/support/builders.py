@@ -15,6 +15,7 @@ import itertools
 from typing import Any, Dict, List, Optional, Tuple
 
 from xmem_admission.cluster import labels
+from xmem_admission.cluster.admission.trust import JOB_CONTROLLER
 
 _uids = itertools.count(1)
 
@@ -190,6 +191,15 @@ def make_pytorchjob(name: str, namespace: str = "ml") -> PyTorchJobBuilder:
     return PyTorchJobBuilder(obj, paths)
 
 
+def templates_of(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The pod templates of a workload the builders made (a Pod is its own)."""
+    if obj["kind"] == "Pod":
+        return [obj]
+    if obj["kind"] == "Job":
+        return [obj["spec"]["template"]]
+    return [r["template"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
+
+
 _GVK = {
     "Job": ("batch", "v1", "jobs"),
     "Pod": ("", "v1", "pods"),
@@ -204,11 +214,22 @@ def review(
     uid: Optional[str] = None,
     old: Optional[Dict[str, Any]] = None,
     kind: Optional[str] = None,
+    user: Optional[str] = None,
 ) -> Dict[str, Any]:
-    """An AdmissionReview v1 request as the API server sends it."""
+    """An AdmissionReview v1 request as the API server sends it.
+
+    ``userInfo`` names who asks: ``user``, else the Job controller for a Pod a Job owns (as the
+    API server reports the pods it creates), else the tenant ``alice``.
+    """
     kind = kind or (obj or old or {}).get("kind", "Job")
     group, version, resource = _GVK.get(kind, ("example.com", "v1", kind.lower() + "s"))
     meta = (obj or old or {}).get("metadata", {})
+    meta = meta if isinstance(meta, dict) else {}
+    if user is None:
+        owners = meta.get("ownerReferences") or []
+        made_by_job = kind == "Pod" and any(
+            isinstance(o, dict) and o.get("kind") in ("Job", "PyTorchJob") for o in owners)
+        user = JOB_CONTROLLER if made_by_job else "alice"
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -218,10 +239,11 @@ def review(
             "resource": {"group": group, "version": version, "resource": resource},
             "requestKind": {"group": group, "version": version, "kind": kind},
             "requestResource": {"group": group, "version": version, "resource": resource},
-            "name": meta.get("name", ""),
-            "namespace": meta.get("namespace", "ml"),
+            "name": meta.get("name", "") if isinstance(meta.get("name", ""), str) else "",
+            "namespace": meta.get("namespace", "ml") if isinstance(meta.get("namespace", "ml"), str)
+            else "ml",
             "operation": operation,
-            "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+            "userInfo": {"username": user, "groups": ["system:authenticated"]},
             "object": obj,
             "oldObject": old,
             "dryRun": dry_run,

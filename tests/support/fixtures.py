@@ -27,7 +27,7 @@ def https(certs: Certificates) -> Iterator[HttpsWebhook]:
 @pytest.fixture()
 def served(https: HttpsWebhook) -> Iterator[HttpsWebhook]:
     """The module's server with a fresh store and the default policy for each test."""
-    https.store._records.clear()
+    https.store.clear()
     https.use(make_policy())
     yield https
 

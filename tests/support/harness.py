@@ -15,7 +15,7 @@ import json
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Type
 
 import httpx
 import jsonpatch
@@ -141,11 +141,11 @@ class HttpsWebhook(_Base):
     """The real server on loopback, TLS with a certificate the client verifies."""
 
     def __init__(self, policy: Policy, certs: Certificates, on_hold: Any = None,
-                 reload_seconds: float = 0.2):
+                 reload_seconds: float = 0.2, webhook_class: Type[Webhook] = Webhook):
         self.certs = certs
         self.store = MemoryStore()
-        self.webhook = Webhook(StaticPolicySource(policy), self.store, AdmissionMetrics(),
-                               clock=lambda: FIXED_NOW, on_hold=on_hold)
+        self.webhook = webhook_class(StaticPolicySource(policy), self.store, AdmissionMetrics(),
+                                     clock=lambda: FIXED_NOW, on_hold=on_hold)
         config = ServeConfig(cert_file=str(certs.cert_file), key_file=str(certs.key_file),
                              host="127.0.0.1", port=0, metrics_port=0,
                              reload_seconds=reload_seconds, log_level="warning")
@@ -169,6 +169,16 @@ class HttpsWebhook(_Base):
         self.client.close()
         self.health.close()
         self.thread.stop()
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of every sample of a metric whose labels include these (0 when none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == name and all(sample.labels.get(k) == v
+                                              for k, v in labels.items()))
 
 
 def metric(text: str, name: str, **labels: str) -> Optional[float]:

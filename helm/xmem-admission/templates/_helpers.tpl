@@ -77,9 +77,10 @@ CEL for the matchCondition: does the object ask for a GPU, whatever its kind? Th
 of the object are gathered first (a Pod is its own template, a Job has one, a PyTorchJob one per
 replica type), then one predicate is applied to each. A template asks for a GPU when a container
 limit or request name starts with one of webhook.matchConditions.gpuResourcePrefixes, or when its
-metadata carries one of gpuAnnotations (KAI). This mirrors xmem_admission.cluster.kube.resources.gpu_count,
-which reads containers only (not init containers). Other kinds, and objects without a spec, give
-no templates and are skipped, which is what the webhook would answer for them anyway.
+metadata carries one of gpuAnnotations (KAI). This mirrors xmem_admission.cluster.kube.resources.gpu_containers:
+every kind of container counts (app, init and sidecar, ephemeral), so a GPU asked for only by an
+init container is still seen. Other kinds, and objects without a spec, give no templates and are
+skipped, which is what the webhook would answer for them anyway.
 */}}
 {{- define "xmem.celUsesGPU" -}}
 {{- $mc := .Values.webhook.matchConditions -}}
@@ -96,7 +97,11 @@ has(object.spec) && (
     ? object.spec.pytorchReplicaSpecs.filter(k, has(object.spec.pytorchReplicaSpecs[k].template)).map(k, object.spec.pytorchReplicaSpecs[k].template)
     : []
 ).exists(t,
-  (has(t.spec) && has(t.spec.containers) && t.spec.containers.exists(c, has(c.resources) && (
+  (has(t.spec) && (
+    (has(t.spec.containers) ? t.spec.containers : []) +
+    (has(t.spec.initContainers) ? t.spec.initContainers : []) +
+    (has(t.spec.ephemeralContainers) ? t.spec.ephemeralContainers : [])
+  ).exists(c, has(c.resources) && (
     (has(c.resources.limits) && c.resources.limits.exists(r, {{ $isGPU }})) ||
     (has(c.resources.requests) && c.resources.requests.exists(r, {{ $isGPU }})))))
   || (has(t.metadata) && has(t.metadata.annotations) && ({{ $hasAnnotation }}))

@@ -62,8 +62,9 @@ def register(subparsers: Any) -> None:
     add("--probe-image", default=_env("probe_image"),
         help="image of the init container that installs the probe bundle (this project's "
         "image) [XMEM_PROBE_IMAGE]")
-    add("--lease-name", default=_env("lease_name", "xmem-admission-controller"),
-        help="Lease used for leader election [XMEM_LEASE_NAME]")
+    add("--lease-name", default=_env("lease_name", "xmem-xmem-admission-controller"),
+        help="Lease used for leader election; the default is the one the chart's Role allows "
+        "(release xmem) [XMEM_LEASE_NAME]")
     add("--lease-namespace", default=_env("lease_namespace"),
         help="namespace of the Lease (default: this pod's namespace, else 'default') "
         "[XMEM_LEASE_NAMESPACE]")
@@ -144,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         elector = None if args.no_leader_election else LeaderElector(
             kube, _lease_namespace(args.lease_namespace), args.lease_name, identity,
             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-            retry_period=args.retry_period)
+            retry_period=args.retry_period,
+            on_error=lambda code: metrics.lease_errors.labels(code).inc())
     except ValueError as exc:
         raise ControllerError(f"--renew-deadline/--lease-duration: {exc}") from None
     try:

@@ -11,8 +11,12 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
+from xmem_admission.cluster.admission.trust import (
+    DEFAULT_CONTROLLER_USER,
+    DEFAULT_WORKLOAD_CONTROLLERS,
+)
 from xmem_admission.contract.errors import ServeError
 
 ENV = {
@@ -27,6 +31,9 @@ ENV = {
     "estimates": "XMEM_ESTIMATES",
     "reload_seconds": "XMEM_RELOAD_SECONDS",
     "log_level": "XMEM_LOG_LEVEL",
+    "controller_users": "XMEM_CONTROLLER_USERS",
+    "workload_controllers": "XMEM_WORKLOAD_CONTROLLERS",
+    "hold": "XMEM_HOLD",
 }
 
 
@@ -62,7 +69,26 @@ def register(subparsers: Any) -> None:
         help="how often certificate and policy are checked for changes [XMEM_RELOAD_SECONDS]")
     add("--log-level", default=_env("log_level", "info"),
         choices=("debug", "info", "warning", "error"), help="[XMEM_LOG_LEVEL]")
+    add("--controller-user", dest="controller_users", metavar="USER[,USER]",
+        default=_env("controller_users", DEFAULT_CONTROLLER_USER),
+        help="user name(s) of the xmem controller's service account: the only requester whose "
+        "xmem.io/ annotations are believed and who may release a held workload "
+        "[XMEM_CONTROLLER_USERS]")
+    add("--workload-controller", dest="workload_controllers", metavar="USER[,USER]",
+        default=_env("workload_controllers", ",".join(DEFAULT_WORKLOAD_CONTROLLERS)),
+        help="users that create pods for workloads (the Job controller, training operators; a "
+        "trailing * matches a prefix): only their pods count as owned and carry believed "
+        "sizing annotations [XMEM_WORKLOAD_CONTROLLERS]")
+    add("--no-hold", dest="hold", action="store_false",
+        default=(_env("hold", "true") or "true").lower() not in ("false", "0", "no"),
+        help="never hold a workload (no controller runs to release it): one without a recorded "
+        "estimate is admitted with a warning, or denied where the policy enforces "
+        "[XMEM_HOLD=false]")
     parser.set_defaults(func=run)
+
+
+def _users(text: str) -> Tuple[str, ...]:
+    return tuple(u.strip() for u in (text or "").split(",") if u.strip())
 
 
 def _cluster_api(args: argparse.Namespace) -> Any:
@@ -96,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     from xmem_admission.cluster.admission.metrics import AdmissionMetrics
     from xmem_admission.cluster.admission.server import AdmissionServer, ServeConfig
     from xmem_admission.cluster.admission.server import run as serve_forever
+    from xmem_admission.cluster.admission.trust import Trust
     from xmem_admission.cluster.admission.webhook import Webhook
     from xmem_admission.cluster.policy.sources import ClusterPolicySource, FilePolicySource
     from xmem_admission.cluster.policy.store import MemoryStore
@@ -124,8 +151,13 @@ def run(args: argparse.Namespace) -> int:
                       else MemoryStore())
     else:
         store = _cluster_store(api)
+    trust = Trust(controller_users=_users(args.controller_users),
+                  workload_controllers=_users(args.workload_controllers))
+    if args.hold and not trust.controller_users:
+        raise ServeError("--controller-user is empty: nothing could release a held workload; "
+                         "name the controller's service account or pass --no-hold")
     server = AdmissionServer(
-        Webhook(policy, store, metrics),
+        Webhook(policy, store, metrics, trust=trust, hold=args.hold),
         policy,
         ServeConfig(
             cert_file=args.cert_file, key_file=args.key_file, host=args.host, port=args.port,
@@ -137,7 +169,9 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"xmem serve: admission on https://{args.host}:{port} (/mutate, /validate), "
         f"health on http://{args.host}:{health_port} (/metrics, /healthz, /readyz); "
-        f"policy {where}; {len(store)} recorded estimates",
+        f"policy {where}; {len(store)} recorded estimates; "
+        + (f"holds workloads for {', '.join(trust.controller_users)}" if args.hold
+           else "never holds (--no-hold)"),
         file=sys.stderr, flush=True,
     )
     serve_forever(server)

@@ -4,12 +4,15 @@ probes and Prometheus.
 
 The handlers are thin on purpose: read the body, hand the bytes to ``Webhook.review``, send back
 what it returns with HTTP 200 (the API server reads the verdict from the review, and treats any
-other status as a failed call). The body is read as bytes and never parsed by the framework.
+other status as a failed call). The body is read as bytes and never parsed by the framework;
+its size is checked while it streams in (a chunked body is never buffered past the limit) and
+it must arrive within ``BODY_SECONDS`` (the header deadline is the server's: ``server.py``).
 """
 
 from __future__ import annotations
 
-from typing import Awaitable, Callable, Optional, Tuple
+import asyncio
+from typing import Awaitable, Callable, List, Optional, Tuple
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -23,6 +26,7 @@ from xmem_admission.cluster.admission.webhook import Endpoint, Scope, Webhook
 # The API server caps request bodies at 3 MiB (etcd's object limit is 1.5 MiB); anything far
 # beyond is not from an API server.
 MAX_BODY_BYTES = 8 * 1024 * 1024
+BODY_SECONDS = 10.0  # the API server sends a review at once; its own timeout is 30 s at most
 JSON = "application/json"
 
 # The paths each endpoint answers on, and which webhook entry each one stands for.
@@ -36,18 +40,41 @@ def _too_large() -> bytes:
     ))
 
 
+def _too_slow() -> bytes:
+    return response.build("", Verdict(
+        Decision.ERRORED, code=408, reason="Timeout",
+        message=f"admission review body not received within {BODY_SECONDS:g} s",
+    ))
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> Optional[bytes]:
+    """The body, or None as soon as more than ``limit`` bytes have arrived."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isascii() and length.isdigit() and \
+            (len(length) > 12 or int(length) > limit):
+        return None
+    chunks: List[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def create_admission_app(webhook: Webhook) -> FastAPI:
     """The TLS app the API server calls."""
     app = FastAPI(title="xmem admission", docs_url=None, redoc_url=None, openapi_url=None)
 
     def route(endpoint: Endpoint, scope: Scope) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
-            length = request.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-                return Response(_too_large(), media_type=JSON)
-            body = await request.body()
-            if len(body) > MAX_BODY_BYTES:
-                return Response(_too_large(), media_type=JSON)
+            try:
+                body = await asyncio.wait_for(read_body(request), BODY_SECONDS)
+            except asyncio.TimeoutError:
+                return Response(_too_slow(), media_type=JSON, headers={"Connection": "close"})
+            if body is None:
+                return Response(_too_large(), media_type=JSON, headers={"Connection": "close"})
             return Response(webhook.review(body, endpoint, scope), media_type=JSON)
 
         return handle

@@ -9,13 +9,16 @@ Series (all prefixed ``xmem_``):
 - ``workloads_held_total{kind}``: workloads suspended awaiting an estimate (not for dryRun);
 - ``estimates_applied_total{kind,gpu_model,backend}`` and
   ``estimate_request_bytes{namespace,workload,kind,gpu_model}``: the request given to each
-  workload (the most recent ``WORKLOAD_SERIES`` workloads, so the series count stays bounded);
+  workload (the most recent ``WORKLOAD_SERIES`` workloads, so the series count stays bounded;
+  label values from the request are cut to ``LABEL_CHARS`` characters with a digest of the
+  whole, so a 1 MB name costs a scrape no more than a short one);
 - ``estimate_cache_requests_total{result}``: estimate store lookups, ``hit`` or ``miss``;
 - ``policy_errors_total{reason}``: policies that failed to load or reload, and internal errors.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from typing import Optional, Tuple
@@ -23,6 +26,15 @@ from typing import Optional, Tuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 WORKLOAD_SERIES = 5000
+LABEL_CHARS = 253  # a Kubernetes name (DNS subdomain) is at most 253 characters
+
+
+def label_value(value: str) -> str:
+    """A label value of bounded length: the value itself, or its start and a digest of it."""
+    if len(value) <= LABEL_CHARS:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "replace")).hexdigest()[:16]
+    return f"{value[:LABEL_CHARS - 18]}~{digest}"
 # Admission answers take well under a millisecond to a few; the API server gives up at 10 s.
 LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
@@ -68,7 +80,7 @@ class AdmissionMetrics:
 
     def record_request(self, namespace: str, workload: str, kind: str, gpu: str, value: int) -> None:
         """Set a workload's request gauge, dropping the oldest series beyond WORKLOAD_SERIES."""
-        key = (namespace, workload, kind, gpu)
+        key = (label_value(namespace), label_value(workload), label_value(kind), gpu)
         with self._lock:
             self.request_bytes.labels(*key).set(value)
             self._series.pop(key, None)

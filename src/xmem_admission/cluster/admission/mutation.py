@@ -4,20 +4,27 @@ It never touches the object it is given: writes go through a ``jsonpatch.Draft``
 diffs before and after. Each step is small, named and idempotent (a second pass over its own
 output writes nothing), which is what makes reinvocation give an empty patch:
 
+- ``strip_untrusted``: sizing annotations (``xmem.io/request-bytes``, ``gpu-model``,
+  ``estimate-bytes``) that someone other than the xmem controller wrote are removed (see
+  ``trust``); what the record says is written back below, so on a reinvocation the patch is
+  still empty;
 - ``copy_opt_in_label``: GPU pod templates get ``xmem.io/estimate: "true"`` so their pods reach
   the webhook's objectSelector entry too;
 - ``record_fingerprint``: the workload gets ``xmem.io/fingerprint`` (the controller's key);
 - ``annotate_plan``: templates get the sizing annotations, unless they already carry a request;
 - ``apply_backend``: the request is written in the backend's form where none exists;
-- ``hold``: a workload without an estimate is suspended, with why and since when.
+- ``hold``: a workload without an estimate is suspended, with why and since when (one that
+  already says it is held is suspended too: the annotation alone holds nothing).
 
 Flow for CREATE (UPDATE, DELETE and CONNECT pass unchanged):
-1. templates that carry ``xmem.io/request-bytes`` already (the controller wrote it, or the
-   user did): turn it into the backend's form;
+1. templates that carry ``xmem.io/request-bytes`` from a trusted writer (the controller wrote it
+   into the template of a Job whose pod the Job controller creates): turn it into the backend's
+   form;
 2. else an estimate is recorded for the fingerprint: plan, annotate, apply, warn with the numbers;
    an estimate that fits no GPU of the policy is left to validation (denied when enforcing);
-3. else a Job or PyTorchJob is held; a bare Pod is admitted with a warning, or denied when the
-   policy enforces; a Pod with an owner is admitted unchanged.
+3. else a Job or PyTorchJob is held (when a controller runs to release it); a bare Pod (or a
+   Job nothing would release) is admitted with a warning, or denied when the policy enforces;
+   a Pod a workload controller created for its owner is admitted unchanged.
 """
 
 from __future__ import annotations
@@ -33,13 +40,18 @@ from xmem_admission.cluster.integrations.base import (
     TemplateRef,
     gpu_templates,
 )
+from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.policy import sizing
-from xmem_admission.cluster.policy.model import Settings
+from xmem_admission.cluster.policy.model import Settings, UntrustedAnnotations
 from xmem_admission.cluster.policy.sizing import Plan
 from xmem_admission.cluster.policy.store import EstimateRecord
-from xmem_admission.contract.errors import InvalidObjectError
+from xmem_admission.contract.errors import InvalidObjectError, QuantityError
+
+# The annotations that size a pod template: only the xmem controller writes them (the GPU
+# model pin, xmem.io/gpu-model, is the user's to choose among the policy's targets).
+SIZING = (labels.REQUEST_BYTES, labels.ESTIMATE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,9 @@ class Context:
     fingerprint: str
     record: Optional[EstimateRecord]  # None when nothing is recorded (or it covers no target)
     now: str  # RFC 3339, UTC: the held-since stamp
+    trusted: bool = True  # the sizing annotations come from the controller (``trust``)
+    owned: bool = False  # a workload controller created this Pod for its owner
+    can_hold: bool = True  # a controller runs that releases held workloads
 
 
 @dataclass
@@ -78,14 +93,32 @@ def annotated_plan(ref: TemplateRef, settings: Settings) -> Optional[Plan]:
     if raw is None:
         return None
     where = ref.field("metadata", "annotations", labels.REQUEST_BYTES)
-    if not isinstance(raw, str) or not raw.isdigit() or int(raw) <= 0:
+    try:
+        request = quantity.parse_digits(raw)
+    except QuantityError as exc:
+        raise InvalidObjectError(f"{where}: must be a positive whole number of bytes: {exc}") \
+            from None
+    if request <= 0:
         raise InvalidObjectError(f"{where}: must be a positive whole number of bytes, got {raw!r}")
     key = sizing.pinned_gpu(annotations)
     target = settings.target(key) if key else None
     target = target or settings.targets[0]
-    estimate = annotations.get(labels.ESTIMATE_BYTES)
-    estimate_bytes = int(estimate) if isinstance(estimate, str) and estimate.isdigit() else 0
-    return Plan(target, estimate_bytes, int(raw))
+    try:
+        estimate_bytes = quantity.parse_digits(annotations.get(labels.ESTIMATE_BYTES))
+    except QuantityError:
+        estimate_bytes = 0  # informational: absent or unreadable means "not known"
+    return Plan(target, estimate_bytes, request)
+
+
+def carried_plan(ref: TemplateRef, ctx: Context) -> Optional[Plan]:
+    """The plan a template carries, when its annotations may be believed (``ctx.trusted``)."""
+    return annotated_plan(ref, ctx.settings) if ctx.trusted else None
+
+
+def sizing_annotations(template: Mapping[str, Any]) -> Dict[str, Any]:
+    """The ``xmem.io/`` sizing annotations a pod template carries."""
+    annotations = _annotations(template)
+    return {k: annotations[k] for k in SIZING if k in annotations}
 
 
 def record_plan(ref: TemplateRef, ctx: Context) -> Optional[Plan]:
@@ -97,6 +130,12 @@ def record_plan(ref: TemplateRef, ctx: Context) -> Optional[Plan]:
 
 
 # --- steps ----------------------------------------------------------------------------------
+
+
+def strip_untrusted(draft: Draft, refs: Sequence[TemplateRef]) -> None:
+    for ref in refs:
+        for key in sizing_annotations(ref.template):
+            draft.delete(ref.at("metadata", "annotations", key))
 
 
 def copy_opt_in_label(draft: Draft, refs: Sequence[TemplateRef]) -> None:
@@ -113,7 +152,7 @@ def record_fingerprint(draft: Draft, fingerprint: str) -> None:
 
 
 def annotate_plan(draft: Draft, ref: TemplateRef, plan: Plan) -> None:
-    if labels.REQUEST_BYTES in _annotations(ref.template):
+    if draft.get(ref.at("metadata", "annotations", labels.REQUEST_BYTES)) is not None:
         return
     for key, value in plan.annotations().items():
         draft.set(ref.at("metadata", "annotations", key), value)
@@ -132,16 +171,33 @@ def apply_backend(draft: Draft, template: GpuTemplate, plan: Plan) -> List[str]:
 
 
 def hold(draft: Draft, integration: Integration, obj: Mapping[str, Any], ctx: Context) -> bool:
-    """Suspend a workload awaiting its estimate; False when it was already held by us."""
+    """Suspend a workload awaiting its estimate; False when it was already held by us.
+
+    A workload that already says it is held (our own earlier pass, on a reinvocation, or an
+    annotation its owner wrote) is suspended all the same: the annotation holds nothing.
+    """
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     if isinstance(annotations, dict) and labels.HELD_REASON in annotations:
-        return False
+        if integration.is_suspended(obj):
+            return False
+        integration.suspend(draft)
+        return True
     if integration.is_suspended(obj):
         draft.set(("metadata", "annotations", labels.USER_SUSPENDED), "true")
     draft.set(("metadata", "annotations", labels.HELD_REASON), labels.HeldReason.AWAITING_ESTIMATE.value)
     draft.set(("metadata", "annotations", labels.HELD_SINCE), ctx.now)
     integration.suspend(draft)
     return True
+
+
+def rewritten_sizing(templates: Sequence[GpuTemplate], draft: Draft) -> str:
+    """The field of the first sizing annotation the object came with that the mutation did not
+    leave as it was ('' when none): a value equal to what xmem writes itself is harmless."""
+    for ref, _ in templates:
+        for key, value in sizing_annotations(ref.template).items():
+            if draft.get(ref.at("metadata", "annotations", key)) != value:
+                return ref.field("metadata", "annotations", key)
+    return ""
 
 
 # --- the mutation ---------------------------------------------------------------------------
@@ -165,11 +221,13 @@ def mutate(
     if not templates:
         return obj, outcome
     draft = Draft(obj)
+    if not ctx.trusted:
+        strip_untrusted(draft, [ref for ref, _ in templates])
     if integration.can_hold:
         copy_opt_in_label(draft, [ref for ref, _ in templates])
         record_fingerprint(draft, ctx.fingerprint)
 
-    carried = [annotated_plan(ref, ctx.settings) for ref, _ in templates]
+    carried = [carried_plan(ref, ctx) for ref, _ in templates]
     if all(plan is not None for plan in carried):
         for template, plan in zip(templates, carried):
             assert plan is not None
@@ -189,24 +247,37 @@ def mutate(
                     f" (fingerprint {ctx.fingerprint[:12]})"
                 )
             outcome.warnings.extend(apply_backend(draft, template, plan))
-    elif integration.can_hold:
+    elif integration.can_hold and ctx.can_hold:
         outcome.held = hold(draft, integration, obj, ctx)
         outcome.warnings.append(
             f"xmem: {integration.kind} held until its GPU memory is estimated"
             f" (fingerprint {ctx.fingerprint[:12]})"
         )
-    elif integration.owner(obj) is None:
-        text = "no recorded GPU memory estimate for this bare Pod"
+    elif not ctx.owned:
+        what = "bare Pod" if not integration.can_hold else integration.kind
+        text = f"no recorded GPU memory estimate for this {what}"
         if ctx.settings.enforcing:
             outcome.decision = Decision.DENIED
             outcome.message = (
-                f"{text} (fingerprint {ctx.fingerprint}); the policy enforces estimates: run it "
-                f"as a Job so it can be held and estimated, or record an estimate first"
+                f"{text} (fingerprint {ctx.fingerprint}); the policy enforces estimates: "
+                + ("run it as a Job so it can be held and estimated, or record an estimate first"
+                   if not integration.can_hold else
+                   "no xmem controller runs to estimate it; record an estimate first")
             )
             return obj, outcome
         outcome.warnings.append(f"xmem: {text}; admitted unchanged")
     else:
         outcome.warnings.append("xmem: no GPU memory estimate for this Pod; admitted unchanged")
+
+    if not ctx.trusted and ctx.settings.untrusted_annotations is UntrustedAnnotations.DENY:
+        rewritten = rewritten_sizing(templates, draft)
+        if rewritten:
+            outcome.decision = Decision.DENIED
+            outcome.message = (
+                f"{rewritten}: only the xmem controller writes the xmem.io/ sizing annotations "
+                f"(policy untrustedAnnotations: Deny); remove them and xmem sizes the workload"
+            )
+            return obj, outcome
 
     after = draft.root
     if outcome.held:

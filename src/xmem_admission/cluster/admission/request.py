@@ -19,6 +19,11 @@ from xmem_admission.cluster.admission import review
 from xmem_admission.contract.errors import MalformedReviewError
 
 OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+# JSON values a review may hold (each object, array and separator counts): a 1.5 MiB object
+# (etcd's limit) and its old version hold a few hundred thousand; parsing bodies made of
+# nothing but tiny values would cost far more memory than their size (an empty dict is 64
+# bytes for its 3 bytes of JSON), so they are refused before parsing.
+MAX_JSON_VALUES = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,7 @@ class Request:
     old_obj: Optional[Dict[str, Any]]
     dry_run: bool
     sub_resource: str
+    user: str = ""  # userInfo.username: who asked (see ``trust``)
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,11 @@ def decode(body: bytes) -> Any:
     """Parse the HTTP body as JSON."""
     if not body:
         raise MalformedReviewError("empty body: expected an AdmissionReview")
+    values = body.count(b",") + body.count(b"{") + body.count(b"[")
+    if values > MAX_JSON_VALUES:
+        raise MalformedReviewError(
+            f"body holds more than {MAX_JSON_VALUES} JSON values: not an AdmissionReview an API "
+            f"server sends")
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -119,6 +130,8 @@ def parse(document: Any) -> Request:
         dry_run = False
     if not isinstance(dry_run, bool):
         raise MalformedReviewError("request.dryRun must be true or false")
+    user_info = request.get("userInfo")
+    user = user_info.get("username") if isinstance(user_info, dict) else None
     return Request(
         api_version=review.API_VERSION,
         uid=uid,
@@ -132,4 +145,5 @@ def parse(document: Any) -> Request:
         old_obj=old_obj,
         dry_run=dry_run,
         sub_resource=_str(request, "subResource"),
+        user=user if isinstance(user, str) else "",
     )

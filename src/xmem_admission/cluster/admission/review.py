@@ -12,7 +12,11 @@ from typing import Any, Dict, List, Optional, TypedDict
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 PATCH_TYPE = "JSONPatch"
-MAX_WARNING_CHARS = 120  # kubectl shows each warning on one line; the API server asks for < 120
+# The API server may cut a warning beyond 256 characters and drops warnings beyond 4096 in all
+# (Kubernetes docs, "Dynamic Admission Control", response warnings): stay within both.
+MAX_WARNING_CHARS = 256
+MAX_WARNINGS_CHARS = 4096
+MAX_MESSAGE_CHARS = 4096  # a denial's status message: enough for every violation, never a dump
 
 
 class GroupVersionKind(TypedDict):

@@ -6,6 +6,12 @@ when its files change on disk (cert-manager and the chart's hook rotate them in 
 new handshake, so rotation needs no restart and drops no connection. A half-written pair that
 fails to load is retried on the next check while the old certificate keeps serving. The same
 periodic task refreshes the policy source (a file or the cluster object), in a worker thread.
+
+Slow clients cannot hold a replica: a connection must deliver a request's headers within
+``header_seconds`` of opening (or of its first byte after a keep-alive pause), else it is
+closed, as is one whose request line and headers pass ``MAX_HEADER_BYTES``; the body has its
+own deadline (``app.BODY_SECONDS``) and size limit, checked as it streams in; an idle keep-alive
+connection is closed after 30 s.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Tuple
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from xmem_admission.cluster.admission.app import create_admission_app, create_health_app
 from xmem_admission.cluster.admission.webhook import Webhook
@@ -43,6 +50,7 @@ class ServeConfig:
     metrics_port: int = 8080
     reload_seconds: float = 2.0  # how often certificate and policy are checked for changes
     log_level: str = "info"
+    header_seconds: float = 10.0  # a request's headers must arrive within this
 
 
 def _stamp(paths: Tuple[str, ...]) -> Tuple[Any, ...]:
@@ -92,6 +100,74 @@ class ReloadingTLS:
         return True
 
 
+MAX_HEADER_BYTES = 64 * 1024  # request line and headers; the API server sends well under 4 KiB
+
+
+class TimedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline on a request's headers (armed when the
+    connection opens and when a request begins, cleared once its headers are complete) and a
+    bound on their size."""
+
+    header_seconds = 10.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._header_timer: Optional[asyncio.TimerHandle] = None
+        self._header_bytes = 0
+        super().connection_made(transport)
+        self._arm()
+
+    def _count(self, size: int) -> bool:
+        self._header_bytes += size
+        if self._header_bytes <= MAX_HEADER_BYTES:
+            return True
+        if not self.transport.is_closing():
+            log.info("closing a connection whose request headers passed %d bytes",
+                     MAX_HEADER_BYTES)
+            self.transport.close()
+        return False
+
+    def on_url(self, url: bytes) -> None:
+        if self._count(len(url)):
+            super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._count(len(name) + len(value)):
+            super().on_header(name, value)
+
+    def _arm(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_later(self.header_seconds, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _too_slow(self) -> None:
+        self._header_timer = None
+        if not self.transport.is_closing():
+            log.info("closing a connection whose request headers took over %.0f s",
+                     self.header_seconds)
+            self.transport.close()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_bytes = 0
+        self._arm()
+
+    def on_headers_complete(self) -> None:
+        self._disarm()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+def _timed_protocol(seconds: float) -> type:
+    return type("TimedHttpProtocol", (TimedHttpProtocol,), {"header_seconds": seconds})
+
+
 class _Server(uvicorn.Server):
     """A uvicorn server that leaves signals to us: two servers share one process."""
 
@@ -115,11 +191,12 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _uvicorn_config(app: Any, log_level: str) -> uvicorn.Config:
+def _uvicorn_config(app: Any, log_level: str, header_seconds: float) -> uvicorn.Config:
     """The settings both servers share: no logging config or access log of uvicorn's, no
-    lifespan, httptools."""
+    lifespan, httptools with a header deadline."""
     return uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                          http="httptools", log_level=log_level, timeout_keep_alive=30)
+                          http=_timed_protocol(header_seconds), log_level=log_level,
+                          timeout_keep_alive=30)
 
 
 class AdmissionServer:
@@ -132,11 +209,12 @@ class AdmissionServer:
         self.tls = ReloadingTLS(config.cert_file, config.key_file)
         self.admission_socket = bind(config.host, config.port)
         self.health_socket = bind(config.host, config.metrics_port)
-        admission = _uvicorn_config(create_admission_app(webhook), config.log_level)
+        admission = _uvicorn_config(create_admission_app(webhook), config.log_level,
+                                    config.header_seconds)
         admission.load()
         admission.ssl = self.tls.context  # ours, so that reloads reach the live listener
         health = _uvicorn_config(create_health_app(webhook.metrics, self.readiness),
-                                 config.log_level)
+                                 config.log_level, config.header_seconds)
         self._servers: List[_Server] = [_Server(admission), _Server(health)]
 
     @property

@@ -21,6 +21,14 @@ from the object entry to save the call).
 
 dryRun: the answer (patch, warnings, denial) is the same, but nothing is counted as held or
 applied and the ``on_hold`` hook (the controller's queue when run in one process) is not called.
+
+Trust (``trust``): the requester (``userInfo``) decides whether ``xmem.io/`` annotations are
+believed, whether a Pod counts as owned, and who may release a held workload. Estimates are
+looked up in the workload's own namespace and those the policy shares with it, never elsewhere.
+
+An opted-in object that cannot be read (a field of the wrong shape, a quantity out of range, a
+bug of ours) fails closed where the namespace's policy enforces (refused, and the answer says
+so) and open where it only warns (admitted unchanged, with a warning that says so).
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import enum
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from xmem_admission.cluster import integrations, labels
 from xmem_admission.cluster.admission import request, response
@@ -37,16 +45,21 @@ from xmem_admission.cluster.admission.metrics import AdmissionMetrics
 from xmem_admission.cluster.admission.mutation import Context, mutate
 from xmem_admission.cluster.admission.request import Request
 from xmem_admission.cluster.admission.response import Decision, Verdict
+from xmem_admission.cluster.admission.trust import Trust
 from xmem_admission.cluster.admission.validation import validate
 from xmem_admission.cluster.integrations.base import GpuTemplate, Integration
 from xmem_admission.cluster.kube.jsonpatch import diff
 from xmem_admission.cluster.kube.resources import gpu_containers
 from xmem_admission.cluster.policy import fingerprint
-from xmem_admission.cluster.policy.model import Settings
+from xmem_admission.cluster.policy.model import Policy, Settings
 from xmem_admission.cluster.policy.sizing import covered
 from xmem_admission.cluster.policy.sources import PolicySource
 from xmem_admission.cluster.policy.store import EstimateRecord, EstimateStore, WorkloadRef
-from xmem_admission.contract.errors import InvalidObjectError, UnsupportedKindError
+from xmem_admission.contract.errors import (
+    InvalidObjectError,
+    MalformedReviewError,
+    UnsupportedKindError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +94,23 @@ class Webhook:
         metrics: Optional[AdmissionMetrics] = None,
         clock: Callable[[], str] = utc_now,
         on_hold: Optional[HoldHook] = None,
+        trust: Optional[Trust] = None,
+        hold: bool = True,
     ):
         self.policy = policy
         self.store = store
         self.metrics = metrics if metrics is not None else AdmissionMetrics()
         self.clock = clock
         self.on_hold = on_hold
+        self.trust = trust if trust is not None else Trust()
+        self.hold = hold  # False: no controller runs, so nothing would release a held workload
 
     def review(self, body: bytes, endpoint: Endpoint, scope: Scope = Scope.OBJECT) -> bytes:
         """Answer one AdmissionReview (the HTTP body); always returns a review to send back."""
         started = time.perf_counter()
         envelope = request.Envelope()
         kind = operation = "unknown"
+        settings: Optional[Settings] = None
         try:
             document = request.decode(body)
             envelope = request.envelope(document)
@@ -106,27 +124,39 @@ class Webhook:
                     f"webhook rules should send only {', '.join(i.kind for i in integrations.ALL)}"
                 )
             kind = integration.kind
-            verdict = self._decide(req, integration, endpoint, scope)
-        except Exception as exc:  # ranked: input errors refused, bugs fail open
-            verdict = response.verdict_for_error(exc)
-            if verdict.decision is Decision.FAILED_OPEN:
-                log.exception("internal error answering an admission review")
-                self.metrics.policy_errors.labels("internal").inc()
+            policy = self.policy.current()
+            settings = policy.for_namespace(req.namespace) if policy is not None else None
+            verdict = self._decide(req, integration, endpoint, scope, policy, settings)
+        except Exception as exc:  # ranked: input errors refused, unreadable objects by mode
+            verdict = self._failed(exc, kind, settings)
         try:
             out = response.build(envelope.uid, verdict, envelope.api_version)
         except Exception:  # an unserialisable patch value: still answer, unchanged
             log.exception("cannot serialise the admission response")
             self.metrics.policy_errors.labels("internal").inc()
-            verdict = response.verdict_for_error(RuntimeError("response serialisation"))
+            verdict = self._failed(RuntimeError("response serialisation"), kind, settings)
             out = response.build(envelope.uid, verdict, envelope.api_version)
         self.metrics.requests.labels(endpoint.value, kind, operation, verdict.decision.value).inc()
         self.metrics.latency.labels(endpoint.value).observe(time.perf_counter() - started)
         return out
 
+    def _failed(self, exc: BaseException, kind: str, settings: Optional[Settings]) -> Verdict:
+        """The answer when something went wrong: a malformed review or an unknown kind is
+        refused (400); an opted-in object that cannot be read fails closed or open by the
+        namespace's enforcement; an error of ours is logged and counted."""
+        if not isinstance(exc, (MalformedReviewError, UnsupportedKindError, InvalidObjectError)):
+            log.exception("internal error answering an admission review", exc_info=exc)
+            self.metrics.policy_errors.labels("internal").inc()
+        if settings is None or not settings.enabled or isinstance(
+                exc, (MalformedReviewError, UnsupportedKindError)):
+            return response.verdict_for_error(exc)
+        return response.unreadable(exc, kind, settings.enforcing)
+
     # --- decisions -------------------------------------------------------------------------
 
     def _decide(
-        self, req: Request, integration: Integration, endpoint: Endpoint, scope: Scope
+        self, req: Request, integration: Integration, endpoint: Endpoint, scope: Scope,
+        policy: Optional[Policy], settings: Optional[Settings],
     ) -> Verdict:
         obj = req.obj
         if req.operation not in ("CREATE", "UPDATE") or req.sub_resource or obj is None:
@@ -134,45 +164,70 @@ class Webhook:
         metadata = obj.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise InvalidObjectError("metadata: expected an object")
-        if scope is Scope.OBJECT and not labels.is_opted_in(metadata.get("labels")):
+        if scope is Scope.OBJECT and not (
+                labels.is_opted_in(metadata.get("labels")) or _opted_in(req.old_obj)):
             return Verdict(Decision.ALLOWED)
-        policy = self.policy.current()
-        if policy is None:
+        if policy is None or settings is None:
             return Verdict(Decision.ALLOWED, warnings=["xmem: no policy loaded; admitted unchanged"])
-        settings = policy.for_namespace(req.namespace)
         if not settings.enabled:
             return Verdict(Decision.ALLOWED)
+        if req.operation == "UPDATE" and metadata.get("deletionTimestamp"):
+            return Verdict(Decision.ALLOWED)  # being deleted: finalizers must be able to go
         refs = integration.pod_templates(obj)
         groups = [list(gpu_containers(ref.template)) for ref in refs]
         templates = [(ref, group) for ref, group in zip(refs, groups) if group]
-        if not templates:
+        if not templates and req.operation == "CREATE":
             return Verdict(Decision.ALLOWED)
         fp = fingerprint.of_containers(groups, settings.gpu_keys)
-        record = self._lookup(fp, settings, templates, endpoint)
-        ctx = Context(req.operation, req.namespace, settings, fp, record, self.clock())
+        shared = policy.shares_with(req.namespace)
+        owned, trusted = self._provenance(req, integration, obj)
+        record = self._lookup(fp, req.namespace, shared, settings, templates, endpoint, trusted) \
+            if templates else None
+        ctx = Context(req.operation, req.namespace, settings, fp, record, self.clock(),
+                      trusted=trusted, owned=owned, can_hold=self.hold)
         if endpoint is Endpoint.MUTATE:
             return self._mutate(req, integration, obj, ctx, templates)
-        violations = validate(integration, obj, ctx, templates)
+        violations = validate(integration, obj, ctx, templates, old=req.old_obj,
+                              by_controller=self.trust.is_controller(req.user))
         if not violations:
             return Verdict(Decision.ALLOWED)
         if settings.enforcing:
             return Verdict.deny("xmem: " + "; ".join(str(v) for v in violations))
         return Verdict(Decision.ALLOWED, warnings=[f"xmem: {v}" for v in violations])
 
+    def _provenance(self, req: Request, integration: Integration,
+                    obj: Dict[str, Any]) -> Tuple[bool, bool]:
+        """(owned, trusted): whether a workload controller created this Pod for an owner, and
+        whether its ``xmem.io/`` sizing annotations may be believed (see ``trust``)."""
+        if self.trust.is_controller(req.user):
+            return integration.owner(obj) is not None, True
+        if integration.can_hold or not self.trust.is_workload_controller(req.user):
+            return False, False
+        owner = integration.owner(obj)
+        if owner is None:
+            return False, False
+        holds = any(i.can_hold and i.kind == owner.get("kind") for i in integrations.ALL)
+        return True, holds
+
     def _lookup(
-        self, fp: str, settings: Settings, templates: List[GpuTemplate], endpoint: Endpoint
+        self, fp: str, namespace: str, shared: FrozenSet[str], settings: Settings,
+        templates: List[GpuTemplate], endpoint: Endpoint, trusted: bool,
     ) -> Optional[EstimateRecord]:
         sized = all(
             all(k in ((ref.template.get("metadata") or {}).get("annotations") or {})
                 for k in (labels.REQUEST_BYTES, labels.ESTIMATE_BYTES))
             for ref, _ in templates
         )
-        if sized and endpoint is Endpoint.MUTATE:
-            # Every GPU template carries its sizing (the Pod CREATE of a released workload): the
-            # mutation needs no lookup. Validation always looks, so a hand-written estimate
-            # annotation cannot stand in for the recorded one.
+        if sized and trusted and endpoint is Endpoint.MUTATE:
+            # Every GPU template carries its sizing from the controller (the Pod CREATE of a
+            # released workload): the mutation needs no lookup. Validation always looks, so a
+            # hand-written estimate annotation cannot stand in for the recorded one.
             return None
-        record = self.store.get(fp)
+        return self._find(fp, namespace, shared, settings)
+
+    def _find(self, fp: str, namespace: str, shared: FrozenSet[str],
+              settings: Settings) -> Optional[EstimateRecord]:
+        record = self.store.get(fp, namespace, shared)
         self.metrics.cache.labels("hit" if record is not None else "miss").inc()
         if record is not None and not covered(record, settings):
             return None
@@ -216,3 +271,10 @@ class Webhook:
                     req.namespace, name, kind, plan.target.gpu.key, plan.request_bytes
                 )
         return Verdict(decision, patch=ops, warnings=outcome.warnings)
+
+
+def _opted_in(old: Optional[Dict[str, Any]]) -> bool:
+    """Whether the stored version of an updated object was opted in (taking the label off is
+    itself an update the webhook judges)."""
+    meta = (old or {}).get("metadata")
+    return isinstance(meta, dict) and labels.is_opted_in(meta.get("labels"))

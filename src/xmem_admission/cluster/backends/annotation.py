@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional, Sequence
 from xmem_admission.cluster.backends.base import Applied, Backend, Existing, GpuContainer
 from xmem_admission.cluster.integrations.base import TemplateRef
 from xmem_admission.cluster.kube.jsonpatch import Draft
+from xmem_admission.cluster.kube.resources import Slot
 from xmem_admission.cluster.policy.model import BackendName
 from xmem_admission.contract import gpus
 
@@ -19,7 +20,7 @@ class AnnotationBackend(Backend):
     name = BackendName.ANNOTATION
 
     def existing(
-        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+        self, template: Mapping[str, Any], slot: Slot, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
         return None  # the xmem.io/request-bytes annotation is checked for every backend
 

@@ -16,13 +16,18 @@ from xmem_admission.cluster.integrations.base import TemplateRef
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import MiB, ceil_div
-from xmem_admission.cluster.kube.resources import container_resources, resource_value
+from xmem_admission.cluster.kube.resources import (
+    Slot,
+    container_resources,
+    resource_value,
+    slot_field,
+)
 from xmem_admission.cluster.policy.model import BackendName
 from xmem_admission.contract import gpus
 from xmem_admission.contract.errors import InvalidObjectError, QuantityError
 
-# (index, container, GPU count) as resources.gpu_containers yields them.
-GpuContainer = Tuple[int, Mapping[str, Any], int]
+# (slot, container, GPU count) as resources.gpu_containers yields them.
+GpuContainer = Tuple[Slot, Mapping[str, Any], int]
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,13 @@ def quantity_at(where: str) -> Iterator[None]:
 
 
 def resource_request(
-    container: Mapping[str, Any], index: int, name: str, unit: int, cards: int = 1
+    container: Mapping[str, Any], slot: Slot, name: str, unit: int, cards: int = 1
 ) -> Optional[Existing]:
     """A request written as an extended resource (``name``: N ``unit``s for ``cards`` GPUs)."""
     value = resource_value(container, name)
     if value is None:
         return None
-    field = f"spec.containers[{index}].resources.limits[{name}]"
+    field = f"{slot_field(slot)}.resources.limits[{name}]"
     with quantity_at(field):
         size = quantity.parse_count(value) * unit // cards
     return Existing(f"{name}: {value}", size, field)
@@ -73,20 +78,20 @@ def mib(request_bytes: int) -> int:
     return ceil_div(request_bytes, MiB)
 
 
-def drop_resource(draft: Draft, ref: TemplateRef, index: int, name: str) -> None:
+def drop_resource(draft: Draft, ref: TemplateRef, slot: Slot, name: str) -> None:
     """Remove a resource from a container's limits and requests, where present."""
-    limits, requests = container_resources(draft.get(ref.at("spec", "containers", index)))
+    limits, requests = container_resources(draft.get(ref.at("spec", *slot)))
     for kind, present in (("limits", limits), ("requests", requests)):
         if name in present:
-            draft.delete(ref.at("spec", "containers", index, "resources", kind, name))
+            draft.delete(ref.at("spec", *slot, "resources", kind, name))
 
 
-def set_limit(draft: Draft, ref: TemplateRef, index: int, name: str, value: str) -> None:
+def set_limit(draft: Draft, ref: TemplateRef, slot: Slot, name: str, value: str) -> None:
     """Set an extended resource in limits (requests default to limits for extended resources)."""
-    draft.set(ref.at("spec", "containers", index, "resources", "limits", name), value)
-    limits, requests = container_resources(draft.get(ref.at("spec", "containers", index)))
+    draft.set(ref.at("spec", *slot, "resources", "limits", name), value)
+    limits, requests = container_resources(draft.get(ref.at("spec", *slot)))
     if name in requests:  # requests must equal limits for extended resources
-        draft.set(ref.at("spec", "containers", index, "resources", "requests", name), value)
+        draft.set(ref.at("spec", *slot, "resources", "requests", name), value)
 
 
 class Backend(abc.ABC):
@@ -96,7 +101,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def existing(
-        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+        self, template: Mapping[str, Any], slot: Slot, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
         """The request this container already has in this backend's form, if any."""
 

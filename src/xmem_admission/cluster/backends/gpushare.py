@@ -24,6 +24,7 @@ from xmem_admission.cluster.kube.resources import (
     GPUSHARE_COUNT,
     GPUSHARE_MEM,
     NVIDIA_GPU,
+    Slot,
     gpu_count,
 )
 from xmem_admission.cluster.policy.model import BackendName
@@ -34,10 +35,10 @@ class GpushareBackend(ContainerBackend):
     name = BackendName.GPUSHARE
 
     def existing(
-        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+        self, template: Mapping[str, Any], slot: Slot, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
         cards = max(1, gpu_count(container, template.get("metadata") or {}))
-        return resource_request(container, index, GPUSHARE_MEM, GiB, cards)
+        return resource_request(container, slot, GPUSHARE_MEM, GiB, cards)
 
     def refusal(
         self, pending: Sequence[GpuContainer], request_bytes: int, gpu: gpus.GPU
@@ -50,10 +51,10 @@ class GpushareBackend(ContainerBackend):
     def write(
         self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
     ) -> str:
-        index, _container, count = target
+        slot, _container, count = target
         per_card = ceil_div(request_bytes, GiB)
-        drop_resource(draft, ref, index, NVIDIA_GPU)
-        set_limit(draft, ref, index, GPUSHARE_MEM, str(per_card * count))
+        drop_resource(draft, ref, slot, NVIDIA_GPU)
+        set_limit(draft, ref, slot, GPUSHARE_MEM, str(per_card * count))
         if count > 1:
             draft.set(ref.at("metadata", "labels", GPUSHARE_COUNT), str(count))
         return f"{GPUSHARE_MEM} {per_card * count} GiB"

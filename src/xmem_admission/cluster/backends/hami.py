@@ -18,7 +18,7 @@ from xmem_admission.cluster.backends.base import (
 from xmem_admission.cluster.integrations.base import TemplateRef
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import MiB
-from xmem_admission.cluster.kube.resources import HAMI_GPUMEM, HAMI_GPUMEM_PERCENT
+from xmem_admission.cluster.kube.resources import HAMI_GPUMEM, HAMI_GPUMEM_PERCENT, Slot
 from xmem_admission.cluster.policy.model import BackendName
 from xmem_admission.contract import gpus
 
@@ -27,12 +27,12 @@ class HamiBackend(ContainerBackend):
     name = BackendName.HAMI
 
     def existing(
-        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+        self, template: Mapping[str, Any], slot: Slot, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
-        found = resource_request(container, index, HAMI_GPUMEM, MiB)
+        found = resource_request(container, slot, HAMI_GPUMEM, MiB)
         if found is not None:
             return found
-        percent = resource_request(container, index, HAMI_GPUMEM_PERCENT, gpu.capacity_bytes)
+        percent = resource_request(container, slot, HAMI_GPUMEM_PERCENT, gpu.capacity_bytes)
         if percent is None or percent.bytes_per_gpu is None:
             return None
         return Existing(percent.what, percent.bytes_per_gpu // 100, percent.field)

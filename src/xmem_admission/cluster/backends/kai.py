@@ -23,10 +23,12 @@ from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import MiB
 from xmem_admission.cluster.kube.resources import (
+    CONTAINERS,
     KAI_CONTAINER,
     KAI_FRACTION,
     KAI_MEMORY,
     NVIDIA_GPU,
+    Slot,
     kai_target_index,
 )
 from xmem_admission.cluster.policy.model import BackendName
@@ -42,10 +44,10 @@ class KaiBackend(Backend):
     name = BackendName.KAI
 
     def existing(
-        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+        self, template: Mapping[str, Any], slot: Slot, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
         annotations = _annotations(template)
-        if index != kai_target_index(template):
+        if slot != (CONTAINERS, kai_target_index(template)):
             return None
         if KAI_MEMORY in annotations:
             value = annotations[KAI_MEMORY]
@@ -73,15 +75,15 @@ class KaiBackend(Backend):
         annotations = _annotations(ref.template)
         if KAI_MEMORY in annotations or KAI_FRACTION in annotations:
             return out  # the pod already has its share, set by hand or by an earlier pass
-        if len(containers) != 1 or containers[0][2] != 1:
+        if len(containers) != 1 or containers[0][2] != 1 or containers[0][0][0] != CONTAINERS:
             out.warnings.append(
-                "xmem: a KAI gpu-memory share covers one GPU in one container; left unchanged"
+                "xmem: a KAI gpu-memory share covers one GPU in one app container; left unchanged"
             )
             return out
-        index, container, _count = containers[0]
-        drop_resource(draft, ref, index, NVIDIA_GPU)
+        slot, container, _count = containers[0]
+        drop_resource(draft, ref, slot, NVIDIA_GPU)
         draft.set(ref.at("metadata", "annotations", KAI_MEMORY), str(mib(request_bytes)))
-        if index != 0:
+        if slot[1] != 0:
             draft.set(ref.at("metadata", "annotations", KAI_CONTAINER), str(container.get("name")))
         out.written.append(f"{KAI_MEMORY} {mib(request_bytes)} MiB")
         return out

@@ -32,7 +32,9 @@ from xmem_admission.cluster.kube.resources import (
     GPU_MEMORY_LABEL,
     MIG_PREFIX,
     NVIDIA_GPU,
+    Slot,
     mig_resources,
+    slot_field,
 )
 from xmem_admission.cluster.policy.model import BackendName
 from xmem_admission.contract import gpus
@@ -56,7 +58,7 @@ class MigMixedBackend(ContainerBackend):
     name = BackendName.MIG_MIXED
 
     def existing(
-        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+        self, template: Mapping[str, Any], slot: Slot, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
         migs = mig_resources(container)
         if not migs:
@@ -64,7 +66,7 @@ class MigMixedBackend(ContainerBackend):
         name = next(iter(migs))
         profile = name[len(MIG_PREFIX):]
         known = {p.name: p.memory_bytes for p in gpu.mig_profiles}
-        field = f"spec.containers[{index}].resources.limits[{name}]"
+        field = f"{slot_field(slot)}.resources.limits[{name}]"
         return Existing(f"{name}: {migs[name]}", known.get(profile), field)
 
     def refusal(
@@ -75,12 +77,12 @@ class MigMixedBackend(ContainerBackend):
     def write(
         self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
     ) -> str:
-        index, _container, count = target
+        slot, _container, count = target
         profile = gpus.smallest_mig_profile(gpu, request_bytes)
         if profile is None:  # refusal() has stopped apply() with a warning before any write
             raise AssertionError(f"no MIG slice of {gpu.key} for {request_bytes} bytes")
-        drop_resource(draft, ref, index, NVIDIA_GPU)
-        set_limit(draft, ref, index, profile.resource_name, str(count))
+        drop_resource(draft, ref, slot, NVIDIA_GPU)
+        set_limit(draft, ref, slot, profile.resource_name, str(count))
         return f"{profile.resource_name}: {count}"
 
 
@@ -101,7 +103,7 @@ class MigSingleBackend(Backend):
     name = BackendName.MIG_SINGLE
 
     def existing(
-        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+        self, template: Mapping[str, Any], slot: Slot, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
         selector = ((template.get("spec") or {}).get("nodeSelector") or {}).get(GPU_MEMORY_LABEL)
         exprs = _gpu_memory_terms(template)

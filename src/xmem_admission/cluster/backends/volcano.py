@@ -22,6 +22,7 @@ from xmem_admission.cluster.kube.resources import (
     NVIDIA_GPU,
     VOLCANO_MEMORY,
     VOLCANO_NUMBER,
+    Slot,
     resource_value,
 )
 from xmem_admission.cluster.policy.model import BackendName
@@ -32,16 +33,16 @@ class VolcanoBackend(ContainerBackend):
     name = BackendName.VOLCANO
 
     def existing(
-        self, template: Mapping[str, Any], index: int, container: Mapping[str, Any], gpu: gpus.GPU
+        self, template: Mapping[str, Any], slot: Slot, container: Mapping[str, Any], gpu: gpus.GPU
     ) -> Optional[Existing]:
-        return resource_request(container, index, VOLCANO_MEMORY, MiB)
+        return resource_request(container, slot, VOLCANO_MEMORY, MiB)
 
     def write(
         self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
     ) -> str:
-        index, container, count = target
+        slot, container, count = target
         if resource_value(container, VOLCANO_NUMBER) is None:
-            set_limit(draft, ref, index, VOLCANO_NUMBER, str(count))
-        drop_resource(draft, ref, index, NVIDIA_GPU)
-        set_limit(draft, ref, index, VOLCANO_MEMORY, str(mib(request_bytes)))
+            set_limit(draft, ref, slot, VOLCANO_NUMBER, str(count))
+        drop_resource(draft, ref, slot, NVIDIA_GPU)
+        set_limit(draft, ref, slot, VOLCANO_MEMORY, str(mib(request_bytes)))
         return f"{VOLCANO_MEMORY} {mib(request_bytes)} MiB"

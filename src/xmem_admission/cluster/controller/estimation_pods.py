@@ -5,9 +5,13 @@ next reconcile continues from):
 
 1. a terminal estimate (``Succeeded``/``Failed``) only has leftovers cleaned: a pod that is
    still pending or running after a failure (stuck pulling an image) is deleted;
-2. no pod for the current attempt: create it (409 AlreadyExists means a previous run did), then
-   record ``Running``, ``podName`` and ``startTime``; a pod that vanished while running (evicted,
-   deleted by hand) is replaced by a new attempt, up to ``max_attempts``;
+2. no pod for the current attempt: create it, once fewer estimation pods run than the policy's
+   caps allow (``maxConcurrentPerNamespace`` in the namespace, ``maxConcurrent`` in the
+   cluster), then record ``Running``, ``podName`` and ``startTime``; a pod that vanished while
+   running (evicted, deleted by hand) is replaced by a new attempt, up to ``max_attempts``;
+   a pod is ours only when its controlling owner reference carries this GME's uid: one that
+   merely has the name (a 409 AlreadyExists included) is someone else's, and the estimation
+   fails (``PodNameTaken``) instead of reading a result its author wrote;
 3. a pod that finished, or is stuck (image pull failure, bad config), or outlived
    ``activeDeadlineSeconds`` plus a slack (an unschedulable pod never starts its own clock):
    classify it and record ``Succeeded`` with the estimates, or ``Failed`` with a reason and a
@@ -17,7 +21,7 @@ next reconcile continues from):
 
 Failure reasons: ``ScriptFailed``, ``NoOptimizerStep``, ``NeedsRealValues``, ``Unsupported``,
 ``ProbeError``, ``NoResult``, ``OOMKilled``, ``DeadlineExceeded``, ``ImagePullFailed``,
-``ContainerConfigError``, ``ProbeInjectionFailed``, ``Error``, ``PodDeleted``.
+``ContainerConfigError``, ``ProbeInjectionFailed``, ``Error``, ``PodDeleted``, ``PodNameTaken``.
 """
 
 from __future__ import annotations
@@ -66,6 +70,36 @@ def owner(ctx: Context, gme: Obj) -> Optional[Tuple[Workload, Obj]]:
     return None
 
 
+def owns(gme: Obj, pod: Obj) -> bool:
+    """Whether the controller made this pod for this GME: its controlling owner reference names
+    the GME's uid (a name and labels anyone can copy; a uid, only the API server assigns)."""
+    uid = gme["metadata"].get("uid")
+    return bool(uid) and any(
+        isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") == GME.kind
+        and ref.get("uid") == uid for ref in pod["metadata"].get("ownerReferences") or [])
+
+
+def running(pod: Obj) -> bool:
+    """An estimation pod that still holds a slot: not finished, not being deleted."""
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and \
+        "deletionTimestamp" not in pod["metadata"]
+
+
+def at_capacity(ctx: Context, namespace: str, settings: Any) -> Optional[str]:
+    """Why no estimation pod may start now (the policy's caps), or None."""
+    live = [p for p in ctx.pods.items() if running(p) and any(
+        ref.get("kind") == GME.kind for ref in p["metadata"].get("ownerReferences") or [])]
+    policy = ctx.policy.current()
+    cluster_cap = policy.max_concurrent if policy is not None else settings.estimation.max_concurrent
+    if len(live) >= cluster_cap:
+        return f"{len(live)} estimation pods run in the cluster (maxConcurrent {cluster_cap})"
+    here = sum(1 for p in live if p["metadata"].get("namespace") == namespace)
+    cap = settings.estimation.max_concurrent_per_namespace
+    if here >= cap:
+        return f"{here} estimation pods run in {namespace} (maxConcurrentPerNamespace {cap})"
+    return None
+
+
 def _statuses(pod: Obj, field: str) -> List[Dict[str, Any]]:
     return (pod.get("status") or {}).get(field) or []
 
@@ -79,9 +113,16 @@ def _main_status(pod: Obj) -> Dict[str, Any]:
 
 
 def _tail(ctx: Context, pod: Obj, container: Optional[str] = None) -> str:
+    """The last lines a failed container printed: the kubelet puts them in its termination
+    message when it wrote no result (``FallbackToLogsOnError``), so the controller needs no
+    right to read any pod's logs."""
     name = container or pod["spec"]["containers"][0]["name"]
-    text = ctx.kube.pod_log(pod["metadata"]["namespace"], pod["metadata"]["name"], name,
-                            ctx.log_lines).strip()
+    text = ""
+    for status in _statuses(pod, "initContainerStatuses") + _statuses(pod, "containerStatuses"):
+        if status.get("name") == name:
+            message = ((status.get("state") or {}).get("terminated") or {}).get("message") or ""
+            if _decoded(message) is None:
+                text = "\n".join(str(message).strip().splitlines()[-ctx.log_lines:])
     return f"; last log lines:\n{text}" if text else ""
 
 
@@ -189,6 +230,11 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
     status = dict(gme.get("status") or {})
     phase = records.phase(gme)
     pod = ctx.pods.get(namespace, records.pod_name(gme))
+    if pod is not None and not owns(gme, pod):
+        if phase in records.TERMINAL:
+            return None  # never delete someone else's pod
+        _finish(ctx, gme, status, None, _name_taken(pod))
+        return None
     if phase in records.TERMINAL:
         _fill_error(ctx, gme, status)
         if pod is not None and phase == records.FAILED and \
@@ -239,6 +285,10 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
         _write_status(ctx, gme, status)
         _enqueue_workloads(ctx, gme)
         return None
+    full = at_capacity(ctx, gme["metadata"]["namespace"], settings)
+    if full is not None:
+        log.info("estimation %s waits: %s", gme["metadata"]["name"], full)
+        return 5.0
     ref, containers = templates[0]
     body = podspec.build(gme, obj, ref.template, containers[0][1], settings, ctx.probe_image)
     try:
@@ -248,11 +298,21 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
     except Exception as exc:
         if not getattr(exc, "already_exists", False):
             raise
+        existing = ctx.kube.get(POD, gme["metadata"]["namespace"], body["metadata"]["name"])
+        if not owns(gme, existing):  # a 409 is ours only when the pod that holds the name is
+            _finish(ctx, gme, status, None, _name_taken(existing))
+            return None
+        ctx.pods.put(existing)
     status.update(phase=records.RUNNING, attempt=records.attempt(gme),
                   podName=records.pod_name(gme))
     status.setdefault("startTime", records.stamp(ctx.now()))
     _write_status(ctx, gme, status)
     return float(settings.estimation.active_deadline_seconds) + ctx.deadline_slack
+
+
+def _name_taken(pod: Obj) -> Outcome:
+    return Outcome(reason="PodNameTaken", message=f"a pod named {pod['metadata']['name']!r} that "
+                   "xmem did not create holds the estimation pod's name; its result is not read")
 
 
 def _pod_lost(ctx: Context, gme: Obj, status: Dict[str, Any]) -> Optional[float]:

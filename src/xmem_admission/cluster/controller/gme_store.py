@@ -1,22 +1,24 @@
 """The webhook's estimate store, backed by ``GPUMemoryEstimate`` resources.
 
-Implements ``xmem_admission.cluster.policy.store.EstimateStore``: ``get`` answers from memory (it is on the
-API server's request path), from a cache an informer keeps in step with every succeeded GME in
-the cluster; ``put`` records an estimate as a GME (created, then its status written: status is a
-subresource), in the namespace of the record's workload. A fingerprint recorded in several
-namespaces answers with the most recently completed record. ``xmem serve`` can use it in a
-cluster instead of the in-memory store (``KubeStore(kube).start()``).
+Implements ``xmem_admission.cluster.policy.store.EstimateStore``: ``get`` answers from memory (it
+is on the API server's request path), from a cache an informer keeps in step with every
+succeeded GME in the cluster; ``put`` records an estimate as a GME (created, then its status
+written: status is a subresource), in the namespace of the record's workload. Lookups are
+namespaced (``policy.store.choose``): a GME sizes the workloads of its own namespace and of the
+namespaces the policy shares estimates with, never others; within one namespace the most
+recently completed record wins. ``xmem serve`` uses it in a cluster instead of the in-memory
+store (``KubeStore(kube).start()``).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Collection, Dict, Optional, Tuple
 
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.kube.client import GME, Kube, Obj
 from xmem_admission.cluster.kube.informer import Informer
-from xmem_admission.cluster.policy.store import EstimateRecord
+from xmem_admission.cluster.policy.store import EstimateRecord, choose
 from xmem_admission.contract.errors import KubeApiError
 
 
@@ -28,7 +30,7 @@ class KubeStore:
         self.default_namespace = default_namespace
         self._lock = threading.Lock()
         self._records: Dict[str, Dict[Tuple[str, str], EstimateRecord]] = {}
-        self._best: Dict[str, EstimateRecord] = {}
+        self._best: Dict[str, Dict[str, EstimateRecord]] = {}  # fingerprint -> namespace -> newest
         self._where: Dict[Tuple[str, str], str] = {}  # (namespace, name) -> fingerprint
         self.informer = Informer(kube, GME, self._on_event)
 
@@ -41,10 +43,12 @@ class KubeStore:
         self.informer.stop()
 
     def __len__(self) -> int:
-        return len(self._best)
+        return sum(len(found) for found in self._best.values())
 
-    def get(self, fingerprint: str) -> Optional[EstimateRecord]:
-        return self._best.get(fingerprint)  # a dict read: atomic, no lock on the hot path
+    def get(self, fingerprint: str, namespace: str,
+            shared: Collection[str] = ()) -> Optional[EstimateRecord]:
+        found = self._best.get(fingerprint)  # a dict read: atomic, no lock on the hot path
+        return choose(found, namespace, shared) if found else None
 
     def put(self, record: EstimateRecord) -> None:
         namespace = record.workload.namespace if record.workload and record.workload.namespace \
@@ -80,4 +84,8 @@ class KubeStore:
             self._records.pop(fingerprint, None)
             self._best.pop(fingerprint, None)
             return
-        self._best[fingerprint] = max(found.values(), key=lambda r: r.created or "")
+        newest: Dict[str, EstimateRecord] = {}
+        for (namespace, _name), record in found.items():
+            if namespace not in newest or (record.created or "") > (newest[namespace].created or ""):
+                newest[namespace] = record
+        self._best[fingerprint] = newest  # replaced whole: readers never see it half-built

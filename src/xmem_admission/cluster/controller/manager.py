@@ -260,6 +260,8 @@ class HealthServer:
     def readiness(self) -> Tuple[bool, str]:
         if self.controller.running.is_set():
             return True, "leading"
+        if self.elector is not None and self.elector.blocked:
+            return False, f"standby that can never lead: {self.elector.problem}"
         if self.elector is not None:
             return True, "standby"
         return False, "starting"

@@ -4,10 +4,16 @@ Built from the workload's first GPU pod template and its first GPU container (th
 process; single-process estimation):
 
 - the same image, command, args, working directory, ``env`` and ``envFrom``, service account
-  (for its image pull secrets) and ``imagePullSecrets``, pod security context;
+  (for its image pull secrets), ``imagePullSecrets`` and ``runtimeClassName`` (a sandboxed
+  runtime such as gVisor or Kata keeps holding the user's code);
+- Pod Security ``restricted``, init container included: non-root (the workload's own user when
+  it names a non-root one, else 65532), ``RuntimeDefault`` seccomp (or the workload's
+  ``Localhost`` profile), no privilege escalation, every capability dropped; of the workload's
+  security contexts only the user, groups and a read-only root file system are kept;
 - its volumes that carry inputs (config maps, secrets, downward API, projected sources without
-  service-account tokens, persistent volume claims, NFS, CSI), all mounted read-only, and its
-  ``emptyDir`` scratch space; never host paths;
+  service-account tokens, persistent volume claims, CSI), all mounted read-only, and its
+  ``emptyDir`` scratch space; never host paths (nor NFS, which ``restricted`` does not allow:
+  mount it through a PersistentVolumeClaim);
 - no GPU: no GPU resources, no node selector, affinity or tolerations aimed at GPU nodes,
   ``CUDA_VISIBLE_DEVICES=""`` and ``NVIDIA_VISIBLE_DEVICES=void`` so that a node whose default
   runtime is NVIDIA's does not hand it a device anyway;
@@ -37,7 +43,10 @@ RESULT_PATH = probe_env.DEFAULT_RESULT_PATH
 INIT_NAME = "xmem-probe"
 USER_PYTHONPATH = "XMEM_USER_PYTHONPATH"
 INPUT_VOLUMES = ("configMap", "secret", "downwardAPI", "projected", "persistentVolumeClaim",
-                 "nfs", "csi", "emptyDir")
+                 "csi", "emptyDir")  # all allowed by Pod Security "restricted"
+NON_ROOT = 65532  # the user an estimation pod runs as when the workload names no other
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                        "runAsNonRoot": True}
 OURS = probe_env.ALL + ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", USER_PYTHONPATH)
 
 
@@ -53,7 +62,7 @@ def _volume(volume: Mapping[str, Any]) -> Any:
         if not sources:
             return None
         out["projected"] = dict(volume["projected"], sources=sources)
-    elif kind in ("persistentVolumeClaim", "nfs", "csi"):
+    elif kind in ("persistentVolumeClaim", "csi"):
         out[kind] = dict(volume[kind], readOnly=True)
     return out
 
@@ -90,6 +99,45 @@ def _env(container: Mapping[str, Any], gme: Obj, settings: Settings) -> List[Dic
     return env
 
 
+def _user(context: Any) -> Dict[str, Any]:
+    """The user and groups of a security context, where they are not root."""
+    if not isinstance(context, dict):
+        return {}
+    out: Dict[str, Any] = {}
+    for key in ("runAsUser", "runAsGroup"):
+        value = context.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            out[key] = value
+    return out
+
+
+def pod_security(spec: Mapping[str, Any]) -> Dict[str, Any]:
+    """The pod's security context: ``restricted``, with the workload's non-root user and groups."""
+    given = spec.get("securityContext")
+    given = given if isinstance(given, dict) else {}
+    out: Dict[str, Any] = {"runAsNonRoot": True, "runAsUser": NON_ROOT, "runAsGroup": NON_ROOT}
+    out.update(_user(given))
+    for key in ("fsGroup", "supplementalGroups", "fsGroupChangePolicy"):
+        if given.get(key) is not None:
+            out[key] = given[key]
+    seccomp = given.get("seccompProfile")
+    if isinstance(seccomp, dict) and seccomp.get("type") == "Localhost":
+        out["seccompProfile"] = dict(seccomp)
+    else:
+        out["seccompProfile"] = {"type": "RuntimeDefault"}
+    return out
+
+
+def container_security(container: Mapping[str, Any]) -> Dict[str, Any]:
+    """A container's security context: ``restricted``, with its own non-root user kept."""
+    given = container.get("securityContext")
+    out: Dict[str, Any] = dict(RESTRICTED_CONTAINER, capabilities={"drop": ["ALL"]})
+    out.update(_user(given))
+    if isinstance(given, dict) and given.get("readOnlyRootFilesystem") is True:
+        out["readOnlyRootFilesystem"] = True
+    return out
+
+
 def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mapping[str, Any],
           settings: Settings, probe_image: str) -> Obj:
     """The estimation pod for a GME, from the workload's GPU template and container."""
@@ -114,11 +162,14 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
         "resources": {"limits": dict(limits), "requests": dict(limits)},
         "volumeMounts": mounts,
         "terminationMessagePath": RESULT_PATH,
-        "terminationMessagePolicy": "File",
+        # No result written and a failure: the kubelet puts the last log lines here instead,
+        # which is how the controller quotes them without reading any pod's logs.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    for key in ("command", "args", "workingDir", "envFrom", "imagePullPolicy", "securityContext"):
+    for key in ("command", "args", "workingDir", "envFrom", "imagePullPolicy"):
         if container.get(key) is not None:
             main[key] = container[key]
+    main["securityContext"] = container_security(container)
     init = {
         "name": INIT_NAME,
         "image": probe_image,
@@ -126,8 +177,10 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
         "resources": {"limits": {"cpu": "200m", "memory": "128Mi"},
                       "requests": {"cpu": "50m", "memory": "64Mi"}},
         "volumeMounts": [{"name": PROBE_VOLUME, "mountPath": PROBE_DIR}],
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": dict(RESTRICTED_CONTAINER, capabilities={"drop": ["ALL"]},
+                                readOnlyRootFilesystem=True, runAsUser=NON_ROOT,
+                                runAsGroup=NON_ROOT, seccompProfile={"type": "RuntimeDefault"}),
     }
     m = workload["metadata"]
     gme_meta = gme["metadata"]
@@ -140,8 +193,9 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
         "initContainers": [init],
         "containers": [main],
         "volumes": volumes,
+        "securityContext": pod_security(spec),
     }
-    for key in ("serviceAccountName", "imagePullSecrets", "securityContext"):
+    for key in ("serviceAccountName", "imagePullSecrets", "runtimeClassName"):
         if spec.get(key):
             pod_spec[key] = spec[key]
     return {

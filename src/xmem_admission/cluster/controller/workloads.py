@@ -57,8 +57,11 @@ def is_held(obj: Obj) -> bool:
 
 
 def held_since(obj: Obj) -> datetime.datetime:
-    when = records.parse_time(annotations_of(obj).get(labels.HELD_SINCE))
-    return when or records.parse_time(obj["metadata"].get("creationTimestamp")) or \
+    """When the hold began: the workload's creation (the webhook holds at CREATE), a time the
+    API server stamps; the ``held-since`` annotation is the user's to write, so it only stands
+    in when there is no creation time."""
+    when = records.parse_time(obj["metadata"].get("creationTimestamp"))
+    return when or records.parse_time(annotations_of(obj).get(labels.HELD_SINCE)) or \
         datetime.datetime.now(datetime.timezone.utc)
 
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple, Type, Ty
 
 from xmem_admission.cluster.kube.client import Kind
 from xmem_admission.cluster.kube.jsonpatch import Draft, Path, dotted
-from xmem_admission.cluster.kube.resources import gpu_containers
+from xmem_admission.cluster.kube.resources import Slot, gpu_containers
 from xmem_admission.cluster.policy.store import WorkloadRef
 from xmem_admission.contract.errors import InvalidObjectError
 
@@ -43,8 +43,8 @@ class TemplateRef:
         return dotted(self.at(*rest))
 
 
-# A GPU pod template and its GPU containers: (index, container, GPU count) each.
-GpuTemplate = Tuple[TemplateRef, List[Tuple[int, Mapping[str, Any], int]]]
+# A GPU pod template and its GPU containers: (slot, container, GPU count) each.
+GpuTemplate = Tuple[TemplateRef, List[Tuple[Slot, Mapping[str, Any], int]]]
 
 
 def object_at(obj: Mapping[str, Any], path: Path) -> Mapping[str, Any]:

@@ -91,6 +91,7 @@ class Kube:
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Call an API method; JSON answers come back as dicts, text as str."""
         from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError as TransportError
 
         delay = self.backoff
         for attempt in range(self.attempts):
@@ -109,7 +110,8 @@ class Kube:
                 if retry_after and str(retry_after).isdigit():
                     wait = max(wait, float(retry_after))
                 problem = f"HTTP {exc.status}"
-            except (OSError, ValueError) as exc:  # urllib3 errors derive from these
+            except (OSError, ValueError, TransportError) as exc:  # refused, reset, timed out,
+                # or urllib3's own retries given up (MaxRetryError): the server is unreachable
                 wait, problem = delay, f"{type(exc).__name__}: {exc}"
             if attempt + 1 == self.attempts:
                 raise Unavailable(f"{getattr(fn, '__name__', fn)}: {problem}")

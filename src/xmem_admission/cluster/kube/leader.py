@@ -11,6 +11,13 @@ standby take over a live leader. The leader renews every ``retry_period``; when 
 renewed for ``renew_deadline`` it stops leading (before the lease can expire for others, since
 ``renew_deadline < lease_duration``), and the process exits so the Deployment restarts it as a
 standby. On a clean shutdown the leader releases the lease so a standby takes over at once.
+
+An API server that cannot be reached, or answers 5xx, is a failed attempt like any other (the
+client retries with backoff first): a candidate keeps trying, a leader steps down once its renew
+deadline passes. An answer that says it may not use its Lease (401/403) is not a passing
+outage: it is logged as an error (then every ``ERROR_LOG_SECONDS``), reported to ``on_error``
+(the controller counts it), and kept in ``problem`` for readiness, which fails once it has
+lasted ``UNREADY_AFTER_SECONDS``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,9 @@ from xmem_admission.contract.errors import KubeApiError, KubeUnavailable
 
 log = logging.getLogger(__name__)
 
+ERROR_LOG_SECONDS = 30.0
+UNREADY_AFTER_SECONDS = 30.0
+
 
 def micro_time(when: datetime.datetime) -> str:
     """``metav1.MicroTime``: RFC 3339 with microseconds."""
@@ -38,7 +48,8 @@ class LeaderElector:
     def __init__(self, kube: Kube, namespace: str, name: str, identity: str,
                  lease_duration: float = 15.0, renew_deadline: float = 10.0,
                  retry_period: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_error: Optional[Callable[[str], Any]] = None) -> None:
         if not renew_deadline < lease_duration:
             raise ValueError("renew_deadline must be shorter than lease_duration")
         self.kube = kube
@@ -53,6 +64,37 @@ class LeaderElector:
         self._observed: Optional[str] = None  # the record we last saw (holder, renewTime)
         self._observed_at = 0.0
         self._renewed_at: Optional[float] = None
+        self.on_error = on_error
+        self.problem: Optional[str] = None  # why the Lease cannot be used, while it cannot
+        self._problem_since: Optional[float] = None
+        self._problem_logged = -ERROR_LOG_SECONDS
+
+    @property
+    def blocked(self) -> bool:
+        """True when the Lease has been refused to this candidate for a while: it will never
+        lead until someone fixes its permissions (readiness says so)."""
+        return self._problem_since is not None and \
+            self.clock() - self._problem_since >= UNREADY_AFTER_SECONDS
+
+    def _refused(self, action: str, exc: KubeApiError) -> bool:
+        """A write or read the API refused; loud when it is about permissions. False."""
+        if exc.status in (401, 403):
+            self.problem = f"cannot {action} Lease {self.namespace}/{self.name}: {exc}"
+            if self._problem_since is None:
+                self._problem_since = self.clock()
+            if self.clock() - self._problem_logged >= ERROR_LOG_SECONDS:
+                self._problem_logged = self.clock()
+                log.error("%s (check the controller's RBAC and --lease-name/--lease-namespace)",
+                          self.problem)
+            if self.on_error is not None:
+                self.on_error(str(exc.status))
+        else:
+            log.debug("lease %s/%s: %s %s", self.namespace, self.name, action, exc)
+        return False
+
+    def _fine(self) -> None:
+        self.problem = None
+        self._problem_since = None
 
     @property
     def leading(self) -> bool:
@@ -65,22 +107,30 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True when this candidate holds the lease afterwards."""
+        try:
+            return self._attempt()
+        except KubeUnavailable as exc:
+            log.warning("lease %s/%s: the API server is unavailable: %s", self.namespace,
+                        self.name, exc)
+            return False
+
+    def _attempt(self) -> bool:
         now = self._now()
         try:
             lease = self.kube.read_lease(self.namespace, self.name)
         except KubeApiError as exc:
             if not exc.not_found:
-                return False
+                return self._refused("read", exc)
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "namespace": self.namespace},
                     "spec": self._spec(now, now, 0)}
             try:
                 self.kube.create_lease(self.namespace, body)
-            except (KubeApiError, KubeUnavailable):
-                return False
+            except KubeApiError as exc:
+                return self._refused("create", exc)
+            self._fine()
             return self._won()
-        except KubeUnavailable:
-            return False
+        self._fine()
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         record = f"{holder}|{spec.get('renewTime')}|{spec.get('leaseTransitions')}"
@@ -97,8 +147,8 @@ class LeaderElector:
         new = dict(lease, spec=self._spec(now, None, transitions, acquired))
         try:
             self.kube.replace_lease(new)
-        except (KubeApiError, KubeUnavailable):
-            return False
+        except KubeApiError as exc:
+            return self._refused("update", exc)
         self.transitions = transitions
         return self._won()
 

@@ -36,6 +36,16 @@ KAI_CONTAINER = "gpu-fraction-container-name"  # KAI: which container gets the s
 KAI_DEVICES = "gpu-fraction-num-devices"  # KAI: devices the fraction spans (default: one)
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # GPU Feature Discovery node label, MiB
 
+# Where a container sits in a pod spec: ("containers", 0), ("initContainers", 1), ...
+Slot = Tuple[str, int]
+CONTAINERS = "containers"
+CONTAINER_LISTS = (CONTAINERS, "initContainers", "ephemeralContainers")
+
+
+def slot_field(slot: Slot) -> str:
+    """The field path of a container slot, for messages: ``spec.initContainers[0]``."""
+    return f"spec.{slot[0]}[{slot[1]}]"
+
 
 def container_resources(
     container: Mapping[str, Any],
@@ -119,28 +129,39 @@ def kai_target_index(template: Mapping[str, Any]) -> int:
     name = annotations.get(KAI_CONTAINER) if isinstance(annotations, dict) else None
     if not name:
         return 0
-    containers = (template.get("spec") or {}).get("containers") or []
-    for index, container in enumerate(containers):
+    containers = (template.get("spec") or {}).get(CONTAINERS) or []
+    for index, container in enumerate(containers if isinstance(containers, list) else ()):
         if isinstance(container, dict) and container.get("name") == name:
             return index
     return -1
 
 
-def gpu_containers(template: Mapping[str, Any]) -> Iterator[Tuple[int, Mapping[str, Any], int]]:
-    """(index, container, GPU count) for each container of a pod template that uses GPUs."""
+def gpu_containers(template: Mapping[str, Any]) -> Iterator[Tuple[Slot, Mapping[str, Any], int]]:
+    """(slot, container, GPU count) for each container of a pod template that uses GPUs.
+
+    Every kind of container counts: app containers first (in order), then init containers
+    (sidecars are init containers with ``restartPolicy: Always``), then ephemeral ones; a GPU
+    asked for by any of them is a GPU the pod holds while it runs.
+    """
     spec = template.get("spec")
     if not isinstance(spec, dict):
         raise InvalidObjectError("spec: expected an object")
-    containers = spec.get("containers")
-    if not isinstance(containers, list):
+    if not isinstance(spec.get(CONTAINERS), list):
         raise InvalidObjectError("spec.containers: expected a list")
     meta = template.get("metadata") or {}
     if not isinstance(meta, dict):
         raise InvalidObjectError("metadata: expected an object")
     kai_index = kai_target_index(template)
-    for index, container in enumerate(containers):
-        if not isinstance(container, dict):
-            raise InvalidObjectError(f"spec.containers[{index}]: expected an object")
-        count = gpu_count(container, meta, kai_target=index == kai_index)
-        if count:
-            yield index, container, count
+    for kind in CONTAINER_LISTS:
+        containers = spec.get(kind)
+        if containers is None:
+            continue
+        if not isinstance(containers, list):
+            raise InvalidObjectError(f"spec.{kind}: expected a list")
+        for index, container in enumerate(containers):
+            slot = (kind, index)
+            if not isinstance(container, dict):
+                raise InvalidObjectError(f"{slot_field(slot)}: expected an object")
+            count = gpu_count(container, meta, kai_target=slot == (CONTAINERS, kai_index))
+            if count:
+                yield slot, container, count

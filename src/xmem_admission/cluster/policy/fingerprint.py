@@ -20,12 +20,11 @@ the same name gives the same fingerprint; put a version in the image tag or an e
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
 
 import orjson
 
-from xmem_admission.cluster.kube.resources import gpu_containers
+from xmem_admission.cluster.kube.resources import Slot, gpu_containers
 
 VERSION = 1
 DIGEST_CHARS = 32  # 128 bits; short enough to be a label value (63 characters at most)
@@ -44,11 +43,35 @@ def _env(container: Mapping[str, Any]) -> List[List[Any]]:
     out = [
         [item.get("name"), "from", item["valueFrom"]] if "valueFrom" in item
         else [item.get("name"), "=", item.get("value", "")]
-        for item in container.get("env") or ()
-        if isinstance(item, dict) and item.get("name") not in IGNORED_ENV
+        for item in _list(container.get("env"))
+        if isinstance(item, dict) and not (
+            isinstance(item.get("name"), str) and item["name"] in IGNORED_ENV)
     ]
     out.sort(key=lambda entry: str(entry[0]))
     return out
+
+
+def _list(value: Any) -> Sequence[Any]:
+    return value if isinstance(value, list) else ()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every integer beyond 64 bits as the float JSON parsers (orjson, the API
+    server's clients) read it, so the digest never depends on which parser read the object."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        if -(2**63) <= value < 2**64:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            return "overflow"
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _container(container: Mapping[str, Any], gpus: int) -> Dict[str, Any]:
@@ -72,7 +95,7 @@ def of_templates(templates: Sequence[Mapping[str, Any]], gpu_models: Iterable[st
 
 
 def of_containers(
-    templates: Sequence[Sequence[Tuple[int, Mapping[str, Any], int]]], gpu_models: Iterable[str]
+    templates: Sequence[Sequence[Tuple[Slot, Mapping[str, Any], int]]], gpu_models: Iterable[str]
 ) -> str:
     """The same digest from each template's GPU containers as ``resources.gpu_containers`` gives
     them (the webhook has them at hand already)."""
@@ -83,6 +106,6 @@ def of_containers(
     }
     try:
         text = orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # an integer beyond 64 bits somewhere in a valueFrom: slower, same rules
-        text = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+    except TypeError:  # an integer beyond 64 bits somewhere (a client that reads them exactly)
+        text = orjson.dumps(_plain(document), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(text).hexdigest()[:DIGEST_CHARS]

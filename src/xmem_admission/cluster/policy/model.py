@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.contract import gpus
@@ -49,6 +49,14 @@ class Enforcement(str, enum.Enum):
     ENFORCE = "Enforce"
 
 
+class UntrustedAnnotations(str, enum.Enum):
+    """What the webhook does with ``xmem.io/`` sizing annotations that anyone but the xmem
+    controller wrote (``admission.trust``)."""
+
+    STRIP = "Strip"  # remove them and size (or hold) the workload as if they were not there
+    DENY = "Deny"  # refuse the request, saying which annotation
+
+
 class FailureAction(str, enum.Enum):
     """What the controller does with a held workload whose estimation failed or timed out."""
 
@@ -75,6 +83,8 @@ class Estimation:
     max_hold_seconds: int = 3600  # no workload stays held longer, whatever happens
     cpu: str = "2"
     memory: str = "8Gi"
+    max_concurrent_per_namespace: int = 4  # estimation pods running at once in one namespace
+    max_concurrent: int = 32  # ... in the whole cluster (spec.estimation only, not overrides)
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,7 @@ class Settings:
     on_failure: FailureAction
     default_request_bytes: Optional[int]
     estimation: Estimation = field(default_factory=Estimation)
+    untrusted_annotations: UntrustedAnnotations = UntrustedAnnotations.STRIP
 
     @property
     def enforcing(self) -> bool:
@@ -110,8 +121,9 @@ class Settings:
 
 SPEC_FIELDS = (
     "enabled", "targets", "safetyMarginPercent", "overcommitPercent", "minimumRequest",
-    "granularity", "enforcement", "onEstimationFailure", "estimation",
+    "granularity", "enforcement", "onEstimationFailure", "estimation", "untrustedAnnotations",
 )
+TOP_LEVEL_FIELDS = ("overrides", "estimateSharing")  # spec only, never in an override
 # Defaults: choices of this project, not GPU facts. 5 % margin = the estimator's default
 # (`xmem estimate --margin`); 256 MiB granularity keeps requests readable; a 1 GiB floor because
 # the CUDA context alone is ~290 MiB (gpus.CONTEXT_BYTES) and no training process needs less.
@@ -124,6 +136,7 @@ DEFAULTS: Dict[str, Any] = {
     "enforcement": Enforcement.WARN.value,
     "onEstimationFailure": {"action": FailureAction.RELEASE.value},
     "estimation": {},
+    "untrustedAnnotations": UntrustedAnnotations.STRIP.value,
 }
 
 
@@ -197,7 +210,8 @@ def _targets(raw: Any, where: str) -> Tuple[Target, ...]:
 def _estimation(raw: Any, where: str) -> Estimation:
     if not isinstance(raw, dict):
         raise _fail(where, "must be an object")
-    keys = ("steps", "mode", "activeDeadlineSeconds", "maxHoldSeconds", "resources")
+    keys = ("steps", "mode", "activeDeadlineSeconds", "maxHoldSeconds", "resources",
+            "maxConcurrentPerNamespace", "maxConcurrent")
     _check_keys(raw, keys, where)
     base = Estimation()
     resources = raw.get("resources", {})
@@ -222,6 +236,12 @@ def _estimation(raw: Any, where: str) -> Estimation:
         ),
         cpu=str(resources.get("cpu", base.cpu)),
         memory=str(resources.get("memory", base.memory)),
+        max_concurrent_per_namespace=_int(
+            raw.get("maxConcurrentPerNamespace", base.max_concurrent_per_namespace),
+            f"{where}.maxConcurrentPerNamespace", 1,
+        ),
+        max_concurrent=_int(raw.get("maxConcurrent", base.max_concurrent),
+                            f"{where}.maxConcurrent", 1),
     )
 
 
@@ -261,7 +281,46 @@ def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
         on_failure=action,
         default_request_bytes=default_request,
         estimation=_estimation(raw["estimation"], at("estimation")),
+        untrusted_annotations=_enum(UntrustedAnnotations, raw["untrustedAnnotations"],
+                                    at("untrustedAnnotations")),
     )
+
+
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> Dict[str, Any]:
+    """``over`` on top of ``base``, field by field at every depth: an object in ``over`` refines
+    the object below it (unset fields keep the values above), anything else replaces it."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        out[key] = merge(below, value) if isinstance(below, dict) and isinstance(value, dict) \
+            else value
+    return out
+
+
+def _sharing(raw: Any) -> Tuple[FrozenSet[str], ...]:
+    """``spec.estimateSharing``: groups of named namespaces that may use each other's
+    estimates (estimates are otherwise never used outside the namespace that recorded them)."""
+    where = "spec.estimateSharing"
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _fail(where, "must be a list of {namespaces: [...]}")
+    groups: List[FrozenSet[str]] = []
+    for index, item in enumerate(raw):
+        at = f"{where}[{index}]"
+        if not isinstance(item, dict):
+            raise _fail(at, "must be an object with namespaces")
+        _check_keys(item, ("namespaces",), at)
+        names = item.get("namespaces")
+        if not isinstance(names, list) or len(names) < 2 or not all(
+                isinstance(n, str) and n for n in names):
+            raise _fail(f"{at}.namespaces", "must list at least two namespace names")
+        for position, name in enumerate(names):
+            if any(c in name for c in "*?[]"):
+                raise _fail(f"{at}.namespaces[{position}]", f"{name!r}: sharing names namespaces "
+                            "exactly; patterns are not allowed")
+        groups.append(frozenset(names))
+    return tuple(groups)
 
 
 class Policy:
@@ -273,12 +332,28 @@ class Policy:
         defaults: Settings,
         overrides: Tuple[Tuple[Tuple[str, ...], Settings], ...] = (),
         generation: Optional[int] = None,
+        sharing: Tuple[FrozenSet[str], ...] = (),
     ):
         self.name = name
         self.defaults = defaults
         self.overrides = overrides
         self.generation = generation
+        self.sharing = sharing
         self._cache: Dict[str, Settings] = {}
+
+    def shares_with(self, namespace: str) -> FrozenSet[str]:
+        """The namespaces whose recorded estimates may size this namespace's workloads: itself,
+        and the other members of every ``estimateSharing`` group that names it."""
+        out = {namespace}
+        for group in self.sharing:
+            if namespace in group:
+                out |= group
+        return frozenset(out)
+
+    @property
+    def max_concurrent(self) -> int:
+        """Estimation pods running at once in the whole cluster (``spec.estimation``)."""
+        return self.defaults.estimation.max_concurrent
 
     def for_namespace(self, namespace: str) -> Settings:
         """The settings for a namespace: the first override whose pattern matches, else defaults."""
@@ -300,9 +375,9 @@ class Policy:
         """Parse a ``GPUAdmissionPolicy`` spec."""
         if not isinstance(spec, dict):
             raise _fail("spec", "must be an object")
-        _check_keys(spec, SPEC_FIELDS + ("overrides",), "spec")
-        base = {k: v for k, v in spec.items() if k != "overrides"}
-        merged = dict(DEFAULTS, **base)
+        _check_keys(spec, SPEC_FIELDS + TOP_LEVEL_FIELDS, "spec")
+        base = {k: v for k, v in spec.items() if k not in TOP_LEVEL_FIELDS}
+        merged = merge(DEFAULTS, base)
         defaults = _settings(merged, {})
         overrides: List[Tuple[Tuple[str, ...], Settings]] = []
         raw_overrides = spec.get("overrides", [])
@@ -321,9 +396,12 @@ class Policy:
             ):
                 raise _fail(f"{where}.namespaces", "must be a non-empty list of names or patterns")
             fields = {k: v for k, v in item.items() if k != "namespaces"}
+            if "maxConcurrent" in (fields.get("estimation") or {}):
+                raise _fail(f"{where}.estimation.maxConcurrent", "is cluster-wide: set it in "
+                            "spec.estimation")
             origin = {k: where for k in fields}
-            overrides.append((tuple(patterns), _settings(dict(merged, **fields), origin)))
-        return cls(name, defaults, tuple(overrides))
+            overrides.append((tuple(patterns), _settings(merge(merged, fields), origin)))
+        return cls(name, defaults, tuple(overrides), sharing=_sharing(spec.get("estimateSharing")))
 
     @classmethod
     def from_object(cls, obj: Any) -> Policy:

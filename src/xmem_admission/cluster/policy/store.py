@@ -1,10 +1,16 @@
-"""Recorded GPU memory estimates, looked up by workload fingerprint.
+"""Recorded GPU memory estimates, looked up by namespace and workload fingerprint.
 
 One interface, ``EstimateStore`` (``get`` and ``put``), two homes: stand-alone it is the
 in-memory ``MemoryStore`` below, seedable from a directory of JSON files; in a cluster the
 controller backs it with ``GPUMemoryEstimate`` resources. The webhook calls ``get`` on the API
 server's request path, so an implementation must answer from memory (a cache fed by a watch),
 never with a network round trip.
+
+Estimates are namespaced: the estimation pod runs the tenant's own code, so its result may only
+size that tenant's workloads. ``get`` answers with a record of the workload's own namespace,
+else of a namespace the admin's policy shares estimates with (``spec.estimateSharing``), never
+one from anywhere else. A record without a namespace can only come from the admin's own files
+(``xmem serve --estimates``) and serves every namespace.
 
 Estimate file format (``xmem serve --estimates DIR`` reads every ``*.json`` in DIR): one record
 object, or a list of them. A record is the output of ``xmem estimate --json`` plus the
@@ -35,7 +41,7 @@ import json
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Protocol, Tuple
+from typing import Any, Collection, Dict, Iterable, List, Mapping, Optional, Protocol, Tuple
 
 from xmem_admission.contract import gpus
 from xmem_admission.contract.errors import EstimateRecordError, UnknownGPUError
@@ -173,32 +179,60 @@ def _gpu_estimate(entry: Any, where: str) -> GPUEstimate:
 class EstimateStore(Protocol):
     """Where recorded estimates live; ``get`` must answer from memory (it is on the request path)."""
 
-    def get(self, fingerprint: str) -> Optional[EstimateRecord]:
-        """The record for a fingerprint, or None."""
+    def get(self, fingerprint: str, namespace: str,
+            shared: Collection[str] = ()) -> Optional[EstimateRecord]:
+        """The record for a fingerprint in ``namespace``, else in one of ``shared``, or None."""
 
     def put(self, record: EstimateRecord) -> None:
-        """Record (or replace) the estimate for ``record.fingerprint``."""
+        """Record (or replace) the estimate for ``record.fingerprint`` in its namespace."""
+
+
+ANY_NAMESPACE = ""  # where a record without a namespace (the admin's own files) is kept
+
+
+def choose(found: Mapping[str, EstimateRecord], namespace: str,
+           shared: Collection[str] = ()) -> Optional[EstimateRecord]:
+    """Of one fingerprint's records by namespace: the workload's own, else the newest of the
+    namespaces shared with it, else one recorded for every namespace; never any other."""
+    own = found.get(namespace)
+    if own is not None:
+        return own
+    allowed = [found[n] for n in shared if n != namespace and n in found]
+    if allowed:
+        return max(allowed, key=lambda r: r.created or "")
+    return found.get(ANY_NAMESPACE)
+
+
+def namespace_of(record: EstimateRecord) -> str:
+    return record.workload.namespace if record.workload is not None else ANY_NAMESPACE
 
 
 class MemoryStore:
-    """A thread-safe in-memory store: stand-alone serving, tests, and the controller's cache."""
+    """A thread-safe in-memory store: stand-alone serving and tests."""
 
     def __init__(self, records: Iterable[EstimateRecord] = ()):
         self._lock = threading.Lock()
-        self._records: Dict[str, EstimateRecord] = {}
+        self._records: Dict[str, Dict[str, EstimateRecord]] = {}
         for record in records:
             self.put(record)
 
-    def get(self, fingerprint: str) -> Optional[EstimateRecord]:
-        # A dict read is atomic under the GIL; no lock on the hot path.
-        return self._records.get(fingerprint)
+    def get(self, fingerprint: str, namespace: str,
+            shared: Collection[str] = ()) -> Optional[EstimateRecord]:
+        found = self._records.get(fingerprint)  # a dict read: atomic, no lock on the hot path
+        return choose(found, namespace, shared) if found else None
 
     def put(self, record: EstimateRecord) -> None:
         with self._lock:
-            self._records[record.fingerprint] = record
+            found = dict(self._records.get(record.fingerprint) or {})
+            found[namespace_of(record)] = record
+            self._records[record.fingerprint] = found
+
+    def clear(self) -> None:
+        with self._lock:
+            self._records.clear()
 
     def __len__(self) -> int:
-        return len(self._records)
+        return sum(len(found) for found in self._records.values())
 
     @classmethod
     def from_directory(cls, directory: str) -> MemoryStore:

@@ -1,0 +1,66 @@
+"""Who may do what through the webhook, read from the AdmissionReview's ``userInfo``.
+
+The estimation pod runs the user's own code, and a workload's annotations are the user's to
+write, so nothing a tenant submits can be taken at its word. Three kinds of requester:
+
+- **the xmem controller** (its service account, ``controller_users``): the only one whose
+  ``xmem.io/`` annotations are honoured on a workload, and the only one that may change them
+  or release (unsuspend) a held workload;
+- **workload controllers** (the Job controller, the training operator: ``workload_controllers``,
+  exact user names or prefixes ending in ``*``): the pods they create copy a pod template that
+  the webhook reviewed, so a Pod they create for a Job or PyTorchJob carries trusted sizing
+  annotations, and only a Pod they create counts as owned (a user can write any
+  ownerReference);
+- **everyone else**: their ``xmem.io/`` sizing annotations are stripped at CREATE (or the
+  request is denied, per the policy's ``untrustedAnnotations``), changing them later or
+  unsuspending a held workload is refused when the policy enforces.
+
+Kubernetes names the built-in controllers ``system:serviceaccount:kube-system:<name>`` when the
+controller manager runs with ``--use-service-account-credentials`` (kubeadm's default) and
+``system:kube-controller-manager`` otherwise; a tenant cannot obtain either identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Tuple
+
+from xmem_admission.cluster import labels
+
+DEFAULT_CONTROLLER_USER = "system:serviceaccount:xmem-system:xmem-xmem-admission-controller"  # deploy/
+DEFAULT_WORKLOAD_CONTROLLERS = (
+    "system:kube-controller-manager",
+    "system:serviceaccount:kube-system:*",
+    "system:serviceaccount:kubeflow:training-operator",
+)
+JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
+
+
+def _matches(user: str, patterns: Iterable[str]) -> bool:
+    for pattern in patterns:
+        if pattern.endswith("*") and user.startswith(pattern[:-1]) or user == pattern:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The identities the webhook trusts (see the module docstring)."""
+
+    controller_users: Tuple[str, ...] = (DEFAULT_CONTROLLER_USER,)
+    workload_controllers: Tuple[str, ...] = DEFAULT_WORKLOAD_CONTROLLERS
+
+    def is_controller(self, user: str) -> bool:
+        return bool(user) and user in self.controller_users
+
+    def is_workload_controller(self, user: str) -> bool:
+        return bool(user) and _matches(user, self.workload_controllers)
+
+
+def xmem_annotations(meta: object) -> Dict[str, Any]:
+    """The ``xmem.io/`` annotations of an object's (or a pod template's) metadata."""
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if not isinstance(annotations, dict):
+        return {}
+    return {k: v for k, v in annotations.items() if isinstance(k, str)
+            and k.startswith(labels.PREFIX)}
