@@ -95,6 +95,7 @@ def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationT
     if fake:
         _patch_fake_tensor_device(patches, tracker)
         _patch_init(patches)
+        _patch_parameters(patches, tracker)
 
 
 def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
@@ -321,7 +322,7 @@ def _module_apply(self: Any, fn: Any, recurse: bool = True) -> Any:
     old storage, as ``module.to("cuda")`` does on a GPU.
     """
     if _APPLY_DEPTH[0] == 0:
-        from xmem_admission.estimator.probe.virtual_cuda import where_in_script
+        from xmem_admission.estimator.probe.tracker import where_in_script
 
         _APPLY_COUNT[0] += 1
         APPLY_SITES[self] = (_APPLY_COUNT[0], where_in_script())
@@ -454,3 +455,17 @@ def _load_mapped(real_load: Any, f: Any, map_location: Any, args: Any, kwargs: A
         except RuntimeError:  # a legacy (non-zip) checkpoint cannot be mapped
             pass
     return real_load(f, map_location, *args, **kwargs)
+
+
+def _patch_parameters(p: Patches, tracker: AllocationTracker) -> None:
+    """In fake mode host data is real (see ``tracker``) but model state is shape-only: a real
+    tensor wrapped as an ``nn.Parameter`` becomes a fake one (the real one is dropped, so a
+    model built on the host costs no host memory)."""
+    real_new = torch.nn.Parameter.__new__
+
+    def new(cls: Any, data: Any = None, requires_grad: bool = True) -> Any:
+        if type(data) is torch.Tensor and data.device.type in ("cpu", "meta"):
+            data = tracker.adopt_parameter(data)
+        return real_new(cls, data, requires_grad)
+
+    p.set(torch.nn.Parameter, "__new__", new)

@@ -20,6 +20,7 @@ Runs inside users' images: Python >= 3.9, torch >= 2.1, no other dependency.
 
 from __future__ import annotations
 
+import traceback
 import weakref
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -41,6 +42,14 @@ Kwargs = Dict[str, Any]
 # for real up to DERIVED_NUMEL_LIMIT elements (token ids and masks of a batch fit).
 SMALL_FACTORY_NUMEL = 1 << 16
 DERIVED_NUMEL_LIMIT = 1 << 22
+
+# Host data in fake mode (see AllocationTracker._host_data): factories that make an order or a
+# range are real at any size (a sampler's randperm over every index of a dataset); other host
+# factories up to HOST_FACTORY_NUMEL elements (64 MiB of fp32; a label vector of a dataset of
+# millions fits); bulk beyond (a synthetic batch of 256 images of 224x224x3 is 38.5M elements)
+# is shape-only.
+_INDEX_FACTORIES = {aten.randperm, aten.arange}
+HOST_FACTORY_NUMEL = 1 << 24
 
 # Ops whose output is the input's value, kept for any size (the data the script brought in).
 _LIFT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
@@ -71,7 +80,18 @@ _PHASE_CATEGORY = {
 
 
 class DataDependentValue(Exception):
-    """Internal: the script asked for a value fake execution does not know."""
+    """Internal: the script asked for a value fake execution does not know (the message says
+    which value, and where it came from)."""
+
+
+def where_in_script() -> str:
+    """The innermost frame outside torch and xmem: where the script is now."""
+    for frame in reversed(traceback.extract_stack()[:-1]):
+        name = frame.filename
+        if "/torch/" in name or "xmem_admission" in name or name.startswith("<"):
+            continue
+        return f"{name}:{frame.lineno} ({(frame.line or '').strip()[:80]})"
+    return "unknown location"
 
 
 class _Block:
@@ -98,6 +118,8 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         # storage -> _Block for GPU storages; host storages map to None. Weak keys only.
         self._storages = WeakIdKeyDictionary()
         self._shadows = WeakIdKeyDictionary()
+        # fake tensor without a value -> where it came from (for the fallback's reason)
+        self._origins = WeakIdKeyDictionary()
         self._next_id = 1
         self.phase = "setup"
         self.phase_seq = 0
@@ -155,10 +177,16 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         if self.fake and func is aten._local_scalar_dense.default:
             real = self.shadow(args[0])
             if real is None:
-                raise DataDependentValue(f"value of a {tuple(args[0].shape)} tensor")
+                raise DataDependentValue(self.describe(args[0]))
             with _disable_current_modes():  # the fake mode below must not see the real tensor
                 return real.item()
         inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        if self.fake and self._host_data(func, args, inputs, kwargs):
+            # Host data (indices, labels, tokens, images, a collate's padding) is real in fake
+            # mode too: a script's data pipeline costs what it costs the script, and every
+            # value it decides on is known. Only model state and GPU memory are shape-only.
+            with _disable_current_modes():
+                return func(*args, **kwargs)
         if self.phase == "backward":
             self._note_autograd_node()
             if self._engine_accumulates(func, args, kwargs):
@@ -179,6 +207,43 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         finally:
             self.dispatch_depth -= 1
         return out
+
+    def _host_data(self, func: Any, args: Args, inputs: List[torch.Tensor],
+                   kwargs: Kwargs) -> bool:
+        """Does this op compute on the host from real values only (see ``__torch_dispatch__``)?
+
+        Ops on real host tensors are; so are host factories (no tensor input) that make an
+        order or a range (``randperm``, ``arange``: a sampler's shuffle of any dataset) or at
+        most HOST_FACTORY_NUMEL elements. A larger random or constant block (a synthetic batch
+        of millions of rows) stays shape-only: its values are bulk data, not decisions.
+        """
+        if self.device_flag in ("cuda", "meta"):
+            return False
+        if inputs:
+            for t in inputs:
+                if is_fake(t):
+                    return False
+            return True
+        device = kwargs.get("device")
+        if device is not None and getattr(device, "type", device) == "meta":
+            return False  # shape-only memory (torch.device("meta") as the default device)
+        if self.device_flag != "host" and self.default_cuda:
+            return False
+        if func.overloadpacket in _INDEX_FACTORIES:
+            return True
+        try:
+            with _disable_current_modes():
+                shape = func(*args, **dict(kwargs, device=torch.device("meta")))
+        except Exception:  # not a factory that takes a device: decide by running it
+            return True
+        return not isinstance(shape, torch.Tensor) or shape.numel() <= HOST_FACTORY_NUMEL
+
+    def adopt_parameter(self, data: torch.Tensor) -> torch.Tensor:
+        """A fake stand-in, without a value, for host data that becomes a parameter (a weight's
+        value is the model's: often uninitialised memory, never a decision of the script)."""
+        with torch._C.DisableTorchFunction(), _disable_current_modes():
+            fake: torch.Tensor = self.fake_mode.from_tensor(data)
+        return fake
 
     def _note_autograd_node(self) -> None:
         """Track which autograd node runs, and the first block id allocated under it."""
@@ -234,13 +299,44 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
 
         try:
             out = func(*args, **kwargs)
-        except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        except (DataDependentOutputException, DynamicOutputShapeException):
             real = self._run_real(func, args, kwargs, inputs, limit=None)
             if real is _MISSING:
-                raise DataDependentValue(f"{func}: {exc}") from None
+                missing = [t for t in inputs if self.shadow(t) is None]
+                raise DataDependentValue(
+                    f"the output of {_op_name(func)} (its size depends on "
+                    f"{self.describe(missing[0]) if missing else 'its inputs'})") from None
             return self._fake_from_real(real)
         self._propagate_shadows(func, args, kwargs, inputs, out)
+        self._note_origins(func, inputs, out)
         return out
+
+    # -- where values without a shadow come from ------------------------------------------
+    def _note_origins(self, func: Any, inputs: List[torch.Tensor], out: Any) -> None:
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and is_fake(t)
+                and t not in self._shadows]
+        if not outs:
+            return
+        if self._output_on_cuda(inputs):
+            origin = f"computed on the GPU by {_op_name(func)} (a value of the model)"
+        else:
+            inherited = [self._origins[t] for t in inputs if t in self._origins]
+            origin = inherited[0] if inherited else (
+                f"made on the host by {_op_name(func)} at {where_in_script()}"
+                + (f" (a host block over {HOST_FACTORY_NUMEL:,} elements is shape-only)"
+                   if not inputs else ""))
+        for t in outs:
+            self._origins[t] = origin
+
+    def describe(self, tensor: torch.Tensor) -> str:
+        """Which value this is and where it came from, in words."""
+        shape = "x".join(str(d) for d in tensor.shape) or "scalar"
+        dtype = str(tensor.dtype).replace("torch.", "")
+        origin = self._origins.get(tensor) if is_fake(tensor) else None
+        if origin is None:
+            origin = ("of the model's state (a parameter or a value computed from one)"
+                      if self.is_cuda(tensor) else "whose value fake mode does not know")
+        return f"the value of a {shape} {dtype} tensor {origin}"
 
     # -- shadows ----------------------------------------------------------------------------
     def _propagate_shadows(self, func: Any, args: Args, kwargs: Kwargs,
@@ -436,6 +532,11 @@ _MISSING = object()
 # The autograd node being evaluated on this thread: None outside backward (and always, on a
 # torch without the binding). Looked up once: the tracker asks at every op of a backward.
 _current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+def _op_name(func: Any) -> str:
+    """``aten.nll_loss_forward`` for an OpOverload (its packet's name)."""
+    return f"aten.{getattr(func, '__name__', str(func)).split('.')[0]}"
 
 
 def _dense(t: torch.Tensor) -> bool:

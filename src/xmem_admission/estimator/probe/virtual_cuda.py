@@ -22,7 +22,6 @@ really lives on the CPU (fake or real) and the GPU is virtual:
 from __future__ import annotations
 
 import contextlib
-import traceback
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Tuple
 
 import torch
@@ -31,7 +30,12 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from xmem_admission.estimator.probe.autocast import CudaAutocastState
-from xmem_admission.estimator.probe.tracker import AllocationTracker, DataDependentValue, is_fake
+from xmem_admission.estimator.probe.tracker import (
+    AllocationTracker,
+    DataDependentValue,
+    is_fake,
+    where_in_script,
+)
 from xmem_admission.estimator.trace import Category
 
 CUDA0 = torch.device("cuda", 0)
@@ -49,32 +53,29 @@ class NeedsRealValues(BaseException):
     """
 
 
-def where_in_script() -> str:
-    """The innermost frame outside torch and xmem: where the script asked for a value."""
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        name = frame.filename
-        if "/torch/" in name or "xmem_admission" in name or name.startswith("<"):
-            continue
-        return f"{name}:{frame.lineno} ({(frame.line or '').strip()[:80]})"
-    return "unknown location"
-
-
-def _decide(*_args: Any) -> NoReturn:
+def _decide(what: str = "") -> NoReturn:
     raise NeedsRealValues(
-        f"the script takes a decision on a value computed by the model at {where_in_script()}"
+        f"the script takes a decision at {where_in_script()} on "
+        f"{what or 'a value computed by the model on the GPU'}"
     )
 
 
 class Placeholder(float):
-    """A loss value in fake mode: fine to print, sum or average; comparing it is a decision."""
+    """A value fake mode does not know (a loss): fine to print, sum or average; comparing it
+    is a decision. It remembers which value it stands for, for the fallback's reason."""
 
-    def __new__(cls) -> Placeholder:
-        return float.__new__(cls, 0.0)
+    def __new__(cls, what: str = "") -> Placeholder:
+        self = float.__new__(cls, 0.0)
+        self.what = what
+        return self
 
     def _same(self, *_args: Any) -> Placeholder:
-        return Placeholder()
+        return Placeholder(self.what)
 
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __bool__ = _decide
+    def _compare(self, *_args: Any) -> NoReturn:
+        _decide(self.what)
+
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __bool__ = _compare
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _same
     __truediv__ = __rtruediv__ = __floordiv__ = __pow__ = __neg__ = __abs__ = _same
     __round__ = _same  # type: ignore[assignment]  # float.__round__ is overloaded
@@ -142,7 +143,9 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
         device = kwargs.get("device")
         if device is not None and _is_cuda_device(device) is not None:
             kwargs = dict(kwargs, device="cpu")
-            side = "cuda" if _is_cuda_device(device) else "host"
+            # "meta": shape-only memory, never host data (see tracker._host_data)
+            side = "cuda" if _is_cuda_device(device) else (
+                "meta" if str(device).startswith("meta") else "host")
             with self.on(side):
                 return self._call(func, args, kwargs)
         return self._call(func, args, kwargs)
@@ -265,33 +268,34 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
     def _item(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         try:
             return func(*args, **kwargs)
-        except DataDependentValue:
+        except DataDependentValue as exc:
             if args[0].dtype == torch.bool:
-                _decide()
-            return Placeholder()
+                _decide(str(exc))
+            return Placeholder(str(exc))
 
     def _truth(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         try:
             return func(*args, **kwargs)
-        except DataDependentValue:
+        except DataDependentValue as exc:
             if self.tracker.phase == "optimizer":
                 # Inside optimizer.step() a value decides how far to move a weight (Adafactor's
                 # max(eps, rms(p)), clipping), not which tensors exist: shapes decide memory.
                 # (A skipped step is the one exception, and GradScaler's is patched to step.)
                 return False
-            _decide()
+            _decide(str(exc))
 
     def _tolist(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         real = self.tracker.shadow(args[0])
         if real is not None:
             with _disable_current_modes():
                 return real.tolist()
+        what = self.tracker.describe(args[0])
         if args[0].dtype == torch.bool:
-            _decide()
+            _decide(what)
 
         def nested(shape: List[int]) -> Any:
             if not shape:
-                return Placeholder()
+                return Placeholder(what)
             return [nested(shape[1:]) for _ in range(shape[0])]
 
         return nested(list(args[0].shape))
@@ -299,7 +303,7 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
     def _numpy(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         real = self.tracker.shadow(args[0])
         if real is None:
-            _decide()
+            _decide(self.tracker.describe(args[0]))
         with _disable_current_modes():
             return real.numpy()
 
