@@ -64,6 +64,8 @@ class Placeholder(float):
     """A value fake mode does not know (a loss): fine to print, sum or average; comparing it
     is a decision. It remembers which value it stands for, for the fallback's reason."""
 
+    what: str
+
     def __new__(cls, what: str = "") -> Placeholder:
         self = float.__new__(cls, 0.0)
         self.what = what
