@@ -247,8 +247,9 @@ def _raise_for_status(result: Dict[str, Any], command: Sequence[str]) -> None:
         raise ScriptFailed(f"{result['reason']} (exit status {result['exit_code']}){when}"
                            f"\n{detail}".rstrip(), result["exit_code"])
     if status == "no_step":
-        raise EstimateError(f"{result['reason']}: nothing to estimate (does the script train "
-                            f"with a torch.optim optimizer?)")
+        raise EstimateError(f"{result['reason']}: nothing to estimate (a step is a torch.optim "
+                            f"optimizer's step, or in-place updates of the model's parameters "
+                            f"on the GPU after a backward pass)")
     if status == "not_on_gpu":
         raise EstimateError(f"not estimated: {result['reason']}")
     if status == "needs_real_values":

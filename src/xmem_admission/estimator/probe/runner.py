@@ -11,7 +11,8 @@ rerun in profile mode); ``not_on_gpu`` (the script steps a model that is not on 
 GPU: a placement the probe did not see; the reason names the module and the call that left it
 on the host); ``script_error`` (the script raised or exited non-zero before step K:
 traceback and exit code included, ``steps`` counts the steps it made, and when it made any the
-reason says so too); ``no_step`` (the script ended without an optimizer step). Python >= 3.9
+reason says so too); ``no_step`` (the script ended without an optimizer step: neither a ``torch.optim`` step nor
+in-place updates of the model's parameters after a backward pass). Python >= 3.9
 and torch >= 2.1 only: this module ships in the probe bundle.
 """
 
@@ -86,6 +87,9 @@ class _StepHooks:
         self._modules: weakref.WeakSet[Any] = weakref.WeakSet()
         self._handles: List[Any] = []
         self._real_backward = torch.autograd.backward
+        self.manual_open = False
+        self.stop_pending = False
+        tracker.on_parameter_update = self._parameter_update
 
     def install(self, patches: Any) -> None:
         from torch.nn.modules import module as module_mod
@@ -98,6 +102,13 @@ class _StepHooks:
             optim_mod.register_optimizer_step_post_hook(self._step_post),
         ]
         patches.set(self.torch.autograd, "backward", self._backward)
+        real_zero_grad = self.torch.nn.Module.zero_grad
+
+        def zero_grad(module: Any, *args: Any, **kwargs: Any) -> Any:
+            self.step_boundary()
+            return real_zero_grad(module, *args, **kwargs)
+
+        patches.set(self.torch.nn.Module, "zero_grad", zero_grad)
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -106,6 +117,7 @@ class _StepHooks:
 
     def _forward_pre(self, module: Any, _inputs: Any) -> None:
         if self.depth == 0 and self.tracker.phase != "backward":
+            self.step_boundary()
             self.tracker.enter_phase("forward")
             if module not in self._seen_roots:
                 self._seen_roots.add(module)
@@ -123,6 +135,7 @@ class _StepHooks:
             self.tracker.enter_phase("loss")
 
     def _backward(self, *args: Any, **kwargs: Any) -> Any:
+        self.step_boundary()
         self.depth = 0
         previous = self.tracker.phase
         self.tracker.enter_phase("backward")
@@ -208,11 +221,43 @@ class _StepHooks:
             for value in state.values():
                 if isinstance(value, self.torch.Tensor):
                     self.tracker.tag(value, Category.OPTIMIZER_STATE)
+        self._finish_step(raise_at_last=True)
+
+    def _finish_step(self, raise_at_last: bool) -> None:
         self.tracker.enter_phase("after_step")
         self.tracker.forward_allocations = 0
         self.steps += 1
         self.tracker.trace.mark(f"step {self.steps}")
-        if self.steps >= self.steps_wanted:
+        if raise_at_last and self.steps >= self.steps_wanted:
+            raise StopProbe()
+
+    # -- steps without torch.optim ------------------------------------------------------------
+    # A backward pass followed by in-place updates of the model's parameters (word_language_model's
+    # ``p.data.add_(p.grad, alpha=-lr)``) is a step. The tracker reports every op after a backward
+    # (``on_parameter_update``, True for a write into a parameter): the first update opens the
+    # step, the first other op closes it (the step's mark goes there); backward passes without an
+    # update between them are one step's gradient accumulation. After the last step the script
+    # stops where its next forward or backward pass, or its zero_grad, begins, so the rest of the
+    # update loop is traced.
+    def _parameter_update(self, updating: bool) -> None:
+        if updating and not self.manual_open and self.tracker.phase == "after_backward":
+            self.manual_open = True
+            self.tracker.enter_phase("optimizer")
+        elif not updating and self.manual_open:
+            self.close_manual_step()
+
+    def close_manual_step(self) -> None:
+        """Count an open manual step; stop the script if it was the last one and we are at a
+        point where the script's own step is over (see above)."""
+        if self.manual_open:
+            self.manual_open = False
+            self._finish_step(raise_at_last=False)
+            self.stop_pending = self.steps >= self.steps_wanted
+
+    def step_boundary(self) -> None:
+        """A forward, backward or zero_grad begins: any manual step is over."""
+        self.close_manual_step()
+        if self.stop_pending:
             raise StopProbe()
 
 
@@ -277,6 +322,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         patching.apply(patches, props, tracker, device_mode, fake)
         hooks.install(patches)
         _run_argv(argv, fake_mode, tracker, device_mode)
+        hooks.close_manual_step()
     except StopProbe:
         pass
     except NeedsRealValues as exc:

@@ -146,6 +146,8 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
         "reset_max_memory_allocated": reset_peak,
         "mem_get_info": lambda *a, **k: (props.total_memory - tracker.live_bytes,
                                          props.total_memory),
+        "device": _Inert,  # `with torch.cuda.device(i):` selects nothing on the virtual GPU
+        "device_of": _Inert,
         "Stream": _Inert,
         "Event": _Inert,
         "ExternalStream": _Inert,
@@ -302,6 +304,10 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
         real_init(self, *args, **kwargs)
 
     p.set(data.DataLoader, "__init__", loader_init)
+    # cuDNN packs an RNN's weights into one buffer of the same total size (RNN.cpp,
+    # _cudnn_rnn_flatten_weight copies them and re-points the parameters): nothing to trace, and
+    # the call needs a real CUDA device.
+    p.set(torch.nn.RNNBase, "flatten_parameters", lambda self: None)
     p.set(torch.nn.Module, "_apply", _module_apply)
 
 

@@ -20,9 +20,10 @@ Runs inside users' images: Python >= 3.9, torch >= 2.1, no other dependency.
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 import weakref
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
@@ -50,6 +51,10 @@ DERIVED_NUMEL_LIMIT = 1 << 22
 # is shape-only.
 _INDEX_FACTORIES = {aten.randperm, aten.arange}
 HOST_FACTORY_NUMEL = 1 << 24
+
+# Outputs that live on the host whatever the inputs' device: a PackedSequence's batch_sizes
+# (PackedSequence.py: "batch_sizes should always be on CPU"; _pack_padded_sequence makes it there).
+_HOST_OUTPUTS = {aten._pack_padded_sequence.default: (1,)}
 
 # Ops whose output is the input's value, kept for any size (the data the script brought in).
 _LIFT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
@@ -130,6 +135,9 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         self.peak_live_bytes = 0
         # GPU blocks made by forward passes since the last optimizer step (the probe's guard).
         self.forward_allocations = 0
+        # Told of every op after a backward pass, and whether it writes into a parameter (steps
+        # made without torch.optim, see runner._StepHooks).
+        self.on_parameter_update: Optional[Callable[[bool], None]] = None
         self._mutated_cache: Dict[Any, Tuple[int, ...]] = {}
         self._refs: Dict[int, Any] = {}
         # > 0 while an op runs: torch's own code then sees real devices (see patches).
@@ -187,6 +195,8 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             # value it decides on is known. Only model state and GPU memory are shape-only.
             with _disable_current_modes():
                 return func(*args, **kwargs)
+        if self.on_parameter_update is not None and self.phase in ("after_backward", "optimizer"):
+            self.on_parameter_update(self._updates_parameter(func, args))
         if self.phase == "backward":
             self._note_autograd_node()
             if self._engine_accumulates(func, args, kwargs):
@@ -198,6 +208,10 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
                 out = self._run_fake(func, args, kwargs, inputs)
             else:
                 out = func(*args, **kwargs)
+            host_outputs = _HOST_OUTPUTS.get(func)
+            if host_outputs is not None:  # e.g. a PackedSequence's batch_sizes
+                with self._flag("host"):
+                    self._record_outputs([out[i] for i in host_outputs], inputs)
             self._record_outputs(out, inputs)
             if func.overloadpacket in _BLAS_PACKETS:
                 thread = "autograd" if self.phase == "backward" else "main"
@@ -244,6 +258,41 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         with torch._C.DisableTorchFunction(), _disable_current_modes():
             fake: torch.Tensor = self.fake_mode.from_tensor(data)
         return fake
+
+    @contextlib.contextmanager
+    def _flag(self, side: str) -> Iterator[None]:
+        previous, self.device_flag = self.device_flag, side
+        try:
+            yield
+        finally:
+            self.device_flag = previous
+
+    def _pack_padded(self, args: Args) -> Any:
+        """``_pack_padded_sequence`` in fake mode: the packed size comes from the lengths (real,
+        on the host), never from the data: run it for real on a one-wide stand-in of the data
+        for ``batch_sizes``, and make the packed data shape-only."""
+        data, lengths, batch_first = args[0], self.shadow(args[1]), bool(args[2])
+        if lengths is None:
+            return _MISSING
+        with _disable_current_modes():
+            stand_in = torch.zeros(tuple(data.shape[:2]) + (1,) * (data.dim() - 2))
+            _, batch_sizes = aten._pack_padded_sequence.default(stand_in, lengths, batch_first)
+            total = int(batch_sizes.sum())
+        packed = data.new_empty((total,) + tuple(data.shape[2:]))
+        return packed, batch_sizes
+
+    def _updates_parameter(self, func: Any, args: Args) -> bool:
+        """Does this op write into a parameter's GPU memory (``p.data.add_(...)``)?"""
+        parameter = Category.PARAMETER.value
+        for index in self._mutated_args(func):
+            if index < len(args) and isinstance(args[index], torch.Tensor):
+                try:
+                    block = self._storages.get(args[index].untyped_storage())
+                except (RuntimeError, NotImplementedError):
+                    continue
+                if block is not None and block.category == parameter:
+                    return True
+        return False
 
     def _note_autograd_node(self) -> None:
         """Track which autograd node runs, and the first block id allocated under it."""
@@ -300,6 +349,10 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
+            if func is aten._pack_padded_sequence.default:
+                packed = self._pack_padded(args)
+                if packed is not _MISSING:
+                    return packed
             real = self._run_real(func, args, kwargs, inputs, limit=None)
             if real is _MISSING:
                 missing = [t for t in inputs if self.shadow(t) is None]
