@@ -358,12 +358,24 @@ def _after_steps(done: int, wanted: int) -> str:
     return f" after {done} of {wanted} optimizer steps"
 
 
+# Warnings that the probe's own machinery causes, never the script: reading a data pointer of a
+# FakeTensor (torch warns it is deprecated; the script's code does it on every tensor, e.g.
+# RNNBase.flatten_parameters, and on a GPU there is no FakeTensor), and torch.compile's note that
+# global module hooks (the probe's step hooks) fire once more for an OptimizedModule.
+_OWN_WARNINGS = (r"Accessing the data pointer of FakeTensor",
+                 r"Using `torch\.compile\(module\)` when there are global hooks")
+
+
 def _run_argv(argv: Sequence[str], fake_mode: Any, tracker: Any, device_mode: Any) -> None:
     import contextlib
+    import warnings
 
     if not argv:
         raise ValueError("no script given")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(warnings.catch_warnings())
+        for message in _OWN_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
         if fake_mode is not None:
             stack.enter_context(fake_mode)
         stack.enter_context(tracker)

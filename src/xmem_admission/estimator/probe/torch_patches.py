@@ -308,6 +308,15 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
     # _cudnn_rnn_flatten_weight copies them and re-points the parameters): nothing to trace, and
     # the call needs a real CUDA device.
     p.set(torch.nn.RNNBase, "flatten_parameters", lambda self: None)
+
+    # torch.compile runs the model eagerly under the probe (Inductor's fusion only removes
+    # allocations: the eager trace is an upper bound), as a decorator too.
+    def compile(model: Any = None, **_options: Any) -> Any:
+        if model is None:
+            return lambda fn: fn
+        return model
+
+    p.set(torch, "compile", compile)
     p.set(torch.nn.Module, "_apply", _module_apply)
 
 

@@ -125,6 +125,9 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         self._shadows = WeakIdKeyDictionary()
         # fake tensor without a value -> where it came from (for the fallback's reason)
         self._origins = WeakIdKeyDictionary()
+        # fake storage -> the address its data_ptr() reports (see ``address``)
+        self._addresses = WeakIdKeyDictionary()
+        self._next_address = 1 << 32
         self._next_id = 1
         self.phase = "setup"
         self.phase_seq = 0
@@ -171,6 +174,16 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             return
         block.category = category.value
         self._recategorize(block, category.value)
+
+    def address(self, storage: Any) -> int:
+        """A stable, distinct stand-in address for a fake storage (512-byte aligned, as the
+        caching allocator's blocks are: CUDACachingAllocator.cpp, kMinBlockSize = 512)."""
+        base = self._addresses.get(storage)
+        if base is None:
+            base = self._next_address
+            self._next_address += (storage.nbytes() // 512 + 1) * 512
+            self._addresses[storage] = base
+        return int(base)
 
     def shadow(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
         """The real value behind ``tensor`` when it is known (always, outside fake mode)."""

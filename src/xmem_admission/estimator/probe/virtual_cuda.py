@@ -128,6 +128,7 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
             torch.Tensor.__index__: self._truth,
             torch.Tensor.__format__: self._format,
             torch.Tensor.numpy: self._numpy,
+            torch.Tensor.data_ptr: self._data_ptr,
             F.dropout: self._dropout,
             F.scaled_dot_product_attention: self._sdpa,
             torch.Tensor.backward: self._tensor_backward,
@@ -308,6 +309,16 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
             _decide(self.tracker.describe(args[0]))
         with _disable_current_modes():
             return real.numpy()
+
+    def _data_ptr(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
+        # A FakeTensor has no memory: torch answers 0 for all of them (and warns), so code that
+        # tells tensors apart by address (shared-weight checks, RNNBase.flatten_parameters)
+        # would see every tensor as one. Each storage gets its own address instead.
+        tensor = args[0]
+        if not is_fake(tensor):
+            return func(*args, **kwargs)
+        return self.tracker.address(tensor.untyped_storage()) + \
+            tensor.storage_offset() * tensor.element_size()
 
     def _format(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         tensor, spec = args[0], args[1] if len(args) > 1 else ""
