@@ -181,9 +181,10 @@ build_kwok
 copy_crds
 build_kubernetes
 
+# sed, not head: head would close the pipe early and pipefail would end the script.
 "$DEST/bin/kube-apiserver" --version
-"$DEST/bin/etcd" --version | head -n 1
-"$DEST/bin/kwok" --version 2>/dev/null | head -n 1 || true
+"$DEST/bin/etcd" --version | sed -n 1p
+"$DEST/bin/kwok" --version | sed -n 1p
 printf 'KEY=%s\nBUILT=%s\nSECONDS=%s\n' "$KEY" "$(date -u +%FT%TZ)" "$(( $(date +%s) - started ))" >"$DEST/.complete"
 # The module cache is read-only by design; make it deletable, then drop every temporary cache.
 chmod -R u+w "$WORK" 2>/dev/null || true

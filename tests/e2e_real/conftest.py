@@ -1,0 +1,114 @@
+"""One real control plane for the whole session; per test, a namespace, a policy, the webhook and
+the controller as processes.
+
+The control plane comes from ``make tools`` (``scripts/build-kube.sh``). When it is missing the
+tests fail and say so: CI runs ``make tools`` first, so a missing binary there is a failure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+from tests.e2e_real.support import code_map, policy
+from tests.realkube.cluster import Cluster, Webhook
+from tests.realkube.controlplane import wait_for
+from xmem_admission.cluster import labels
+
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory,
+            request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    running = Cluster(tmp_path_factory.mktemp("kube"))
+    try:
+        running.start()
+    except BaseException:
+        running.stop()
+        raise
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    line = f"real control plane: {running.plane.version()} (kube-apiserver --version)"
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_line(line)
+    print(line)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@dataclass
+class Xmem:
+    """The webhook and controller of one test, and the namespace and policy it runs in."""
+
+    cluster: Cluster
+    namespace: str
+    policy_name: str
+    webhook: Optional[Webhook] = None
+    controllers: List[Any] = field(default_factory=list)
+
+    def serve(self, values: Optional[Dict[str, Any]] = None) -> Webhook:
+        self.webhook = self.cluster.serve(f"serve-{self.namespace}", self.policy_name, values)
+        return self.webhook
+
+    def controller(self, name: str = "", *extra: str, kubeconfig: Any = None) -> Any:
+        name = name or f"controller-{self.namespace}-{len(self.controllers)}"
+        process = self.cluster.controller(name, self.policy_name, *extra, kubeconfig=kubeconfig)
+        self.controllers.append(process)
+        return process
+
+    def job(self, name: str) -> Dict[str, Any]:
+        found = self.cluster.get("batch/v1", "Job", name, self.namespace)
+        assert found is not None, f"job {name} is gone"
+        return found
+
+    def wait_released(self, name: str, timeout: float = 180) -> Dict[str, Any]:
+        def released() -> Optional[Dict[str, Any]]:
+            obj = self.job(name)
+            return None if labels.HELD_REASON in (obj["metadata"].get("annotations") or {}) \
+                else obj
+        return wait_for(released, timeout, f"job {name} to be released", interval=0.3)
+
+    def pods(self, selector: str) -> List[Dict[str, Any]]:
+        return self.cluster.list("v1", "Pod", self.namespace, selector)
+
+    def estimation_pods(self) -> List[Dict[str, Any]]:
+        return self.pods("app.kubernetes.io/component=estimation")
+
+    def gmes(self) -> List[Dict[str, Any]]:
+        return self.cluster.list("xmem.io/v1alpha1", "GPUMemoryEstimate", self.namespace)
+
+    def events(self, name: str) -> List[Dict[str, Any]]:
+        return [e for e in self.cluster.list("v1", "Event", self.namespace)
+                if e["involvedObject"]["name"] == name]
+
+
+@pytest.fixture()
+def xmem(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Xmem]:
+    """A fresh opted-in namespace with the code ConfigMap, and a GPUAdmissionPolicy of the
+    test's own, named after the namespace (tests change it with ``cluster.apply``)."""
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    namespace = f"t{next(_counter)}-{stem}"
+    cluster.ensure_namespace(namespace, {labels.OPT_IN: "true"})
+    wait_for(lambda: cluster.get("v1", "ServiceAccount", "default", namespace), 30,
+             f"the default service account of {namespace}")
+    cluster.apply(code_map(namespace))
+    cluster.apply(policy(namespace))
+    handle = Xmem(cluster, namespace, namespace)
+    try:
+        yield handle
+    finally:
+        for process in handle.controllers:
+            if process.poll() is None:
+                cluster.stop_process(process)
+        if handle.webhook is not None:
+            handle.webhook.remove()
+            handle.webhook.stop()
+        cluster.delete("v1", "Namespace", namespace)
+

@@ -1,0 +1,502 @@
+"""A node of the project's, for the real control plane: it runs the pods bound to it as processes.
+
+``ProcessNode(plane, name).start()`` does what a kubelet does, as far as the tests need, and as a
+client of the real API server with a node's own credentials (``system:node:<name>`` in
+``system:nodes``, so the Node authorizer and NodeRestriction apply to it as to a kubelet):
+
+- registers its Node (capacity, ``Ready``, its address and the port of its log endpoint) and
+  renews its Lease in ``kube-node-lease``, so the node-lifecycle controller keeps it;
+- watches the pods the real kube-scheduler binds to it (``spec.nodeName``), prepares their
+  volumes (``emptyDir``, ``configMap``, ``secret``, ``hostPath``), runs init containers in order
+  and then the containers as local processes (``tests.fakekube.containers``: environment,
+  command line, path translation, memory limit), and reports each step through ``pods/status``
+  (phase, conditions, container states, the termination message, ``DeadlineExceeded``);
+- stops a pod's processes when the pod is deleted, then deletes it for good (grace period 0), as
+  a kubelet confirms a graceful deletion;
+- serves ``/containerLogs/<namespace>/<pod>/<container>`` over HTTPS with a certificate from the
+  cluster CA, to the API server only (client certificate required), so ``pods/log`` works.
+
+The node advertises no GPU: the scheduler places GPU pods elsewhere (the kwok nodes). Only
+``restartPolicy: Never`` is run faithfully.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import http.server
+import os
+import shutil
+import ssl
+import threading
+import time
+import urllib.parse
+from typing import Any, Dict, List, Optional
+
+from tests.fakekube import containers as ctr
+from tests.realkube.controlplane import LOOPBACK, ControlPlane, free_port, kubeconfig
+from xmem_admission.cluster.kube import quantity
+
+MAX_MESSAGE = 4096  # the kubelet's limit on a termination message (4 KiB)
+HEARTBEAT_SECONDS = 5.0
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _micro_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class ProcessNode:
+    """See the module docstring."""
+
+    def __init__(self, plane: ControlPlane, name: str = "xmem-process-node",
+                 allocatable: Optional[Dict[str, str]] = None,
+                 labels: Optional[Dict[str, str]] = None, root: Optional[str] = None,
+                 path_prefix: Optional[List[str]] = None) -> None:
+        self.plane = plane
+        self.name = name
+        self.allocatable = allocatable or {"cpu": "8", "memory": "32Gi", "pods": "110",
+                                           "ephemeral-storage": "100Gi"}
+        self.labels = dict(labels or {})
+        self.root = root or str(plane.root / "nodes" / name)
+        self.path_prefix = list(path_prefix or [])
+        self._stop = threading.Event()
+        self._pods: Dict[str, threading.Thread] = {}
+        self._done: set = set()
+        self._deleting: Dict[str, threading.Event] = {}
+        self._logs: Dict[tuple, str] = {}
+        self._lock = threading.Lock()
+        self._threads: List[threading.Thread] = []
+        self._watcher: Any = None
+        self._http: Optional[http.server.ThreadingHTTPServer] = None
+        self.log_port = 0
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> ProcessNode:
+        from kubernetes import client
+
+        os.makedirs(self.root, exist_ok=True)
+        ca = self.plane._authority()
+        pair = ca.issue(f"node-{self.name}", f"system:node:{self.name}", ["system:nodes"])
+        self.kubeconfig = kubeconfig(self.plane.root / f"node-{self.name}.kubeconfig",
+                                     self.plane.server, ca.cert_file, f"system:node:{self.name}",
+                                     pair=pair)
+        self.api_client = self.plane.api_client(self.kubeconfig)
+        self.core = client.CoreV1Api(self.api_client)
+        self.coordination = client.CoordinationV1Api(self.api_client)
+        self._serve_logs()
+        self._register()
+        for target, name in ((self._heartbeat, "heartbeat"), (self._watch, "watch")):
+            thread = threading.Thread(target=target, name=f"{self.name}-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.stop()
+        for event in list(self._deleting.values()):
+            event.set()
+        for runner in list(self._pods.values()):
+            runner.join(timeout=15)
+        for thread in self._threads:
+            thread.join(timeout=10)
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        self.api_client.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # --- the Node, its Lease, its log endpoint ----------------------------------------------
+
+    def _node_status(self) -> Dict[str, Any]:
+        stamp = now()
+        ready = {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "process node is posting ready status",
+                 "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}
+        return {
+            "capacity": self.allocatable, "allocatable": self.allocatable,
+            "conditions": [ready],
+            "addresses": [{"type": "InternalIP", "address": LOOPBACK},
+                          {"type": "Hostname", "address": self.name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.log_port}},
+            "nodeInfo": {"machineID": "", "systemUUID": "", "bootID": "",
+                         "kernelVersion": os.uname().release, "osImage": "xmem process node",
+                         "containerRuntimeVersion": "process://1", "kubeletVersion": "v0.0.0",
+                         "kubeProxyVersion": "", "operatingSystem": "linux",
+                         "architecture": "amd64"},
+        }
+
+    def _register(self) -> None:
+        from kubernetes import client
+
+        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", **self.labels}
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": self.name, "labels": labels},
+                "status": self._node_status()}
+        try:
+            self.core.create_node(body, _preload_content=False)
+        except client.ApiException as exc:
+            if exc.status != 409:
+                raise
+        self.core.patch_node_status(self.name, {"status": self._node_status()},
+                                    _preload_content=False)
+
+    def _heartbeat(self) -> None:
+        from kubernetes import client
+
+        namespace = "kube-node-lease"
+        while not self._stop.is_set():
+            try:
+                lease = {"metadata": {"name": self.name, "namespace": namespace},
+                         "spec": {"holderIdentity": self.name, "leaseDurationSeconds": 40,
+                                  "renewTime": _micro_now()}}
+                try:
+                    self.coordination.patch_namespaced_lease(
+                        self.name, namespace, {"spec": lease["spec"]}, _preload_content=False)
+                except client.ApiException as exc:
+                    if exc.status != 404:
+                        raise
+                    self.coordination.create_namespaced_lease(namespace, lease,
+                                                              _preload_content=False)
+                self.core.patch_node_status(self.name, {"status": {
+                    "conditions": self._node_status()["conditions"]}}, _preload_content=False)
+            except Exception:  # noqa: BLE001 - a node keeps beating through API restarts
+                pass
+            self._stop.wait(HEARTBEAT_SECONDS)
+
+    def _serve_logs(self) -> None:
+        ca = self.plane._authority()
+        pair = ca.issue(f"node-{self.name}-serving", self.name, server=True, ips=[LOOPBACK],
+                        dns=[self.name, "localhost"])
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(str(pair.cert), str(pair.key))
+        context.load_verify_locations(str(ca.cert_file))
+        context.verify_mode = ssl.CERT_REQUIRED  # only the API server's client certificate
+        node = self
+
+        class Logs(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the http.server protocol
+                url = urllib.parse.urlsplit(self.path)
+                parts = url.path.strip("/").split("/")
+                params = dict(urllib.parse.parse_qsl(url.query))
+                body = None
+                if len(parts) == 4 and parts[0] == "containerLogs":
+                    body = node._log(parts[1], parts[2], parts[3], params)
+                if body is None:
+                    self.send_error(404, "no such container")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.log_port = free_port()
+        self._http = http.server.ThreadingHTTPServer((LOOPBACK, self.log_port), Logs)
+        self._http.socket = context.wrap_socket(self._http.socket, server_side=True)
+        thread = threading.Thread(target=self._http.serve_forever, daemon=True,
+                                  name=f"{self.name}-logs")
+        thread.start()
+        self._threads.append(thread)
+
+    def _log(self, namespace: str, name: str, container: str,
+             params: Dict[str, str]) -> Optional[bytes]:
+        path = self._logs.get((namespace, name, container))
+        if path is None:
+            return None
+        lines = int(params["tailLines"]) if params.get("tailLines") else None
+        limit = int(params["limitBytes"]) if params.get("limitBytes") else None
+        return ctr.tail(path, lines, limit)
+
+    # --- pods -------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        from kubernetes import watch
+
+        selector = f"spec.nodeName={self.name}"
+        while not self._stop.is_set():
+            try:
+                self._watcher = watch.Watch()
+                for event in self._watcher.stream(self.core.list_pod_for_all_namespaces,
+                                                  field_selector=selector, timeout_seconds=60,
+                                                  deserialize=False):
+                    if self._stop.is_set():
+                        break
+                    self._on_pod(event["type"], event["object"])
+            except Exception:  # noqa: BLE001 - a node keeps going through API hiccups
+                self._stop.wait(0.5)
+
+    def _on_pod(self, kind: str, pod: Dict[str, Any]) -> None:
+        m = pod["metadata"]
+        uid = m["uid"]
+        if kind == "DELETED":
+            event = self._deleting.get(uid)
+            if event is not None:
+                event.set()
+            return
+        if "deletionTimestamp" in m:
+            with self._lock:
+                event = self._deleting.setdefault(uid, threading.Event())
+                event.set()
+                running = uid in self._pods
+            if not running:
+                self._delete_now(pod)
+            return
+        with self._lock:
+            phase = (pod.get("status") or {}).get("phase")
+            if uid in self._pods or uid in self._done or phase in ("Succeeded", "Failed"):
+                return
+            self._deleting.setdefault(uid, threading.Event())
+            runner = threading.Thread(target=self._run_pod, args=(pod,), daemon=True,
+                                      name=f"pod-{m['name']}")
+            self._pods[uid] = runner
+        runner.start()
+
+    def _patch_status(self, pod: Dict[str, Any], status: Dict[str, Any]) -> bool:
+        m = pod["metadata"]
+        for _ in range(20):
+            try:
+                self.core.patch_namespaced_pod_status(
+                    m["name"], m["namespace"], {"metadata": {"uid": m["uid"]}, "status": status},
+                    _preload_content=False)
+                return True
+            except Exception as exc:  # noqa: BLE001 - gone: nothing left to report to
+                if getattr(exc, "status", None) in (404, 409, 422) or self._stop.is_set():
+                    return False
+                time.sleep(0.5)  # the API server restarting: try again
+        return False
+
+    def _event(self, pod: Dict[str, Any], type_: str, reason: str, message: str) -> None:
+        m = pod["metadata"]
+        stamp = now()
+        body = {
+            "metadata": {"generateName": f"{m['name']}.", "namespace": m["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": m["name"],
+                               "namespace": m["namespace"], "uid": m["uid"]},
+            "reason": reason, "message": message, "type": type_, "count": 1,
+            "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "source": {"component": "kubelet", "host": self.name},
+        }
+        try:
+            self.core.create_namespaced_event(m["namespace"], body, _preload_content=False)
+        except Exception:  # noqa: BLE001 - events are best effort, as on a real node
+            pass
+
+    def _delete_now(self, pod: Dict[str, Any]) -> None:
+        m = pod["metadata"]
+        try:
+            self.core.delete_namespaced_pod(m["name"], m["namespace"], grace_period_seconds=0,
+                                            body={"preconditions": {"uid": m["uid"]}},
+                                            _preload_content=False)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def _lookup(self, kind: str, namespace: str, name: str) -> Optional[Dict[str, str]]:
+        # The Node authorizer lets a node read what its pods refer to once it has seen the
+        # binding: a refusal right after binding is retried for a moment.
+        for _ in range(20):
+            try:
+                if kind == "ConfigMap":
+                    obj = self.core.read_namespaced_config_map(name, namespace)
+                    return dict(obj.data or {})
+                obj = self.core.read_namespaced_secret(name, namespace)
+                return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
+            except Exception as exc:  # noqa: BLE001 - missing: the caller reports it
+                if getattr(exc, "status", None) != 403:
+                    return None
+                time.sleep(0.25)
+        return None
+
+    def _volumes(self, pod: Dict[str, Any], pod_dir: str) -> Dict[str, str]:
+        out = {}
+        namespace = pod["metadata"]["namespace"]
+        for volume in pod["spec"].get("volumes") or []:
+            host = os.path.join(pod_dir, "volumes", volume["name"])
+            if "hostPath" in volume:
+                out[volume["name"]] = volume["hostPath"]["path"]
+                continue
+            os.makedirs(host, exist_ok=True)
+            for kind, key in (("ConfigMap", "configMap"), ("Secret", "secret")):
+                if key not in volume:
+                    continue
+                ref = volume[key]
+                ref_name = ref.get("name") or ref.get("secretName", "")
+                data = self._lookup(kind, namespace, ref_name)
+                if data is None:
+                    raise ctr.ConfigError(f'{kind.lower()} "{ref_name}" not found')
+                for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
+                    target = os.path.join(host, item["path"])
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    with open(target, "w", encoding="utf-8") as handle:
+                        handle.write(data.get(item["key"], ""))
+            if not any(k in volume for k in ("emptyDir", "configMap", "secret")):
+                raise ctr.ConfigError(f"volume {volume['name']!r}: type not supported here")
+            out[volume["name"]] = host
+        return out
+
+    def _run_pod(self, pod: Dict[str, Any]) -> None:
+        m = pod["metadata"]
+        uid = m["uid"]
+        deleting = self._deleting[uid]
+        pod_dir = os.path.join(self.root, f"{m['namespace']}_{m['name']}_{uid[:8]}")
+        limit = pod["spec"].get("activeDeadlineSeconds")
+        deadline = time.monotonic() + float(limit) if limit else None
+        outcome: Optional[str] = None
+        try:
+            os.makedirs(pod_dir, exist_ok=True)
+            self._patch_status(pod, {
+                "phase": "Pending", "startTime": now(), "hostIP": LOOPBACK,
+                "hostIPs": [{"ip": LOOPBACK}], "podIP": LOOPBACK, "podIPs": [{"ip": LOOPBACK}],
+                "conditions": [{"type": "PodScheduled", "status": "True",
+                                "lastTransitionTime": now()}],
+                "containerStatuses": [_waiting(c, "ContainerCreating")
+                                      for c in pod["spec"]["containers"]]})
+            outcome = self._run_containers(pod, pod_dir, deleting, deadline)
+        except ctr.ConfigError as exc:
+            self._patch_status(pod, {"containerStatuses": [
+                _waiting(c, "CreateContainerConfigError", str(exc))
+                for c in pod["spec"]["containers"]]})
+            self._event(pod, "Warning", "Failed", f"Error: {exc}")
+            while not deleting.is_set() and not self._stop.is_set():
+                if deadline is not None and time.monotonic() > deadline:
+                    outcome = "deadline"
+                    break
+                deleting.wait(0.1)
+        if outcome == "deadline":
+            self._patch_status(pod, {"phase": "Failed", "reason": "DeadlineExceeded",
+                                     "message": "Pod was active on the node longer than the "
+                                     "specified deadline"})
+            self._event(pod, "Normal", "DeadlineExceeded",
+                        "Pod was active on the node longer than the specified deadline")
+        if deleting.is_set() and not self._stop.is_set():
+            self._delete_now(pod)
+        with self._lock:
+            self._pods.pop(uid, None)
+            self._done.add(uid)
+
+    def _run_containers(self, pod: Dict[str, Any], pod_dir: str, deleting: threading.Event,
+                        deadline: Optional[float]) -> Optional[str]:
+        """Init containers one by one, then the containers; "done", "deadline" or None."""
+        volumes = self._volumes(pod, pod_dir)
+        grace = min(float(pod["spec"].get("terminationGracePeriodSeconds", 30)), 5.0)
+        for field, group in (("initContainerStatuses", "initContainers"),
+                             ("containerStatuses", "containers")):
+            specs = pod["spec"].get(group) or []
+            sequential = group == "initContainers"
+            for batch in ([[c] for c in specs] if sequential else [specs] if specs else []):
+                results = self._run_batch(pod, pod_dir, batch, field, volumes, deleting,
+                                          deadline, grace)
+                if results is None:
+                    return "deadline"
+                if sequential and any(code != 0 for code in results):
+                    self._patch_status(pod, {"phase": "Failed"})
+                    return "done"
+                if not sequential:
+                    phase = "Succeeded" if all(code == 0 for code in results) else "Failed"
+                    self._patch_status(pod, {"phase": phase, "conditions": [
+                        {"type": "Ready", "status": "False", "reason": "PodCompleted",
+                         "lastTransitionTime": now()}]})
+        return "done"
+
+    def _run_batch(self, pod: Dict[str, Any], pod_dir: str, batch: List[Dict[str, Any]],
+                   field: str, volumes: Dict[str, str], deleting: threading.Event,
+                   deadline: Optional[float], grace: float) -> Optional[List[int]]:
+        m = pod["metadata"]
+        running: List[tuple] = []
+        for c in batch:
+            image = ctr.Image()
+            paths = ctr.PathMap()
+            for mount in c.get("volumeMounts") or []:
+                paths.add(mount["mountPath"], os.path.join(volumes[mount["name"]],
+                                                           mount.get("subPath", "")).rstrip("/"))
+            message_file = os.path.join(pod_dir, f"{c['name']}.termination-log")
+            open(message_file, "wb").close()
+            paths.add(c.get("terminationMessagePath", "/dev/termination-log"), message_file)
+            env = ctr.resolve_env(pod, c, image, self._lookup)
+            env["PATH"] = os.pathsep.join(self.path_prefix +
+                                          [env.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+            env.setdefault("HOME", os.path.join(pod_dir, "home"))
+            env.setdefault("TMPDIR", os.path.join(pod_dir, "tmp"))
+            os.makedirs(env["HOME"], exist_ok=True)
+            os.makedirs(env["TMPDIR"], exist_ok=True)
+            env = {k: paths.translate(v) for k, v in env.items()}
+            argv = [paths.translate(a) for a in ctr.command_line(c, image, env)]
+            cwd = paths.translate(c.get("workingDir") or pod_dir)
+            log_path = os.path.join(pod_dir, f"{c['name']}.log")
+            self._logs[(m["namespace"], m["name"], c["name"])] = log_path
+            process = ctr.start(c["name"], argv, env, cwd, log_path, _memory_limit(c), now())
+            running.append((c, process, message_file))
+        self._patch_status(pod, {"phase": "Running" if field == "containerStatuses" else "Pending",
+                                 field: [_running(c, p) for c, p, _ in running]})
+        codes: Dict[str, int] = {}
+        timed_out = False
+        while len(codes) < len(running):
+            if deleting.is_set() or self._stop.is_set() or (
+                    deadline is not None and time.monotonic() > deadline):
+                timed_out = not deleting.is_set() and not self._stop.is_set()
+                for c, process, _ in running:
+                    if c["name"] not in codes:
+                        codes[c["name"]] = process.stop(grace)
+                break
+            for c, process, _ in running:
+                if c["name"] not in codes:
+                    code = process.poll()
+                    if code is not None:
+                        codes[c["name"]] = code
+            time.sleep(0.05)
+        self._patch_status(pod, {field: [_terminated(c, p, codes[c["name"]], f)
+                                         for c, p, f in running]})
+        for c, p, _ in running:
+            if p.oom_killed:
+                self._event(pod, "Warning", "OOMKilling",
+                            f"Memory cgroup out of memory: killed container {c['name']}")
+        if timed_out:
+            return None
+        return [codes[c["name"]] for c, _, _ in running]
+
+
+def _waiting(c: Dict[str, Any], reason: str, message: str = "") -> Dict[str, Any]:
+    waiting = {"reason": reason}
+    if message:
+        waiting["message"] = message
+    return {"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
+            "restartCount": 0, "started": False, "state": {"waiting": waiting}}
+
+
+def _running(c: Dict[str, Any], p: ctr.Process) -> Dict[str, Any]:
+    return {"name": c["name"], "image": c["image"], "imageID": f"process://{c['image']}",
+            "containerID": f"process://{p.popen.pid}", "ready": True, "restartCount": 0,
+            "started": True, "state": {"running": {"startedAt": p.started_at}}}
+
+
+def _terminated(c: Dict[str, Any], p: ctr.Process, code: int, message_file: str) -> Dict[str, Any]:
+    exit_code = 137 if p.oom_killed or code == -9 else (128 - code if code < 0 else code)
+    reason = "OOMKilled" if p.oom_killed else "Completed" if exit_code == 0 else "Error"
+    with open(message_file, "rb") as handle:
+        message = handle.read(MAX_MESSAGE).decode("utf-8", "replace")
+    if not message and exit_code != 0 and \
+            c.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+        message = ctr.tail(p.log_path, 80, None)[-2048:].decode("utf-8", "replace")
+    terminated: Dict[str, Any] = {"exitCode": exit_code, "reason": reason,
+                                  "startedAt": p.started_at, "finishedAt": now(),
+                                  "containerID": f"process://{p.popen.pid}"}
+    if message:
+        terminated["message"] = message
+    return {"name": c["name"], "image": c["image"], "imageID": f"process://{c['image']}",
+            "containerID": f"process://{p.popen.pid}", "ready": False, "restartCount": 0,
+            "started": False, "state": {"terminated": terminated}}
+
+
+def _memory_limit(container: Dict[str, Any]) -> Optional[int]:
+    value = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+    return quantity.parse_bytes(value) if value is not None else None

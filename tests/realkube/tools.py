@@ -1,0 +1,62 @@
+"""Where ``make tools`` put the control plane: the cache entry keyed by the pinned versions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict
+
+ROOT = Path(__file__).resolve().parents[2]
+VERSIONS_FILE = ROOT / "scripts" / "kube-versions.env"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+
+class ToolsMissing(RuntimeError):
+    """The control plane is not built: ``make tools`` builds it."""
+
+
+def versions() -> Dict[str, str]:
+    """scripts/kube-versions.env as a dict (KEY=VALUE lines, comments ignored)."""
+    out: Dict[str, str] = {}
+    for line in VERSIONS_FILE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def cache_key() -> str:
+    """The same key scripts/build-kube.sh builds into."""
+    v = versions()
+    return (f"k8s-{v['KUBERNETES_VERSION']}_etcd-{v['ETCD_VERSION']}_kwok-{v['KWOK_VERSION']}"
+            f"_to-{v['TRAINING_OPERATOR_VERSION']}_po-{v['PROMETHEUS_OPERATOR_VERSION']}"
+            f"_cm-{v['CERT_MANAGER_VERSION']}_r{v['KUBE_BUILD_RECIPE']}")
+
+
+def home() -> Path:
+    """The built cache entry; raises ``ToolsMissing`` naming the command that builds it."""
+    cache = os.environ.get("XMEM_KUBE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "xmem-admission",
+        "kube")
+    entry = Path(cache) / cache_key()
+    if not (entry / ".complete").is_file():
+        raise ToolsMissing(f"the Kubernetes control plane is not built ({entry} is missing): "
+                           f"run `make tools` (scripts/build-kube.sh)")
+    return entry
+
+
+def binary(name: str) -> str:
+    path = home() / "bin" / name
+    if not os.access(path, os.X_OK):
+        raise ToolsMissing(f"{path} is missing: run `make tools` (scripts/build-kube.sh)")
+    return str(path)
+
+
+def kwok_stages() -> Path:
+    return home() / "kwok-stages"
+
+
+def crd(name: str) -> Path:
+    """A third-party CRD manifest copied from its project's Go module by the build."""
+    return home() / "crds" / name
