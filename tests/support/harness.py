@@ -171,6 +171,47 @@ class HttpsWebhook(_Base):
         self.thread.stop()
 
 
+class ServeProcess:
+    """``xmem serve`` in its own process, as it runs in a pod (``gc.freeze`` and all), on
+    loopback: admission over TLS with ``certs``, health and metrics in plain HTTP."""
+
+    def __init__(self, root: Path, certs: Certificates, *args: str, name: str = "serve") -> None:
+        import re
+        import subprocess
+        import sys
+        import time
+
+        self.log = root / f"{name}.log"
+        with open(self.log, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "xmem_admission.cli", "serve", "--cert-file",
+                 str(certs.cert_file), "--key-file", str(certs.key_file), "--host", "127.0.0.1",
+                 "--port", "0", "--metrics-port", "0", "--log-level", "warning", *args],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        found = None
+        while found is None:
+            found = re.search(r"admission on https://127\.0\.0\.1:(\d+).*health on "
+                              r"http://127\.0\.0\.1:(\d+)", self.log.read_text())
+            if found is None:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(f"xmem serve did not start:\n{self.log.read_text()}")
+                time.sleep(0.05)
+        self.port, self.health_port = int(found.group(1)), int(found.group(2))
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.health_port}/metrics", timeout=10).text
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+        try:
+            self.process.wait(10)
+        except Exception:  # noqa: BLE001 - a stuck server is killed
+            self.process.kill()
+            self.process.wait(10)
+
+
 def metric_sum(text: str, name: str, **labels: str) -> float:
     """The sum of every sample of a metric whose labels include these (0 when none)."""
     from prometheus_client.parser import text_string_to_metric_families

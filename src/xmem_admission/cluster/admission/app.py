@@ -7,11 +7,15 @@ what it returns with HTTP 200 (the API server reads the verdict from the review,
 other status as a failed call). The body is read as bytes and never parsed by the framework;
 its size is checked while it streams in (a chunked body is never buffered past the limit) and
 it must arrive within ``BODY_SECONDS`` (the header deadline is the server's: ``server.py``).
+A review of up to ``INLINE_BYTES`` (every ordinary one) is answered on the event loop, where it
+takes a millisecond or so; a larger one (a maximal object and its old version on UPDATE) is
+answered in a worker thread, so parsing megabytes never holds up the other connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from typing import Awaitable, Callable, List, Optional, Tuple
 
 from fastapi import FastAPI, Request
@@ -27,6 +31,7 @@ from xmem_admission.cluster.admission.webhook import Endpoint, Scope, Webhook
 # beyond is not from an API server.
 MAX_BODY_BYTES = 8 * 1024 * 1024
 BODY_SECONDS = 10.0  # the API server sends a review at once; its own timeout is 30 s at most
+INLINE_BYTES = 256 * 1024  # larger reviews are answered off the event loop
 JSON = "application/json"
 
 # The paths each endpoint answers on, and which webhook entry each one stands for.
@@ -66,6 +71,8 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> Optional[b
 def create_admission_app(webhook: Webhook) -> FastAPI:
     """The TLS app the API server calls."""
     app = FastAPI(title="xmem admission", docs_url=None, redoc_url=None, openapi_url=None)
+    # One worker: large reviews are answered one at a time, in arrival order, off the loop.
+    large = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xmem-large-review")
 
     def route(endpoint: Endpoint, scope: Scope) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
@@ -75,6 +82,10 @@ def create_admission_app(webhook: Webhook) -> FastAPI:
                 return Response(_too_slow(), media_type=JSON, headers={"Connection": "close"})
             if body is None:
                 return Response(_too_large(), media_type=JSON, headers={"Connection": "close"})
+            if len(body) > INLINE_BYTES:
+                answer = await asyncio.get_running_loop().run_in_executor(
+                    large, webhook.review, body, endpoint, scope)
+                return Response(answer, media_type=JSON)
             return Response(webhook.review(body, endpoint, scope), media_type=JSON)
 
         return handle

@@ -6,6 +6,8 @@ without clashing; ``xmem serve`` exposes its registry on ``/metrics`` of the hea
 Series (all prefixed ``xmem_``):
 - ``admission_requests_total{endpoint,kind,operation,decision}``: every review answered;
 - ``admission_duration_seconds{endpoint}``: time from body received to response built;
+- ``admission_cpu_seconds{endpoint}``: the CPU time of the same (the thread's own: what a
+  review costs the replica, whatever else runs on the machine);
 - ``workloads_held_total{kind}``: workloads suspended awaiting an estimate (not for dryRun);
 - ``estimates_applied_total{kind,gpu_model,backend}`` and
   ``estimate_request_bytes{namespace,workload,kind,gpu_model}``: the request given to each
@@ -53,6 +55,10 @@ class AdmissionMetrics:
         )
         self.latency = Histogram(
             "xmem_admission_duration_seconds", "Time to answer an admission review.",
+            ("endpoint",), buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.cpu = Histogram(
+            "xmem_admission_cpu_seconds", "CPU time spent answering an admission review.",
             ("endpoint",), buckets=LATENCY_BUCKETS, registry=r,
         )
         self.held = Counter(

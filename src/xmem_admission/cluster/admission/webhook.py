@@ -107,7 +107,7 @@ class Webhook:
 
     def review(self, body: bytes, endpoint: Endpoint, scope: Scope = Scope.OBJECT) -> bytes:
         """Answer one AdmissionReview (the HTTP body); always returns a review to send back."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         envelope = request.Envelope()
         kind = operation = "unknown"
         settings: Optional[Settings] = None
@@ -138,6 +138,7 @@ class Webhook:
             out = response.build(envelope.uid, verdict, envelope.api_version)
         self.metrics.requests.labels(endpoint.value, kind, operation, verdict.decision.value).inc()
         self.metrics.latency.labels(endpoint.value).observe(time.perf_counter() - started)
+        self.metrics.cpu.labels(endpoint.value).observe(time.thread_time() - cpu_started)
         return out
 
     def _failed(self, exc: BaseException, kind: str, settings: Optional[Settings]) -> Verdict:
