@@ -141,14 +141,15 @@ class HttpsWebhook(_Base):
     """The real server on loopback, TLS with a certificate the client verifies."""
 
     def __init__(self, policy: Policy, certs: Certificates, on_hold: Any = None,
-                 reload_seconds: float = 0.2, webhook_class: Type[Webhook] = Webhook):
+                 reload_seconds: float = 0.2, webhook_class: Type[Webhook] = Webhook,
+                 **config: Any):
         self.certs = certs
         self.store = MemoryStore()
         self.webhook = webhook_class(StaticPolicySource(policy), self.store, AdmissionMetrics(),
                                      clock=lambda: FIXED_NOW, on_hold=on_hold)
         config = ServeConfig(cert_file=str(certs.cert_file), key_file=str(certs.key_file),
                              host="127.0.0.1", port=0, metrics_port=0,
-                             reload_seconds=reload_seconds, log_level="warning")
+                             reload_seconds=reload_seconds, log_level="warning", **config)
         self.server = AdmissionServer(self.webhook, self.webhook.policy, config)
         self.thread = ServerThread(self.server).start()
         self.port, self.health_port = self.server.ports

@@ -45,10 +45,10 @@ def _too_large() -> bytes:
     ))
 
 
-def _too_slow() -> bytes:
+def _too_slow(seconds: float) -> bytes:
     return response.build("", Verdict(
         Decision.ERRORED, code=408, reason="Timeout",
-        message=f"admission review body not received within {BODY_SECONDS:g} s",
+        message=f"admission review body not received within {seconds:g} s",
     ))
 
 
@@ -68,7 +68,7 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> Optional[b
     return b"".join(chunks)
 
 
-def create_admission_app(webhook: Webhook) -> FastAPI:
+def create_admission_app(webhook: Webhook, body_seconds: float = BODY_SECONDS) -> FastAPI:
     """The TLS app the API server calls."""
     app = FastAPI(title="xmem admission", docs_url=None, redoc_url=None, openapi_url=None)
     # One worker: large reviews are answered one at a time, in arrival order, off the loop.
@@ -77,9 +77,10 @@ def create_admission_app(webhook: Webhook) -> FastAPI:
     def route(endpoint: Endpoint, scope: Scope) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
             try:
-                body = await asyncio.wait_for(read_body(request), BODY_SECONDS)
+                body = await asyncio.wait_for(read_body(request), body_seconds)
             except asyncio.TimeoutError:
-                return Response(_too_slow(), media_type=JSON, headers={"Connection": "close"})
+                return Response(_too_slow(body_seconds), media_type=JSON,
+                                headers={"Connection": "close"})
             if body is None:
                 return Response(_too_large(), media_type=JSON, headers={"Connection": "close"})
             if len(body) > INLINE_BYTES:

@@ -31,7 +31,11 @@ from typing import Any, Iterator, List, Optional, Tuple
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from xmem_admission.cluster.admission.app import create_admission_app, create_health_app
+from xmem_admission.cluster.admission.app import (
+    BODY_SECONDS,
+    create_admission_app,
+    create_health_app,
+)
 from xmem_admission.cluster.admission.webhook import Webhook
 from xmem_admission.cluster.policy.sources import PolicySource
 from xmem_admission.contract.errors import ServeError
@@ -51,6 +55,7 @@ class ServeConfig:
     reload_seconds: float = 2.0  # how often certificate and policy are checked for changes
     log_level: str = "info"
     header_seconds: float = 10.0  # a request's headers must arrive within this
+    body_seconds: float = BODY_SECONDS  # ... and its body within this
 
 
 def _stamp(paths: Tuple[str, ...]) -> Tuple[Any, ...]:
@@ -209,8 +214,8 @@ class AdmissionServer:
         self.tls = ReloadingTLS(config.cert_file, config.key_file)
         self.admission_socket = bind(config.host, config.port)
         self.health_socket = bind(config.host, config.metrics_port)
-        admission = _uvicorn_config(create_admission_app(webhook), config.log_level,
-                                    config.header_seconds)
+        admission = _uvicorn_config(create_admission_app(webhook, config.body_seconds),
+                                    config.log_level, config.header_seconds)
         admission.load()
         admission.ssl = self.tls.context  # ours, so that reloads reach the live listener
         health = _uvicorn_config(create_health_app(webhook.metrics, self.readiness),
