@@ -24,6 +24,7 @@ def parse(argv=None):
     parser.add_argument("--indices", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--device", default="cuda:0", help="cpu: the plain CPU run, for timing")
     return parser.parse_args(argv)
 
 
@@ -55,16 +56,16 @@ def main():
     repeated = Subset(folder, [i % len(folder) for i in range(args.indices)])
     loader = DataLoader(repeated, batch_size=args.batch_size, shuffle=True,
                         num_workers=args.workers, pin_memory=True)
-    device = torch.device("cuda:0")
-    model = build_model(args).cuda(device)
-    criterion = nn.CrossEntropyLoss().cuda(device)
+    device = torch.device(args.device)
+    model = build_model(args).to(device)
+    criterion = nn.CrossEntropyLoss().to(device)
     optimizer = build_optimizer(args, model)
     model.train()
     for i, (images, target) in enumerate(loader):
         if i == args.steps:
             break
-        images = images.cuda(device, non_blocking=True)
-        target = target.cuda(device, non_blocking=True)
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
         loss = criterion(model(images), target)
         optimizer.zero_grad()
         loss.backward()

@@ -24,8 +24,9 @@ parser.add_argument("--samples", type=int, default=1_000_000)
 parser.add_argument("--batch", type=int, default=32)
 parser.add_argument("--workers", type=int, default=2)
 parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--device", default="cuda", help="cpu: the plain CPU run, for timing")
 args = parser.parse_args()
-device = torch.device("cuda")
+device = torch.device(args.device)
 
 
 class Indexed(Dataset):
