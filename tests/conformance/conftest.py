@@ -2,9 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-# The virtual GPU the corpus is traced on (an H200: bf16, flash attention).
-H200 = {"name": "NVIDIA H200", "total_memory": 150_754_820_096, "compute_capability": [9, 0],
-        "multi_processor_count": 132}
+from tests.estimator.conftest import H200  # the virtual GPU (bf16, flash attention)
 
 
 @pytest.fixture
