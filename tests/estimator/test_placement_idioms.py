@@ -9,7 +9,8 @@ from tests.estimator.trace_counts import live_by_category_at
 
 IDIOMS = ["to_string", "to_device_keyword", "to_device_index", "to_other_tensor", "cuda_index",
           "factory_device", "set_default_device", "device_context", "to_empty",
-          "load_state_dict_assign", "local_rank", "legacy_type", "pool", "loader_workers"]
+          "load_state_dict_assign", "load_callable", "local_rank", "legacy_type", "pool",
+          "loader_workers"]
 HIDDEN = 64
 
 

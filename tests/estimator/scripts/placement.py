@@ -105,6 +105,12 @@ elif idiom == "load_state_dict_assign":
     with torch.device("meta"):
         model = Net()
     model.load_state_dict(torch.load(path, map_location="cuda"), assign=True)
+elif idiom == "load_callable":  # older examples: map_location=lambda s, loc: s.cuda(gpu)
+    device = "cuda"
+    path = os.path.join(tempfile.mkdtemp(), "init.pt")
+    torch.save(Net().state_dict(), path)
+    model = Net().cuda()
+    model.load_state_dict(torch.load(path, map_location=lambda storage, loc: storage.cuda(0)))
 elif idiom == "local_rank":  # torchrun-style: LOCAL_RANK picks the device
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)

@@ -426,12 +426,18 @@ def _patch_serialization(p: Patches, tracker: AllocationTracker, fake: bool) -> 
 
     def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
         to_cuda = _cuda_location(map_location)
-        if to_cuda is None and map_location is not None:
-            with _disable_current_modes():
-                return real_load(f, map_location, *args, **kwargs)
         saved: List[str] = []
 
         def on_host(storage: Any, location: str) -> Any:
+            if callable(map_location):
+                # ``lambda storage, loc: storage.cuda(gpu)`` (a CUDA call: it fails here) or
+                # ``lambda storage, loc: storage`` (stays on the host)
+                try:
+                    storage = map_location(storage, location)
+                    saved.append("cpu")
+                except Exception:  # noqa: BLE001 - any failure is the missing CUDA device
+                    saved.append("cuda")
+                return storage
             saved.append(location)
             return storage
 
