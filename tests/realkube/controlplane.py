@@ -299,14 +299,26 @@ class ControlPlane:
             tools.binary("kube-scheduler"), "--config", str(path), "--bind-address", LOOPBACK,
             "--secure-port", "0", "--v", "1"])
 
-    def _ready(self) -> bool:
+    def request(self, method: str, path: str, body: Any = None,
+                accept: str = "application/json") -> tuple[int, bytes]:
+        """One request as the admin, any HTTP client's way (no client-side checks): the
+        status and the body, errors included."""
         context = ssl.create_default_context(cafile=str(self._authority().cert_file))
         admin = self._authority().directory
         context.load_cert_chain(str(admin / "admin.crt"), str(admin / "admin.key"))
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.server}{path}", data=data, method=method,
+                                         headers={"Accept": accept,
+                                                  "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(f"{self.server}/readyz", context=context,
-                                        timeout=5) as answer:
-                return bool(answer.status == 200)
+            with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+                return int(answer.status), bytes(answer.read())
+        except urllib.error.HTTPError as exc:
+            return int(exc.code), bytes(exc.read())
+
+    def _ready(self) -> bool:
+        try:
+            return self.request("GET", "/readyz")[0] == 200
         except (urllib.error.URLError, OSError):
             return False
 

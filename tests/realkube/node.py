@@ -264,17 +264,18 @@ class ProcessNode:
 
     def _patch_status(self, pod: Dict[str, Any], status: Dict[str, Any]) -> bool:
         m = pod["metadata"]
-        for _ in range(20):
+        deadline = time.monotonic() + 120  # a kubelet keeps syncing status until it lands
+        while True:
             try:
                 self.core.patch_namespaced_pod_status(
                     m["name"], m["namespace"], {"metadata": {"uid": m["uid"]}, "status": status},
                     _preload_content=False)
                 return True
             except Exception as exc:  # noqa: BLE001 - gone: nothing left to report to
-                if getattr(exc, "status", None) in (404, 409, 422) or self._stop.is_set():
+                if getattr(exc, "status", None) in (404, 409, 422) or self._stop.is_set() \
+                        or time.monotonic() > deadline:
                     return False
                 time.sleep(0.5)  # the API server restarting: try again
-        return False
 
     def _event(self, pod: Dict[str, Any], type_: str, reason: str, message: str) -> None:
         m = pod["metadata"]
@@ -295,9 +296,12 @@ class ProcessNode:
     def _delete_now(self, pod: Dict[str, Any]) -> None:
         m = pod["metadata"]
         try:
-            self.core.delete_namespaced_pod(m["name"], m["namespace"], grace_period_seconds=0,
-                                            body={"preconditions": {"uid": m["uid"]}},
-                                            _preload_content=False)
+            # With a body, the API server reads the options from it alone: a gracePeriodSeconds
+            # query parameter beside it would be ignored and the pod would wait out its grace.
+            self.core.delete_namespaced_pod(
+                m["name"], m["namespace"],
+                body={"gracePeriodSeconds": 0, "preconditions": {"uid": m["uid"]}},
+                _preload_content=False)
         except Exception:  # noqa: BLE001 - already gone
             pass
 
@@ -319,30 +323,59 @@ class ProcessNode:
 
     def _volumes(self, pod: Dict[str, Any], pod_dir: str) -> Dict[str, str]:
         out = {}
-        namespace = pod["metadata"]["namespace"]
         for volume in pod["spec"].get("volumes") or []:
             host = os.path.join(pod_dir, "volumes", volume["name"])
             if "hostPath" in volume:
                 out[volume["name"]] = volume["hostPath"]["path"]
                 continue
             os.makedirs(host, exist_ok=True)
-            for kind, key in (("ConfigMap", "configMap"), ("Secret", "secret")):
-                if key not in volume:
-                    continue
-                ref = volume[key]
-                ref_name = ref.get("name") or ref.get("secretName", "")
-                data = self._lookup(kind, namespace, ref_name)
-                if data is None:
-                    raise ctr.ConfigError(f'{kind.lower()} "{ref_name}" not found')
-                for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
-                    target = os.path.join(host, item["path"])
-                    os.makedirs(os.path.dirname(target), exist_ok=True)
-                    with open(target, "w", encoding="utf-8") as handle:
-                        handle.write(data.get(item["key"], ""))
-            if not any(k in volume for k in ("emptyDir", "configMap", "secret")):
+            if "projected" in volume:  # the service-account token volume, among others
+                for source in volume["projected"].get("sources") or []:
+                    self._write_source(pod, source, host)
+            elif any(k in volume for k in ("configMap", "secret", "downwardAPI")):
+                self._write_source(pod, volume, host)
+            elif "emptyDir" not in volume:
                 raise ctr.ConfigError(f"volume {volume['name']!r}: type not supported here")
             out[volume["name"]] = host
         return out
+
+    def _write_source(self, pod: Dict[str, Any], source: Dict[str, Any], host: str) -> None:
+        """The files of one volume source (configMap, secret, downwardAPI, serviceAccountToken)."""
+        m = pod["metadata"]
+        files: Dict[str, str] = {}
+        if "serviceAccountToken" in source:
+            spec = source["serviceAccountToken"]
+            request: Dict[str, Any] = {"spec": {
+                "expirationSeconds": spec.get("expirationSeconds", 3607),
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": m["name"],
+                                   "uid": m["uid"]}}}
+            if spec.get("audience"):
+                request["spec"]["audiences"] = [spec["audience"]]
+            account = pod["spec"].get("serviceAccountName") or "default"
+            answer = self.core.create_namespaced_service_account_token(account, m["namespace"],
+                                                                       request)
+            files[spec["path"]] = answer.status.token
+        for kind, key in (("ConfigMap", "configMap"), ("Secret", "secret")):
+            if key not in source:
+                continue
+            ref = source[key]
+            ref_name = ref.get("name") or ref.get("secretName", "")
+            data = self._lookup(kind, m["namespace"], ref_name)
+            if data is None:
+                if ref.get("optional"):
+                    continue
+                raise ctr.ConfigError(f'{kind.lower()} "{ref_name}" not found')
+            for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
+                files[item["path"]] = data.get(item["key"], "")
+        if "downwardAPI" in source:
+            for item in source["downwardAPI"].get("items") or []:
+                if "fieldRef" in item:
+                    files[item["path"]] = ctr._field_ref(pod, item["fieldRef"]["fieldPath"])
+        for path, text in files.items():
+            target = os.path.join(host, path)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "w", encoding="utf-8") as handle:
+                handle.write(text)
 
     def _run_pod(self, pod: Dict[str, Any]) -> None:
         m = pod["metadata"]

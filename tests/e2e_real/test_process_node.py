@@ -1,0 +1,128 @@
+"""The project's process node, on the real control plane: the real scheduler binds pods to it, it
+runs them as processes and reports them as a kubelet does, and the API server serves their logs
+from it. Containers run ``python`` (this interpreter, first on the node's PATH)."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Iterator
+
+import pytest
+from kubernetes import client
+
+from tests.realkube.controlplane import wait_for
+
+
+def _pod(name: str, command: list, **spec: Any) -> dict:
+    container = {"name": "main", "image": "busybox:1.36", "command": command}
+    container.update(spec.pop("container", {}))
+    body = {"restartPolicy": "Never", "containers": [container]}
+    body.update(spec)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body}
+
+
+@pytest.fixture()
+def ns(cluster, request) -> Iterator[str]:
+    name = "node-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[5:40].strip("-")
+    cluster.ensure_namespace(name)
+    wait_for(lambda: cluster.get("v1", "ServiceAccount", "default", name), 30,
+             "the namespace's default service account")
+    yield name
+    cluster.delete("v1", "Namespace", name)
+
+
+@pytest.fixture()
+def core(cluster) -> Any:
+    return client.CoreV1Api(cluster.api)
+
+
+def _finished(core, ns: str, name: str) -> Any:
+    return wait_for(lambda: (lambda p: p if p.status.phase in ("Succeeded", "Failed") else None)(
+        core.read_namespaced_pod(name, ns)), 60, f"pod {name} to finish")
+
+
+def _terminated(p: Any) -> Any:
+    return p.status.container_statuses[0].state.terminated
+
+
+def test_a_container_that_exits_0_completes_with_its_termination_message(cluster, core, ns):
+    program = "open('/dev/termination-log', 'w').write('all good'); print('done')"
+    core.create_namespaced_pod(ns, _pod("ok", ["python", "-c", program]))
+    finished = _finished(core, ns, "ok")
+    assert finished.spec.node_name == cluster.node.name
+    assert finished.status.phase == "Succeeded"
+    assert (_terminated(finished).reason, _terminated(finished).exit_code) == ("Completed", 0)
+    assert _terminated(finished).message == "all good"
+    assert core.read_namespaced_pod_log("ok", ns) == "done\n"  # through the API server
+
+
+def test_a_failing_container_is_error_with_its_exit_code(core, ns):
+    core.create_namespaced_pod(ns, _pod("fail", ["python", "-c", "raise SystemExit(3)"]))
+    finished = _finished(core, ns, "fail")
+    assert finished.status.phase == "Failed"
+    assert (_terminated(finished).reason, _terminated(finished).exit_code) == ("Error", 3)
+
+
+def test_fallback_to_logs_on_error_puts_the_last_lines_in_the_message(core, ns):
+    body = _pod("fallback", ["python", "-c", "print('boom'); raise SystemExit(1)"],
+                container={"terminationMessagePolicy": "FallbackToLogsOnError"})
+    core.create_namespaced_pod(ns, body)
+    assert _terminated(_finished(core, ns, "fallback")).message.strip() == "boom"
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed(core, ns):
+    program = "x = bytearray(400 << 20); import time; time.sleep(30)"
+    body = _pod("hog", ["python", "-c", program],
+                container={"resources": {"limits": {"memory": "128Mi", "cpu": "1"}}})
+    core.create_namespaced_pod(ns, body)
+    finished = _finished(core, ns, "hog")
+    assert (_terminated(finished).reason, _terminated(finished).exit_code) == ("OOMKilled", 137)
+
+
+def test_a_pod_past_its_active_deadline_fails_with_deadline_exceeded(core, ns):
+    core.create_namespaced_pod(ns, _pod("slow", ["python", "-c", "import time; time.sleep(60)"],
+                                        activeDeadlineSeconds=2))
+    started = time.monotonic()
+    finished = _finished(core, ns, "slow")
+    assert finished.status.reason == "DeadlineExceeded"
+    assert time.monotonic() - started < 20
+
+
+def test_env_volumes_and_paths_are_those_of_the_pod_spec(core, ns):
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "code"},
+                                           "data": {"greet.py": "print('from config map')"}})
+    program = ("import os; print(os.environ['WHO'], os.environ['GREETING'], "
+               "os.environ['POD']); exec(open('/app/greet.py').read())")
+    body = _pod("env", ["python", "-c", program], volumes=[
+        {"name": "code", "configMap": {"name": "code"}}], container={
+        "env": [{"name": "WHO", "value": "world"},
+                {"name": "GREETING", "value": "hello $(WHO)"},
+                {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "volumeMounts": [{"name": "code", "mountPath": "/app"}]})
+    core.create_namespaced_pod(ns, body)
+    assert _finished(core, ns, "env").status.phase == "Succeeded"
+    assert core.read_namespaced_pod_log("env", ns).split("\n")[:2] == [
+        "world hello world env", "from config map"]
+
+
+def test_a_pod_asking_for_a_gpu_stays_pending_unschedulable_on_a_node_without_one(core, ns):
+    core.create_namespaced_pod(ns, _pod("gpu", ["true"], container={
+        "resources": {"limits": {"nvidia.com/gpu": "1"}}}))
+
+    def unschedulable() -> bool:
+        conditions = core.read_namespaced_pod("gpu", ns).status.conditions or []
+        return any(c.reason == "Unschedulable" for c in conditions)
+
+    wait_for(unschedulable, 30, "the scheduler's Unschedulable condition")
+    assert core.read_namespaced_pod("gpu", ns).spec.node_name is None
+
+
+def test_deleting_a_running_pod_stops_its_process_and_removes_it(core, ns):
+    core.create_namespaced_pod(ns, _pod("busy", ["python", "-c", "import time; time.sleep(60)"]))
+    wait_for(lambda: core.read_namespaced_pod("busy", ns).status.phase == "Running", 30,
+             "the pod to run")
+    started = time.monotonic()
+    core.delete_namespaced_pod("busy", ns)
+    wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, "the pod to go")
+    assert time.monotonic() - started < 20  # stopped at SIGTERM, not at the grace period's end
