@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean tools
+.PHONY: venv demo test lint bench clean tools kube-up kube-down playground playground-stop
 
 venv: $(STAMP)
 
@@ -20,9 +20,31 @@ demo: $(STAMP)
 		python examples/train_gpt.py --layers 12 --hidden 768 --heads 12 --vocab 50257 \
 		--seq-len 1024 --batch-size 8 --optimizer adamw
 
-# helm, prometheus and promtool for the chart and observability tests, cached in .tools/.
+# helm, prometheus and promtool for the chart and observability tests, cached in .tools/; the
+# real Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd,
+# kwok) built once from the Go module proxy into ~/.cache/xmem-admission/kube/<versions>/
+# (scripts/build-kube.sh, versions in scripts/kube-versions.env; 15-25 minutes cold, instant warm).
 tools:
 	bash scripts/install-tools.sh
+	bash scripts/build-kube.sh
+
+# A bare control plane on loopback (etcd, kube-apiserver, controller-manager, scheduler), for
+# poking at by hand: `make kube-up` prints the admin kubeconfig; `make kube-down` stops it.
+KUBE_DIR ?= /tmp/xmem-kube
+kube-up: $(STAMP) tools
+	bash scripts/kube.sh up $(KUBE_DIR)
+
+kube-down: $(STAMP)
+	bash scripts/kube.sh down $(KUBE_DIR)
+
+# The playground (docs/playground.md): control plane, kwok GPU nodes of two models, the webhook,
+# the controller, the example policy and a handful of example jobs, no Docker needed.
+PLAYGROUND_DIR ?= /tmp/xmem-playground
+playground: $(STAMP) tools
+	$(PY) -m tests.realkube.playground up $(PLAYGROUND_DIR)
+
+playground-stop: $(STAMP)
+	$(PY) -m tests.realkube.playground down $(PLAYGROUND_DIR)
 
 test: $(STAMP) tools
 	$(PY) -m ruff check src tests bench examples
