@@ -18,7 +18,9 @@ Fault injection: ``server.faults.add(status=429, method="PATCH", path="/jobs/")`
 next matching request with that status (``Retry-After`` when given), before it is handled, or
 after it was (``when="after"``: the write landed but the client saw an error, as on a timeout).
 ``server.on_request(fn)`` calls ``fn(method, path, code)`` after each answered request, which is
-how fault tests stop a controller exactly after a given write.
+how fault tests stop a controller exactly after a given write. ``server.outage(seconds)``
+behaves as a restarting API server does: for that long every request's connection is dropped
+without an answer and open watches end.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ class _Handler(BaseHTTPRequestHandler):
         owner: ApiServer = self.server.owner
         self.code = 0
         self.pending: Optional[Tuple[int, bytes, Dict[str, str], str]] = None
+        if owner.down:
+            self.close_connection = True  # restarting: the connection just drops
+            return
         url = urllib.parse.urlsplit(self.path)
         params = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query).items()}
         length = int(self.headers.get("Content-Length") or 0)
@@ -296,7 +301,7 @@ class _Handler(BaseHTTPRequestHandler):
         deadline = time.monotonic() + timeout
         last_bookmark = time.monotonic()
         try:
-            while time.monotonic() < deadline and not owner.stopping.is_set():
+            while time.monotonic() < deadline and not owner.stopping.is_set() and not owner.down:
                 with storage.lock:
                     try:
                         pending: List[WatchEvent] = list(storage.events_after(cursor))[::-1]
@@ -367,6 +372,7 @@ class ApiServer:
         self.stopping = threading.Event()
         self.ca_pem = b""
         self.users: Dict[str, User] = {token: ADMIN} if token else {}
+        self._down_until = 0.0
         self.authorizer = Authorizer(self.api.storage)
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
@@ -377,6 +383,16 @@ class ApiServer:
 
     def on_request(self, observer: Observer) -> None:
         self.observers.append(observer)
+
+    # --- outages ----------------------------------------------------------------------------
+
+    def outage(self, seconds: float) -> None:
+        """Drop every connection for ``seconds``, as while the API server restarts."""
+        self._down_until = time.monotonic() + seconds
+
+    @property
+    def down(self) -> bool:
+        return time.monotonic() < self._down_until
 
     # --- users ------------------------------------------------------------------------------
 

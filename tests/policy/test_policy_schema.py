@@ -183,3 +183,18 @@ def test_estimates_are_shared_only_between_namespaces_the_policy_names() -> None
     with pytest.raises(PolicyError, match=r"overrides\[0\].estimation.maxConcurrent: is cluster"):
         Policy.from_spec(dict(spec, overrides=[{"namespaces": ["x"],
                                                 "estimation": {"maxConcurrent": 3}}]))
+
+
+def test_kubectl_get_gap_shows_every_target_not_only_the_first() -> None:
+    """A table column's JSONPath with [*] shows only its first match (#15, item 8): the Targets
+    column selects the whole list, which the API server prints whole."""
+    import yaml as _yaml
+
+    crd = _yaml.safe_load(POLICY_CRD.read_text())
+    [column] = [c for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]
+                if c["name"] == "Targets"]
+    node: Any = example()
+    for part in column["jsonPath"].strip(".").split("."):
+        assert "[" not in part, column["jsonPath"]
+        node = node[part]
+    assert [t["gpu"] for t in node] == ["A100-80GB", "H100-80GB"]

@@ -32,6 +32,7 @@ ENV = {
     "metrics_port": "XMEM_METRICS_PORT",
     "workloads": "XMEM_WORKLOADS",
     "resync_seconds": "XMEM_RESYNC_SECONDS",
+    "reload_seconds": "XMEM_RELOAD_SECONDS",
     "log_level": "XMEM_LOG_LEVEL",
 }
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -86,6 +87,10 @@ def register(subparsers: Any) -> None:
         help="workload kinds to release, comma-separated [XMEM_WORKLOADS]")
     add("--resync-seconds", type=float, default=_env("resync_seconds", "30"),
         help="how often every held workload is looked at again [XMEM_RESYNC_SECONDS]")
+    add("--reload-seconds", type=float, default=_env("reload_seconds", "2"),
+        help="how often the policy is checked for changes [XMEM_RELOAD_SECONDS]")
+    add("--lease-unready-seconds", type=float, default=30.0,
+        help="after how long of being refused its Lease (401/403) a replica reports not ready")
     add("--log-level", default=_env("log_level", "info"),
         choices=("debug", "info", "warning", "error"), help="[XMEM_LOG_LEVEL]")
     parser.set_defaults(func=run)
@@ -140,12 +145,13 @@ def run(args: argparse.Namespace) -> int:
                    ClusterPolicySource(api_client, args.policy_name, on_error=on_policy_error))
     identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     controller = Controller(kube, policy, args.probe_image, kinds=kinds, metrics=metrics,
-                            identity=identity, resync_seconds=args.resync_seconds)
+                            identity=identity, resync_seconds=args.resync_seconds,
+                            policy_seconds=args.reload_seconds)
     try:
         elector = None if args.no_leader_election else LeaderElector(
             kube, _lease_namespace(args.lease_namespace), args.lease_name, identity,
             lease_duration=args.lease_duration, renew_deadline=args.renew_deadline,
-            retry_period=args.retry_period,
+            retry_period=args.retry_period, unready_after=args.lease_unready_seconds,
             on_error=lambda code: metrics.lease_errors.labels(code).inc())
     except ValueError as exc:
         raise ControllerError(f"--renew-deadline/--lease-duration: {exc}") from None

@@ -208,6 +208,11 @@ def _summary(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:
                   request=records.human(plan.request_bytes))
 
 
+def needs_summary(gme: Obj) -> bool:
+    """A succeeded estimate without the kubectl columns (GPU, estimate, request)."""
+    return records.phase(gme) == records.SUCCEEDED and "gpu" not in (gme.get("status") or {})
+
+
 def _write_status(ctx: Context, gme: Obj, status: Dict[str, Any]) -> Obj:
     written = ctx.kube.replace_status(GME, dict(gme, status=status))
     ctx.estimates.put(written)
@@ -236,6 +241,10 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
         _finish(ctx, gme, status, None, _name_taken(pod))
         return None
     if phase in records.TERMINAL:
+        if phase == records.SUCCEEDED and needs_summary(gme):
+            _summary(ctx, gme, status)  # recorded by someone else (KubeStore.put, an older run)
+            if "gpu" in status:
+                gme = _write_status(ctx, gme, status)
         _fill_error(ctx, gme, status)
         if pod is not None and phase == records.FAILED and \
                 (pod.get("status") or {}).get("phase") in (None, "Pending", "Running") and \

@@ -44,12 +44,14 @@ class Controller:
                  kinds: Sequence[str] = tuple(KINDS),
                  metrics: Optional[ControllerMetrics] = None, identity: str = "xmem-controller",
                  workers: int = 2, resync_seconds: float = 30.0, sync_timeout: float = 30.0,
-                 log_lines: int = 20, deadline_slack: float = 60.0) -> None:
+                 log_lines: int = 20, deadline_slack: float = 60.0,
+                 policy_seconds: float = 2.0) -> None:
         self.kube = kube
         self.metrics = metrics or ControllerMetrics()
         self.queue: WorkQueue[QueueKey] = WorkQueue()
         self.workers = workers
         self.resync_seconds = resync_seconds
+        self.policy_seconds = policy_seconds
         self.sync_timeout = sync_timeout
         self.policy = policy
         self._stop = threading.Event()
@@ -112,6 +114,7 @@ class Controller:
         for index in range(self.workers):
             self._spawn(self._work, f"worker-{index}")
         self._spawn(self._resync, "resync")
+        self._spawn(self._refresh_policy, "policy")
         self.running.set()
         self.metrics.leader.set(1)
         return self
@@ -176,6 +179,12 @@ class Controller:
         _, namespace, name = key
         return estimation_pods.reconcile(self.ctx, namespace, name)
 
+    def _refresh_policy(self) -> None:
+        """The policy is re-read every ``policy_seconds`` (as ``xmem serve`` does), not only at
+        resync: a change reaches the next estimation pod within seconds."""
+        while not self._stop.wait(self.policy_seconds):
+            self.policy.refresh()
+
     def _resync(self) -> None:
         while not self._stop.wait(self.resync_seconds):
             self.resync()
@@ -195,8 +204,8 @@ class Controller:
         counts: Dict[str, int] = {}
         for gme in self.ctx.estimates.items():
             m = gme["metadata"]
-            if records.phase(gme) not in records.TERMINAL or \
-                    (gme.get("status") or {}).get("actualBytes") is not None:
+            if records.phase(gme) not in records.TERMINAL or estimation_pods.needs_summary(gme) \
+                    or (gme.get("status") or {}).get("actualBytes") is not None:
                 self.queue.add(("estimate", m.get("namespace", ""), m["name"]))
             for estimate in (gme.get("status") or {}).get("estimates") or []:
                 counts[estimate.get("gpu", "")] = counts.get(estimate.get("gpu", ""), 0) + 1

@@ -17,7 +17,7 @@ client retries with backoff first): a candidate keeps trying, a leader steps dow
 deadline passes. An answer that says it may not use its Lease (401/403) is not a passing
 outage: it is logged as an error (then every ``ERROR_LOG_SECONDS``), reported to ``on_error``
 (the controller counts it), and kept in ``problem`` for readiness, which fails once it has
-lasted ``UNREADY_AFTER_SECONDS``.
+lasted ``unready_after`` seconds.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from xmem_admission.contract.errors import KubeApiError, KubeUnavailable
 log = logging.getLogger(__name__)
 
 ERROR_LOG_SECONDS = 30.0
-UNREADY_AFTER_SECONDS = 30.0
 
 
 def micro_time(when: datetime.datetime) -> str:
@@ -49,7 +48,8 @@ class LeaderElector:
                  lease_duration: float = 15.0, renew_deadline: float = 10.0,
                  retry_period: float = 2.0,
                  clock: Callable[[], float] = time.monotonic,
-                 on_error: Optional[Callable[[str], Any]] = None) -> None:
+                 on_error: Optional[Callable[[str], Any]] = None,
+                 unready_after: float = 30.0) -> None:
         if not renew_deadline < lease_duration:
             raise ValueError("renew_deadline must be shorter than lease_duration")
         self.kube = kube
@@ -65,6 +65,7 @@ class LeaderElector:
         self._observed_at = 0.0
         self._renewed_at: Optional[float] = None
         self.on_error = on_error
+        self.unready_after = unready_after
         self.problem: Optional[str] = None  # why the Lease cannot be used, while it cannot
         self._problem_since: Optional[float] = None
         self._problem_logged = -ERROR_LOG_SECONDS
@@ -74,7 +75,7 @@ class LeaderElector:
         """True when the Lease has been refused to this candidate for a while: it will never
         lead until someone fixes its permissions (readiness says so)."""
         return self._problem_since is not None and \
-            self.clock() - self._problem_since >= UNREADY_AFTER_SECONDS
+            self.clock() - self._problem_since >= self.unready_after
 
     def _refused(self, action: str, exc: KubeApiError) -> bool:
         """A write or read the API refused; loud when it is about permissions. False."""
