@@ -143,6 +143,8 @@ def test_serve_reads_the_cluster_policy_when_no_file_is_given(
         (["--policy", str(ROOT / "pyproject.toml")], {}, "not valid YAML"),
         ([], {}, "no policy: pass --policy FILE.yaml"),
         (["--policy", str(EXAMPLE), "--estimates", str(ROOT / "README.md")], {}, "not a directory"),
+        (["--policy", str(EXAMPLE), "--controller-user", ""], {},
+         "--controller-user is empty: nothing could release a held workload"),
     ],
 )
 def test_bad_input_is_one_error_line_and_a_non_zero_exit(
