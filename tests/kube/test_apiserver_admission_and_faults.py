@@ -98,6 +98,7 @@ def test_an_unreachable_webhook_fails_closed_or_open_as_its_failure_policy_says(
     assert created["spec"]["suspend"] is False
 
 
+@pytest.mark.imitation_only  # injected faults, request observers
 def test_a_429_with_retry_after_is_retried_by_the_client_and_one_without_surfaces(server, batch):
     fault = server.faults.add(429, method="GET", path="/jobs", retry_after=1)
     assert batch.list_namespaced_job("default").items == []  # urllib3 honoured Retry-After
@@ -109,6 +110,7 @@ def test_a_429_with_retry_after_is_retried_by_the_client_and_one_without_surface
     assert status_of(caught.value)["reason"] == "TooManyRequests"
 
 
+@pytest.mark.imitation_only  # injected faults, request observers
 def test_an_after_fault_lands_the_write_but_answers_an_error(server, batch):
     server.faults.add(503, method="POST", path="/jobs", when="after")
     with pytest.raises(ApiException) as caught:
@@ -117,6 +119,7 @@ def test_an_after_fault_lands_the_write_but_answers_an_error(server, batch):
     assert [j.metadata.name for j in batch.list_namespaced_job("default").items] == ["train"]
 
 
+@pytest.mark.imitation_only  # injected faults, request observers
 def test_observers_see_every_answered_request_with_its_code(server, batch):
     seen = []
     server.on_request(lambda method, path, code: seen.append((method, path, code)))

@@ -56,13 +56,15 @@ def test_an_update_with_the_current_version_succeeds_and_bumps_it(batch):
     assert second["metadata"]["generation"] == 1  # metadata changes leave generation alone
 
 
-def test_a_spec_change_bumps_generation_and_a_no_op_update_writes_nothing(batch):
+def test_a_spec_change_bumps_generation_and_a_no_op_update_leaves_it(batch):
     first = raw(batch.create_namespaced_job("default", job("train", suspend=True),
                                             _preload_content=False))
     same = raw(batch.replace_namespaced_job("train", "default", first, _preload_content=False))
-    assert same["metadata"]["resourceVersion"] == first["metadata"]["resourceVersion"]
-    first["spec"]["suspend"] = False
-    changed = raw(batch.replace_namespaced_job("train", "default", first, _preload_content=False))
+    # kube-apiserver v1.36.3 was seen to bump the resourceVersion of an unchanged Job here;
+    # the stand-in keeps it. Only the generation is promised either way.
+    assert same["metadata"]["generation"] == 1
+    same["spec"]["suspend"] = False
+    changed = raw(batch.replace_namespaced_job("train", "default", same, _preload_content=False))
     assert changed["metadata"]["generation"] == 2
 
 
@@ -102,14 +104,23 @@ def test_a_suspended_job_that_never_ran_may_change_only_template_scheduling_fiel
     assert "spec.template" in status_of(caught.value)["message"]
 
 
-def test_an_object_that_fails_the_official_schema_is_422_with_the_field(server):
+@pytest.mark.imitation_differs("it refuses an unknown field with 422; kube-apiserver's default "
+                               "fieldValidation is Warn: the field is dropped, with a warning")
+def test_an_unknown_field_is_dropped_by_default_not_refused(server):
     # The client refuses unknown fields itself, so send the body as any HTTP client could.
     body = job("train")
     body["spec"]["template"]["spec"]["containers"][0]["resourcez"] = {}
+    created = server.create(dict(body, metadata=dict(body["metadata"], namespace="default")))
+    assert "resourcez" not in created["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_an_object_that_fails_the_official_schema_is_422_with_the_field(server):
+    body = job("train")
+    body["spec"]["template"]["spec"]["containers"][0]["name"] = "Not_A_DNS_Label"
     with pytest.raises(ApiStatusError) as caught:
         server.create(dict(body, metadata=dict(body["metadata"], namespace="default")))
     assert caught.value.code == 422
-    assert "resourcez" in caught.value.message
+    assert "spec.template.spec.containers[0].name" in caught.value.message
 
 
 def test_objects_in_a_namespace_that_does_not_exist_are_404(batch):
@@ -119,7 +130,9 @@ def test_objects_in_a_namespace_that_does_not_exist_are_404(batch):
     assert 'namespaces "nowhere" not found' in status_of(caught.value)["message"]
 
 
-def test_requests_without_the_bearer_token_are_401(server, tmp_path):
+@pytest.mark.imitation_differs("it answers 401; kube-apiserver's default --anonymous-auth "
+                               "lets the request in as system:anonymous, and RBAC says 403")
+def test_requests_without_credentials_are_anonymous_and_forbidden(server, tmp_path):
     from kubernetes import client
 
     configuration = client.Configuration()
@@ -130,4 +143,5 @@ def test_requests_without_the_bearer_token_are_401(server, tmp_path):
     with client.ApiClient(configuration) as api_client:
         with pytest.raises(ApiException) as caught:
             client.CoreV1Api(api_client).list_namespace()
-    assert caught.value.status == 401
+    assert caught.value.status == 403
+    assert 'User "system:anonymous" cannot list' in status_of(caught.value)["message"]

@@ -30,6 +30,10 @@ def _collect(fn: Any, seconds: int, ready: int = 0,
     return thread, events
 
 
+@pytest.mark.imitation_differs("deleting a batch/v1 Job orphans by default: kube-apiserver first "
+                               "sets deletionTimestamp and the orphan finalizer (MODIFIED), the "
+                               "garbage collector then removes it (DELETED); the stand-in skips "
+                               "the MODIFIED")
 def test_a_watch_from_a_version_streams_every_later_change_in_order(batch):
     first = raw(batch.create_namespaced_job("default", job("a"), _preload_content=False))
     version = first["metadata"]["resourceVersion"]
@@ -39,7 +43,7 @@ def test_a_watch_from_a_version_streams_every_later_change_in_order(batch):
     thread, events = _collect(batch.list_namespaced_job, 1, namespace="default",
                               resource_version=version)
     thread.join()
-    assert events == [("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "b")]
+    assert events == [("ADDED", "b"), ("MODIFIED", "a"), ("MODIFIED", "b"), ("DELETED", "b")]
 
 
 def test_a_watch_without_a_version_starts_with_the_current_objects(batch):
@@ -61,6 +65,7 @@ def test_objects_leaving_a_label_selector_arrive_as_deleted_and_entering_as_adde
     assert events == [("ADDED", "a"), ("DELETED", "a"), ("ADDED", "a")]
 
 
+@pytest.mark.imitation_only  # compaction on demand
 def test_a_watch_from_a_compacted_version_is_410_gone(server, batch):
     first = raw(batch.create_namespaced_job("default", job("a"), _preload_content=False))
     batch.create_namespaced_job("default", job("b"))

@@ -16,6 +16,8 @@ import pytest
 from tests.fakekube.kubelet import Kubelet
 from tests.kube.support import pod
 
+pytestmark = pytest.mark.imitation_only  # the stand-in's node
+
 
 @pytest.fixture()
 def node(server) -> Iterator[Kubelet]:
