@@ -15,9 +15,9 @@ import sys
 from typing import Any, Dict, Iterable, Optional, Sequence
 
 from tests.fakekube.apiserver import ApiServer
-from tests.fakekube.containers import Image
 from tests.fakekube.jobs import JobController
 from tests.fakekube.kubelet import Kubelet
+from tests.realkube.containers import Image
 
 PROBE_IMAGE = "registry.example/xmem-admission:test"
 

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 
-class ContainerConfigError(Exception):
-    """Raised by the stand-in kubelet when a container cannot be created (CreateContainerConfigError)."""
-
-
 class ApiStatusError(Exception):
     """Raised inside the stand-in API server (``tests.fakekube``) to answer with a Status."""
 

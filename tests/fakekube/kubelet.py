@@ -27,11 +27,11 @@ import threading
 import time
 from typing import Any, Dict, Iterable, List, Optional
 
-from tests.fakekube import containers as ctr
 from tests.fakekube.apiserver import ApiServer
 from tests.fakekube.objects import now
 from tests.fakekube.rbac import User
 from tests.fakekube.selectors import LabelSelector
+from tests.realkube import containers as ctr
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.informer import interrupt_watch
 

@@ -8,7 +8,7 @@ client of the real API server with a node's own credentials (``system:node:<name
   renews its Lease in ``kube-node-lease``, so the node-lifecycle controller keeps it;
 - watches the pods the real kube-scheduler binds to it (``spec.nodeName``), prepares their
   volumes (``emptyDir``, ``configMap``, ``secret``, ``hostPath``), runs init containers in order
-  and then the containers as local processes (``tests.fakekube.containers``: environment,
+  and then the containers as local processes (``containers``: environment,
   command line, path translation, memory limit), and reports each step through ``pods/status``
   (phase, conditions, container states, the termination message, ``DeadlineExceeded``);
 - stops a pod's processes when the pod is deleted, then deletes it for good (grace period 0), as
@@ -33,7 +33,7 @@ import time
 import urllib.parse
 from typing import Any, Dict, List, Optional
 
-from tests.fakekube import containers as ctr
+from tests.realkube import containers as ctr
 from tests.realkube.controlplane import LOOPBACK, ControlPlane, free_port, kubeconfig
 from xmem_admission.cluster.kube import quantity
 
@@ -370,7 +370,7 @@ class ProcessNode:
         if "downwardAPI" in source:
             for item in source["downwardAPI"].get("items") or []:
                 if "fieldRef" in item:
-                    files[item["path"]] = ctr._field_ref(pod, item["fieldRef"]["fieldPath"])
+                    files[item["path"]] = ctr.field_ref(pod, item["fieldRef"]["fieldPath"])
         for path, text in files.items():
             target = os.path.join(host, path)
             os.makedirs(os.path.dirname(target), exist_ok=True)

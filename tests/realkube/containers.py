@@ -1,4 +1,7 @@
-"""How the stand-in kubelet turns a container spec into a local process, and watches it.
+"""How a process node turns a container spec into a local process, and watches it.
+
+Used by the project's process node (``tests.realkube.node``) and the stand-in's kubelet
+(``tests.fakekube.kubelet``).
 
 A container here is a process group on the host, started with the environment Kubernetes would
 give it (the image's env, then ``envFrom``, then ``env`` with ``$(VAR)`` expansion and
@@ -27,10 +30,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from tests.fakekube.errors import ContainerConfigError as ConfigError
-
 PAGE = os.sysconf("SC_PAGE_SIZE")
 _VAR = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+
+
+class ConfigError(Exception):
+    """A container cannot be created (reported as CreateContainerConfigError)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ def expand(text: str, env: Dict[str, str]) -> str:
     return _VAR.sub(sub, text)
 
 
-def _field_ref(pod: Dict[str, Any], path: str) -> str:
+def field_ref(pod: Dict[str, Any], path: str) -> str:
     m = pod.get("metadata") or {}
     simple = {
         "metadata.name": m.get("name"), "metadata.namespace": m.get("namespace"),
@@ -95,7 +100,7 @@ def resolve_env(pod: Dict[str, Any], container: Dict[str, Any], image: Image,
             continue
         source = item["valueFrom"]
         if "fieldRef" in source:
-            declared[name] = _field_ref(pod, source["fieldRef"]["fieldPath"])
+            declared[name] = field_ref(pod, source["fieldRef"]["fieldPath"])
         elif "resourceFieldRef" in source:
             resource = source["resourceFieldRef"]["resource"]
             kind, _, key = resource.partition(".")
