@@ -101,8 +101,9 @@ if args.kind == "tokens":
     model = Tagger().to(device)
 else:
     data = MNISTLike(args.samples) if args.kind == "mnist" else Indexed(args.samples)
-    loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=args.workers,
-                        pin_memory=True, drop_last=True)
+    # decide_on_data reads its first batches in order: its point is the labels' origin
+    loader = DataLoader(data, batch_size=args.batch, shuffle=args.kind != "decide_on_data",
+                        num_workers=args.workers, pin_memory=True, drop_last=True)
     width = 784 if args.kind == "mnist" else 32
     model = nn.Sequential(nn.Linear(width, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
