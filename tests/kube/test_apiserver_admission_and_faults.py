@@ -124,4 +124,6 @@ def test_observers_see_every_answered_request_with_its_code(server, batch):
     seen = []
     server.on_request(lambda method, path, code: seen.append((method, path, code)))
     batch.create_namespaced_job("default", job("train"))
-    assert ("POST", "/apis/batch/v1/namespaces/default/jobs", 201) in seen
+    # Observers run once the answer is sent: the client may read it first.
+    server.wait_for(lambda: ("POST", "/apis/batch/v1/namespaces/default/jobs", 201) in seen, 5,
+                    "the observer to see the create")

@@ -306,20 +306,22 @@ class ProcessNode:
             pass
 
     def _lookup(self, kind: str, namespace: str, name: str) -> Optional[Dict[str, str]]:
-        # The Node authorizer lets a node read what its pods refer to once it has seen the
-        # binding: a refusal right after binding is retried for a moment.
-        for _ in range(20):
+        """A ConfigMap's or Secret's data; None only when the server says it is not there.
+        A refusal right after binding (the Node authorizer lets a node read what its pods
+        refer to once it has seen the binding) or an API server restarting is retried."""
+        deadline = time.monotonic() + 60
+        while True:
             try:
                 if kind == "ConfigMap":
                     obj = self.core.read_namespaced_config_map(name, namespace)
                     return dict(obj.data or {})
                 obj = self.core.read_namespaced_secret(name, namespace)
                 return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
-            except Exception as exc:  # noqa: BLE001 - missing: the caller reports it
-                if getattr(exc, "status", None) != 403:
+            except Exception as exc:  # noqa: BLE001 - 404: missing, the caller reports it
+                if getattr(exc, "status", None) == 404 or time.monotonic() > deadline \
+                        or self._stop.is_set():
                     return None
                 time.sleep(0.25)
-        return None
 
     def _volumes(self, pod: Dict[str, Any], pod_dir: str) -> Dict[str, str]:
         out = {}
