@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -40,6 +41,10 @@ from xmem_admission.contract import termination
 from xmem_admission.contract.errors import InvalidObjectError, TerminationMessageError
 
 log = logging.getLogger(__name__)
+# The caps are checked against the pod cache and the new pod is put there right after its
+# create: both steps under one lock, so that two workers of this process cannot each see room for
+# one more and start two (another replica is a standby, by leader election).
+_STARTING = threading.Lock()
 
 IMAGE_PULL_FAILURES = ("ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
@@ -294,15 +299,16 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
         _write_status(ctx, gme, status)
         _enqueue_workloads(ctx, gme)
         return None
-    full = at_capacity(ctx, gme["metadata"]["namespace"], settings)
-    if full is not None:
-        log.info("estimation %s waits: %s", gme["metadata"]["name"], full)
-        return 5.0
     ref, containers = templates[0]
     body = podspec.build(gme, obj, ref.template, containers[0][1], settings, ctx.probe_image)
     try:
-        created = ctx.kube.create(POD, gme["metadata"]["namespace"], body)
-        ctx.pods.put(created)
+        with _STARTING:
+            full = at_capacity(ctx, gme["metadata"]["namespace"], settings)
+            if full is not None:
+                log.info("estimation %s waits: %s", gme["metadata"]["name"], full)
+                return 5.0
+            created = ctx.kube.create(POD, gme["metadata"]["namespace"], body)
+            ctx.pods.put(created)
         ctx.metrics.started.inc()
     except Exception as exc:
         if not getattr(exc, "already_exists", False):
