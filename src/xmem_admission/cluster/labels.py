@@ -34,6 +34,11 @@ REQUEST_BYTES = PREFIX + "request-bytes"
 GPU_MODEL = PREFIX + "gpu-model"
 ESTIMATE_BYTES = PREFIX + "estimate-bytes"
 
+# Kueue's label naming the LocalQueue a workload is submitted to (Kueue's
+# constants.QueueLabel, pkg/controller/constants/constants.go in sigs.k8s.io/kueue v0.17.0): with
+# the policy's ``integration: kueue``, a workload carrying it is Kueue's to hold.
+KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
+
 # The annotations that mark a workload as held by xmem (the controller removes them on release).
 HELD_ANNOTATIONS = (HELD_REASON, HELD_SINCE, USER_SUSPENDED)
 
@@ -44,6 +49,12 @@ class HeldReason(str, enum.Enum):
     AWAITING_ESTIMATE = "AwaitingEstimate"  # the webhook found no recorded estimate
     ESTIMATING = "Estimating"  # the controller has started an estimation pod
     ESTIMATION_FAILED = "EstimationFailed"  # policy keeps it held after a failed estimation
+
+
+def kueue_queue(labels: object) -> str:
+    """The Kueue LocalQueue a label map names ('' when none)."""
+    value = labels.get(KUEUE_QUEUE_NAME) if isinstance(labels, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 def is_opted_in(labels: object) -> bool:

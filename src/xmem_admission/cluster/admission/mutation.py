@@ -22,7 +22,10 @@ Flow for CREATE (UPDATE, DELETE and CONNECT pass unchanged):
    form;
 2. else an estimate is recorded for the fingerprint: plan, annotate, apply, warn with the numbers;
    an estimate that fits no GPU of the policy is left to validation (denied when enforcing);
-3. else a Job or PyTorchJob is held (when a controller runs to release it); a bare Pod (or a
+3. else a Job or PyTorchJob that names a Kueue queue, where the policy's integration is
+   ``kueue``, is left to Kueue (its suspend flag is never touched: the xmem AdmissionCheck
+   estimates it before Kueue admits it); any other Job or PyTorchJob is held (when a
+   controller runs to release it); a bare Pod (or a
    Job nothing would release) is admitted with a warning, or denied when the policy enforces;
    a Pod a workload controller created for its owner is admitted unchanged.
 """
@@ -67,6 +70,7 @@ class Context:
     trusted: bool = True  # the sizing annotations come from the controller (``trust``)
     owned: bool = False  # a workload controller created this Pod for its owner
     can_hold: bool = True  # a controller runs that releases held workloads
+    queued: bool = False  # Kueue holds it (policy integration kueue, a queue-name label)
 
 
 @dataclass
@@ -247,6 +251,13 @@ def mutate(
                     f" (fingerprint {ctx.fingerprint[:12]})"
                 )
             outcome.warnings.extend(apply_backend(draft, template, plan))
+    elif integration.can_hold and ctx.queued:
+        # Kueue owns the suspend flag: the xmem AdmissionCheck keeps the Workload Pending until
+        # the estimate exists and hands the sizing to Kueue as podSetUpdates.
+        outcome.warnings.append(
+            f"xmem: {integration.kind} is estimated by the xmem AdmissionCheck before Kueue "
+            f"admits it (fingerprint {ctx.fingerprint[:12]})"
+        )
     elif integration.can_hold and ctx.can_hold:
         outcome.held = hold(draft, integration, obj, ctx)
         outcome.warnings.append(

@@ -11,6 +11,10 @@ write, so nothing a tenant submits can be taken at its word. Three kinds of requ
   the webhook reviewed, so a Pod they create for a Job or PyTorchJob carries trusted sizing
   annotations, and only a Pod they create counts as owned (a user can write any
   ownerReference);
+- **Kueue** (``kueue_users``): with the policy's ``integration: kueue``, Kueue starts a queued
+  workload by unsuspending it and writing the AdmissionCheck's podSetUpdates (the sizing
+  annotations the xmem controller computed) into its pod templates; on a workload that names a
+  Kueue queue it may do both, as the xmem controller may;
 - **everyone else**: their ``xmem.io/`` sizing annotations are stripped at CREATE (or the
   request is denied, per the policy's ``untrustedAnnotations``), changing them later or
   unsuspending a held workload is refused when the policy enforces.
@@ -33,6 +37,10 @@ DEFAULT_WORKLOAD_CONTROLLERS = (
     "system:serviceaccount:kube-system:*",
     "system:serviceaccount:kubeflow:training-operator",
 )
+# Kueue's service account as its release manifests name it: controller-manager
+# (config/components/rbac/service_account.yaml) with config/default/kustomization.yaml's
+# namespace kueue-system and namePrefix kueue- (sigs.k8s.io/kueue v0.17.0).
+DEFAULT_KUEUE_USERS = ("system:serviceaccount:kueue-system:kueue-controller-manager",)
 JOB_CONTROLLER = "system:serviceaccount:kube-system:job-controller"
 
 
@@ -49,9 +57,13 @@ class Trust:
 
     controller_users: Tuple[str, ...] = (DEFAULT_CONTROLLER_USER,)
     workload_controllers: Tuple[str, ...] = DEFAULT_WORKLOAD_CONTROLLERS
+    kueue_users: Tuple[str, ...] = DEFAULT_KUEUE_USERS
 
     def is_controller(self, user: str) -> bool:
         return bool(user) and user in self.controller_users
+
+    def is_kueue(self, user: str) -> bool:
+        return bool(user) and user in self.kueue_users
 
     def is_workload_controller(self, user: str) -> bool:
         return bool(user) and _matches(user, self.workload_controllers)

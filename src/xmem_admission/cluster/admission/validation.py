@@ -14,7 +14,11 @@ otherwise each becomes a kubectl warning. The violations:
 - ``xmem.io/`` sizing annotations from anyone but the xmem controller that differ from what the
   record gives (see ``trust``);
 - on UPDATE by anyone but the controller: a changed ``xmem.io/`` annotation, or the release
-  (unsuspend) of a held workload.
+  (unsuspend) of a held workload (Kueue, on a workload it queues under ``integration: kueue``,
+  counts as the controller: it writes the AdmissionCheck's podSetUpdates and unsuspends).
+
+A workload Kueue queues (``integration: kueue`` and a queue-name label) is neither held nor
+sized at CREATE by design: the xmem AdmissionCheck estimates it before Kueue admits it.
 
 UPDATE judges only changes to what the policy governs (the pod templates, the suspend flag, the
 ``xmem.io/`` annotations): a metadata-only update (``kubectl label``, the garbage collector
@@ -188,7 +192,8 @@ def validate(
         found.extend(_request_violations(template, plan, ctx))
     unsized = not judged and ctx.record is None and all(
         carried_plan(ref, ctx) is None for ref, _ in templates)
-    if unsized and ctx.operation == "CREATE" and not ctx.owned and not _held(integration, obj):
+    if unsized and ctx.operation == "CREATE" and not ctx.owned and not ctx.queued \
+            and not _held(integration, obj):
         what = "bare Pod" if not integration.can_hold else integration.kind
         why = "" if not integration.can_hold else (
             " that is not held for estimation" if ctx.can_hold else

@@ -184,12 +184,16 @@ class Webhook:
         owned, trusted = self._provenance(req, integration, obj)
         record = self._lookup(fp, req.namespace, shared, settings, templates, endpoint, trusted) \
             if templates else None
+        queued = settings.kueue and integration.can_hold and bool(
+            labels.kueue_queue(metadata.get("labels")))
         ctx = Context(req.operation, req.namespace, settings, fp, record, self.clock(),
-                      trusted=trusted, owned=owned, can_hold=self.hold)
+                      trusted=trusted, owned=owned, can_hold=self.hold, queued=queued)
         if endpoint is Endpoint.MUTATE:
             return self._mutate(req, integration, obj, ctx, templates)
+        by_controller = self.trust.is_controller(req.user) or (
+            queued and self.trust.is_kueue(req.user))
         violations = validate(integration, obj, ctx, templates, old=req.old_obj,
-                              by_controller=self.trust.is_controller(req.user))
+                              by_controller=by_controller)
         if not violations:
             return Verdict(Decision.ALLOWED)
         if settings.enforcing:

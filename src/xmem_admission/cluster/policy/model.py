@@ -57,6 +57,14 @@ class UntrustedAnnotations(str, enum.Enum):
     DENY = "Deny"  # refuse the request, saying which annotation
 
 
+class IntegrationMode(str, enum.Enum):
+    """Who holds a workload until it is estimated (``docs/kueue.md``)."""
+
+    SUSPEND = "suspend"  # the webhook suspends it and the controller releases it (no Kueue)
+    KUEUE = "kueue"  # Kueue holds it; the controller serves an AdmissionCheck instead, and the
+    # webhook never touches the suspend flag of a workload that names a Kueue queue
+
+
 class FailureAction(str, enum.Enum):
     """What the controller does with a held workload whose estimation failed or timed out."""
 
@@ -102,6 +110,12 @@ class Settings:
     default_request_bytes: Optional[int]
     estimation: Estimation = field(default_factory=Estimation)
     untrusted_annotations: UntrustedAnnotations = UntrustedAnnotations.STRIP
+    integration: IntegrationMode = IntegrationMode.SUSPEND
+
+    @property
+    def kueue(self) -> bool:
+        """Whether Kueue holds this namespace's queued workloads (``integration: kueue``)."""
+        return self.integration is IntegrationMode.KUEUE
 
     @property
     def enforcing(self) -> bool:
@@ -122,6 +136,7 @@ class Settings:
 SPEC_FIELDS = (
     "enabled", "targets", "safetyMarginPercent", "overcommitPercent", "minimumRequest",
     "granularity", "enforcement", "onEstimationFailure", "estimation", "untrustedAnnotations",
+    "integration",
 )
 TOP_LEVEL_FIELDS = ("overrides", "estimateSharing")  # spec only, never in an override
 # Defaults: choices of this project, not GPU facts. 5 % margin = the estimator's default
@@ -137,6 +152,7 @@ DEFAULTS: Dict[str, Any] = {
     "onEstimationFailure": {"action": FailureAction.RELEASE.value},
     "estimation": {},
     "untrustedAnnotations": UntrustedAnnotations.STRIP.value,
+    "integration": IntegrationMode.SUSPEND.value,
 }
 
 
@@ -283,6 +299,7 @@ def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
         estimation=_estimation(raw["estimation"], at("estimation")),
         untrusted_annotations=_enum(UntrustedAnnotations, raw["untrustedAnnotations"],
                                     at("untrustedAnnotations")),
+        integration=_enum(IntegrationMode, raw["integration"], at("integration")),
     )
 
 
