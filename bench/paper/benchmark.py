@@ -19,7 +19,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import IO, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract.errors import EstimateError, RunsFileError
 
@@ -52,10 +52,9 @@ class Row:
         return argv
 
 
-def load_runs(path: str) -> List[Row]:
-    """Parse a runs file; raise ``RunsFileError`` naming the line and what is wrong."""
-    rows: List[Row] = []
-    seen = set()
+def json_objects(path: str) -> Iterator[Tuple[int, Dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSON-lines runs file; raise
+    ``RunsFileError`` naming the line when one is not a JSON object."""
     try:
         fh = open(path, encoding="utf-8")
     except OSError as exc:
@@ -70,26 +69,34 @@ def load_runs(path: str) -> List[Row]:
                 raise RunsFileError(f"{path}:{number}: not valid JSON: {exc.msg}") from None
             if not isinstance(data, dict):
                 raise RunsFileError(f"{path}:{number}: expected a JSON object")
-            for key, kind in _REQUIRED.items():
-                value = data.get(key)
-                if value is None:
-                    raise RunsFileError(f"{path}:{number}: missing field {key!r}")
-                if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                    raise RunsFileError(f"{path}:{number}: field {key!r} must be "
-                                        f"{kind.__name__}, got {value!r}")
-            if data["batch_size"] < 1 or data["measured_peak_bytes"] < 0:
-                raise RunsFileError(f"{path}:{number}: batch_size must be positive and "
-                                    f"measured_peak_bytes non-negative")
-            if data["id"] in seen:
-                raise RunsFileError(f"{path}:{number}: duplicate id {data['id']!r}")
-            seen.add(data["id"])
-            for name in OTHER_ESTIMATORS:
-                other = data.get(name)
-                if other is not None and not (isinstance(other, dict) and isinstance(
-                        other.get("estimate_bytes"), (int, float))):
-                    raise RunsFileError(f"{path}:{number}: {name!r} must be null or an object "
-                                        f"with estimate_bytes")
-            rows.append(Row(data))
+            yield number, data
+
+
+def load_runs(path: str) -> List[Row]:
+    """Parse a runs file; raise ``RunsFileError`` naming the line and what is wrong."""
+    rows: List[Row] = []
+    seen = set()
+    for number, data in json_objects(path):
+        for key, kind in _REQUIRED.items():
+            value = data.get(key)
+            if value is None:
+                raise RunsFileError(f"{path}:{number}: missing field {key!r}")
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise RunsFileError(f"{path}:{number}: field {key!r} must be "
+                                    f"{kind.__name__}, got {value!r}")
+        if data["batch_size"] < 1 or data["measured_peak_bytes"] < 0:
+            raise RunsFileError(f"{path}:{number}: batch_size must be positive and "
+                                f"measured_peak_bytes non-negative")
+        if data["id"] in seen:
+            raise RunsFileError(f"{path}:{number}: duplicate id {data['id']!r}")
+        seen.add(data["id"])
+        for name in OTHER_ESTIMATORS:
+            other = data.get(name)
+            if other is not None and not (isinstance(other, dict) and isinstance(
+                    other.get("estimate_bytes"), (int, float))):
+                raise RunsFileError(f"{path}:{number}: {name!r} must be null or an object "
+                                    f"with estimate_bytes")
+        rows.append(Row(data))
     if not rows:
         raise RunsFileError(f"{path}: no rows")
     return rows

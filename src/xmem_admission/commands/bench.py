@@ -1,4 +1,5 @@
-"""``xmem bench paper``: the accuracy yardstick on the xMem paper's measured jobs.
+"""``xmem bench paper`` and ``xmem bench gpumemnet``: the accuracy yardsticks (the xMem paper's
+measured jobs, GPUMemNet's A100 jobs).
 
 The benchmark's model zoo (torchvision and Hugging Face models) is not part of the product: it
 lives in the repository's ``bench/`` folder, which this command imports from the source checkout
@@ -35,6 +36,30 @@ def register(sub: Any) -> None:
     paper.add_argument("--explain", metavar="ID", default=None,
                        help="estimate one row and print its breakdown next to the measurement")
     paper.set_defaults(func=run_paper)
+    gmn = kinds.add_parser(
+        "gpumemnet", help="run GPUMemNet's measured A100 jobs and score the estimates",
+        description="Run each row's generator script unmodified (the commit and command line "
+        "named in the row, checked out from REPO, a git clone of github.com/itu-rad/GPUMemNet "
+        "with its history) through the same path as `xmem estimate`, fit the one device-wide "
+        "floor on the rows' own data and print leave-one-out errors by family and "
+        "architecture, OOM agreement on the A100-40GB and seconds per job.")
+    gmn.add_argument("--runs", required=True, metavar="FILE.jsonl", help="the runs file")
+    gmn.add_argument("--repo", required=True, metavar="DIR",
+                     help="a git clone of GPUMemNet with its history (worktrees per commit "
+                     "are made beside it, in DIR-worktrees)")
+    gmn.add_argument("--out", required=True, metavar="OUT.jsonl",
+                     help="where to write one JSON line per row")
+    gmn.add_argument("--sample", type=int, default=None, metavar="N",
+                     help="N rows spread evenly over subset, architecture and OOM")
+    gmn.add_argument("--jobs", type=int, default=1, help="rows estimated in parallel")
+    gmn.add_argument("--mode", choices=("auto", "fake", "profile"), default="auto")
+    gmn.add_argument("--steps", type=int, default=3, help="optimizer steps traced per row")
+    gmn.add_argument("--resume", action="store_true",
+                     help="simulate again from the traces an earlier run kept in OUT.traces/ "
+                     "instead of running those rows' scripts")
+    gmn.add_argument("--explain", metavar="ID", default=None,
+                     help="also print one row's breakdown next to its measurement")
+    gmn.set_defaults(func=run_gpumemnet)
 
 
 def _checkout() -> str:
@@ -51,10 +76,14 @@ def _checkout() -> str:
     return root
 
 
-def run_paper(args: argparse.Namespace) -> int:
+def _bench_on_path() -> None:
     root = _checkout()
     if root not in sys.path:
         sys.path.insert(0, root)
+
+
+def run_paper(args: argparse.Namespace) -> int:
+    _bench_on_path()
     from bench.paper import benchmark as paperbench
     from xmem_admission.contract.errors import RunsFileError
 
@@ -86,3 +115,37 @@ def run_paper(args: argparse.Namespace) -> int:
         return 0
     print(paperbench.report(rows, results))
     return 0 if all("error" not in r for r in results) else 1
+
+
+def run_gpumemnet(args: argparse.Namespace) -> int:
+    _bench_on_path()
+    from bench import gpumemnet as gmn
+    from xmem_admission.contract.errors import RunsFileError
+    from xmem_admission.contract.gpus import lookup
+
+    if args.jobs < 1 or (args.sample is not None and args.sample < 1) or args.steps < 1:
+        raise RunsFileError("--jobs, --sample and --steps must be at least 1")
+    every = gmn.load_runs(args.runs)
+    rows = gmn.stratified_sample(every, args.sample) if args.sample else every
+    if args.explain and args.explain not in {r.id for r in every}:
+        raise RunsFileError(f"no row with id {args.explain!r} in {args.runs}")
+    if args.explain and args.explain not in {r.id for r in rows}:
+        rows.append(next(r for r in every if r.id == args.explain))
+    checkouts = gmn.Checkouts(args.repo)
+    with open(os.devnull, "w") as devnull:
+        sims = gmn.run_rows(rows, checkouts, args.mode, args.steps, args.jobs, devnull,
+                            traces=args.out + ".traces", resume=args.resume,
+                            progress=sys.stderr)
+    answers = gmn.leave_one_out(rows, sims, lookup(gmn.GPU_KEY).capacity_bytes)
+    with open(args.out, "w", encoding="utf-8") as fh:
+        for row in rows:
+            sim = sims.get(row.id, {})
+            fh.write(json.dumps({**sim, **answers.get(row.id, {})}) + "\n")
+    print(gmn.report(rows, sims, answers, gmn.fit_floor(rows, sims)))
+    if args.explain:
+        row = next(r for r in rows if r.id == args.explain)
+        if row.id not in answers:
+            print(f"{row.id}: {sims[row.id].get('error')}")
+            return 2
+        print(gmn.explain(row, sims[row.id], answers[row.id]))
+    return 0 if all(r.id in answers for r in rows) else 1

@@ -154,8 +154,10 @@ def device_json(gpu: catalogue.GPU) -> str:
 
 
 def run_probe(command: Sequence[str], gpu: catalogue.GPU, mode: str, steps: int,
-              timeout: float, stream: Optional[IO[str]] = None) -> Dict[str, Any]:
-    """Run the probe in a subprocess and return its JSON result (raises on timeout)."""
+              timeout: float, stream: Optional[IO[str]] = None,
+              cwd: Optional[str] = None) -> Dict[str, Any]:
+    """Run the probe in a subprocess (in ``cwd``, default this process's) and return its JSON
+    result (raises on timeout)."""
     stream = stream if stream is not None else sys.stderr
     with tempfile.TemporaryDirectory(prefix="xmem-probe-") as tmp:
         out = os.path.join(tmp, "result.json")
@@ -163,7 +165,7 @@ def run_probe(command: Sequence[str], gpu: catalogue.GPU, mode: str, steps: int,
                 "--steps", str(steps), "--device-json", device_json(gpu), "--", *command]
         try:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=stream, stderr=stream,
-                                  timeout=timeout, check=False)
+                                  timeout=timeout, check=False, cwd=cwd)
         except subprocess.TimeoutExpired:
             raise ProbeTimeout(
                 f"no result within {timeout:.0f} s: the script made fewer than {steps} optimizer "
@@ -185,8 +187,10 @@ def run_probe(command: Sequence[str], gpu: catalogue.GPU, mode: str, steps: int,
 def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mode: str = "auto",
              steps: int = 3, alloc_conf: Optional[str] = None, margin: float = DEFAULT_MARGIN,
              timeout: float = DEFAULT_TIMEOUT, stream: Optional[IO[str]] = None,
-             progress: Optional[IO[str]] = None) -> tuple[Estimate, Trace]:
-    """Trace ``command`` once and estimate it for every GPU of ``gpu_names``."""
+             progress: Optional[IO[str]] = None,
+             cwd: Optional[str] = None) -> tuple[Estimate, Trace]:
+    """Trace ``command`` once, run from ``cwd`` (default this process's working directory),
+    and estimate it for every GPU of ``gpu_names``."""
     if mode not in MODES:
         raise EstimateError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
     if steps < 1:
@@ -195,7 +199,7 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     if not gpus:
         raise EstimateError("no GPU given")
     config = allocator_config(alloc_conf)
-    _check_command(command)
+    _check_command(command, cwd)
 
     def say(msg: str) -> None:
         if progress:
@@ -204,12 +208,12 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     started = time.perf_counter()
     first = "fake" if mode in ("auto", "fake") else "profile"
     say(f"xmem: tracing {' '.join(command)} ({first} mode, {steps} steps) as {gpus[0].cuda_name}")
-    result = run_probe(command, gpus[0], first, steps, timeout, stream)
+    result = run_probe(command, gpus[0], first, steps, timeout, stream, cwd)
     reason = ""
     if result["status"] == "needs_real_values" and mode == "auto":
         reason = result["reason"]
         say(f"xmem: fake mode needs real values ({reason}); tracing again in profile mode")
-        result = run_probe(command, gpus[0], "profile", steps, timeout, stream)
+        result = run_probe(command, gpus[0], "profile", steps, timeout, stream, cwd)
     _raise_for_status(result, command)
     trace = Trace.from_dict(result["trace"])
     say(f"xmem: {result['steps']} steps traced in {result['seconds']:.1f} s "
@@ -222,7 +226,7 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     return est, trace
 
 
-def _check_command(command: Sequence[str]) -> None:
+def _check_command(command: Sequence[str], cwd: Optional[str] = None) -> None:
     from xmem_admission.estimator.probe.runner import split_command
 
     argv = split_command(command)
@@ -232,7 +236,7 @@ def _check_command(command: Sequence[str]) -> None:
         if len(argv) < 2:
             raise EstimateError("`-m` needs a module name")
         return
-    if not os.path.isfile(argv[0]):
+    if not os.path.isfile(os.path.join(cwd or ".", argv[0])):
         raise EstimateError(f"script not found: {argv[0]}")
 
 

@@ -52,6 +52,12 @@ DERIVED_NUMEL_LIMIT = 1 << 22
 _INDEX_FACTORIES = {aten.randperm, aten.arange}
 HOST_FACTORY_NUMEL = 1 << 24
 
+# A device flag for C++ code that makes GPU buffers and host bookkeeping from factories with the
+# same (host) device: floating-point factories are GPU memory, integer ones are host data. DDP's
+# reducer allocates its gradient buckets with the parameters' options and its bucket indices as
+# kInt host tensors (reducer.cpp, ``initialize_buckets`` and ``sync_bucket_indices``).
+FLOATING_ON_GPU = "floating-on-gpu"
+
 # Outputs that live on the host whatever the inputs' device: a PackedSequence's batch_sizes
 # (PackedSequence.py: "batch_sizes should always be on CPU"; _pack_padded_sequence makes it there).
 _HOST_OUTPUTS = {aten._pack_padded_sequence.default: (1,)}
@@ -68,6 +74,42 @@ _NO_VALUE_PACKETS = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_e
 # Forward ops run on the main thread, backward ops on the autograd engine's device thread.
 _BLAS_PACKETS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.addmv, aten.mv,
                  aten.dot, aten.vdot, aten._addmm_activation}
+
+# Convolutions run through cuDNN on a GPU, which asks the caching allocator for a workspace
+# around each call and frees it after (aten/src/ATen/native/cudnn/Conv_v8.cpp, ``try_plans``:
+# ``c10::cuda::CUDACachingAllocator::get()->allocate(workspace_size)`` inside the call). The
+# probe marks each one with its shapes; ``orchestrate`` sizes the workspace for the target GPU.
+_CONV_FORWARD = aten.convolution.default
+_CONV_BACKWARD = aten.convolution_backward.default
+
+
+def conv_mark(func: Any, args: Args, out: Any) -> Optional[str]:
+    """The ``cudnn:`` mark of a convolution op (None for any other op).
+
+    ``cudnn:fwd|bwd_data|bwd_filter x=N,C,H,W w=K,C/g,R,S y=N,K,P,Q g=G b=BYTES`` with ``x`` the
+    input, ``w`` the weight, ``y`` the output (its gradient in backward), ``b`` the element size.
+    A backward names each gradient it computes (``output_mask``), data before filter, the order
+    of ``cudnn_convolution_backward`` (ConvShared.cpp).
+    """
+    kinds: Tuple[str, ...]
+    if func is _CONV_FORWARD:
+        x, w, y, groups, kinds = args[0], args[1], out, args[8], ("fwd",)
+    elif func is _CONV_BACKWARD:
+        x, w, y, groups = args[1], args[2], args[0], args[9]
+        mask = args[10]
+        kinds = tuple(k for k, wanted in (("bwd_data", mask[0]), ("bwd_filter", mask[1]))
+                      if wanted)
+    else:
+        return None
+    if not kinds or not all(isinstance(t, torch.Tensor) for t in (x, w, y)):
+        return None
+
+    def shape(t: torch.Tensor) -> str:
+        return ",".join(str(int(d)) for d in t.shape)
+
+    return (f"cudnn:{'+'.join(kinds)} x={shape(x)} w={shape(w)} y={shape(y)} g={int(groups)} "
+            f"b={x.element_size()}")
+
 
 # NaN/Inf checks and the answer they give on values fake mode does not know (see
 # _propagate_shadows); HF Trainer, for one, filters its logged loss this way every step.
@@ -231,6 +273,9 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
                 if thread not in self._blas_threads:
                     self._blas_threads.add(thread)
                     self.trace.mark(f"cublas:{thread}")
+            mark = conv_mark(func, args, out)
+            if mark is not None:
+                self.trace.mark(mark)
         finally:
             self.dispatch_depth -= 1
         return out
@@ -246,6 +291,9 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         """
         if self.device_flag in ("cuda", "meta"):
             return False
+        if self.device_flag == FLOATING_ON_GPU and not inputs:
+            dtype = kwargs.get("dtype")
+            return dtype is not None and not dtype.is_floating_point
         if inputs:
             for t in inputs:
                 if is_fake(t):
@@ -501,14 +549,15 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
                 continue
             if cuda is None:
                 cuda = self._output_on_cuda(inputs)
-            if not cuda:
+            if not (cuda or (not inputs and self.device_flag == FLOATING_ON_GPU
+                             and t.dtype.is_floating_point)):
                 self._storages[st] = None
                 continue
             self._new_block(st)
 
     def _output_on_cuda(self, inputs: List[torch.Tensor]) -> bool:
         flag = self.device_flag
-        if flag is not None:
+        if flag is not None and flag != FLOATING_ON_GPU:
             return flag == "cuda"
         if not inputs:
             return self.default_cuda
