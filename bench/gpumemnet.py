@@ -207,16 +207,20 @@ def estimate_row(row: Row, checkouts: Checkouts, mode: str, steps: int,
     return _simulated(row.id, trace, seconds, est.mode)
 
 
-def resimulate(row_id: str, traces: str) -> Optional[Dict[str, Any]]:
-    """A row's figures from the trace an earlier run kept (None when there is none)."""
+def kept_trace(row_id: str, traces: str) -> Tuple[Any, float, str]:
+    """(trace, seconds, mode) of the trace an earlier run kept for a row."""
     from xmem_admission.estimator.trace import Trace
 
-    path = os.path.join(traces, f"{row_id}.json")
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as fh:
+    with open(os.path.join(traces, f"{row_id}.json"), encoding="utf-8") as fh:
         kept = json.load(fh)
-    return _simulated(row_id, Trace.from_dict(kept["trace"]), kept["seconds"], kept["mode"])
+    return Trace.from_dict(kept["trace"]), float(kept["seconds"]), str(kept["mode"])
+
+
+def resimulate(row_id: str, traces: str) -> Optional[Dict[str, Any]]:
+    """A row's figures from the trace an earlier run kept (None when there is none)."""
+    if not os.path.exists(os.path.join(traces, f"{row_id}.json")):
+        return None
+    return _simulated(row_id, *kept_trace(row_id, traces))
 
 
 def run_rows(rows: Sequence[Row], checkouts: Checkouts, mode: str, steps: int, jobs: int,

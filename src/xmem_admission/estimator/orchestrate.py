@@ -3,24 +3,33 @@
 The probe already drops host memory (only storages on the virtual GPU are traced) and already
 runs the CUDA code paths whose tensors differ (autocast lists, fused dropout, flash /
 memory-efficient attention, foreach optimizers: see ``virtual_cuda``). What is left are buffers
-that exist only on a GPU and depend on the GPU model: the cuBLAS workspaces. The probe marks the
+that exist only on a GPU and depend on the GPU model: the cuBLAS workspaces, and the cuDNN
+convolution workspaces. The probe marks the
 first BLAS op of each thread (``cublas:main`` for forward ops, ``cublas:autograd`` for the
 autograd engine's device thread); here each mark becomes the allocations CUDA makes at that
 moment, sized for the target GPU. They are never freed: PyTorch keeps a workspace per
 (handle, stream) for the life of the process (CublasHandlePool.cpp, ``getCUDABlasLtWorkspace`` /
 ``getCurrentCUDABlasHandle`` cache them in a map).
 
+The probe marks each convolution (``cudnn:fwd``, ``cudnn:bwd_data+bwd_filter`` with the shapes);
+each becomes a workspace allocated and freed at once, sized by the target GPU architecture's rule
+(``contract.cudnn``), in the order of ``cudnn_convolution_backward`` (data, then filter). The
+simulator treats a workspace it cannot allocate as PyTorch does: the next plan runs with a
+smaller one (``try_plans``), not an OOM.
+
 Standard library only (probe bundle).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Tuple
 
+from xmem_admission.contract import cudnn
 from xmem_admission.contract.gpus import GPU
-from xmem_admission.estimator.trace import ALLOC, MARK, Alloc, Category, Event, Trace
+from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Alloc, Category, Event, Free, Trace
 
 _WORKSPACE_CONFIG = re.compile(r"^(:\d+:\d+)+$")
 
@@ -56,16 +65,52 @@ def cublaslt_workspace_bytes(gpu: GPU, env: Optional[Mapping[str, str]] = None) 
     return gpu.cublaslt_workspace_bytes
 
 
-def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None) -> Trace:
-    """Return a new trace for ``gpu``: cuBLAS marks replaced by that GPU's workspaces."""
+def conv_workspaces(label: str, rule: cudnn.ConvWorkspaceRule,
+                    cap_bytes: Optional[int] = None) -> List[Tuple[str, int]]:
+    """(call, workspace bytes) for each cuDNN call of a ``cudnn:`` mark (see the probe's
+    ``tracker.conv_mark``), in the order they run."""
+    head, _, rest = label.partition(" ")
+    fields = dict(part.split("=", 1) for part in rest.split() if "=" in part)
+    itemsize = int(fields.get("b", "4"))
+
+    def nbytes(shape: str) -> int:
+        return math.prod(int(d) for d in shape.split(",") if d) * itemsize
+
+    largest = max(nbytes(fields.get("x", "")), nbytes(fields.get("y", "")))
+    return [(call, cudnn.workspace_bytes(rule, cudnn.ConvCall(call), largest, cap_bytes))
+            for call in head[len("cudnn:"):].split("+")]
+
+
+def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
+            conv_rule: Optional[cudnn.ConvWorkspaceRule] = None) -> Trace:
+    """Return a new trace for ``gpu``: cuBLAS marks replaced by that GPU's workspaces, cuDNN
+    marks by transient convolution workspaces (``conv_rule``, default the architecture's)."""
     workspace = cublas_workspace_bytes(gpu, env)
     lt_workspace = cublaslt_workspace_bytes(gpu, env)
+    rule = conv_rule if conv_rule is not None else cudnn.rule_for(gpu.compute_capability)
+    cap = cudnn.workspace_cap_bytes(env)
     next_id = 1 + max((e.id for e in trace.events if e.op == ALLOC), default=0)
     events: List[Event] = []
     workspace_category = Category.WORKSPACE.value
+    resident_done = False
     for event in trace.events:
         events.append(event)
-        if event.op != MARK or not event.label.startswith("cublas:"):
+        if event.op != MARK:
+            continue
+        if event.label.startswith("cudnn:") and rule is not None:
+            if not resident_done and rule.resident_bytes > 0:
+                events.append(Alloc(ALLOC, next_id, rule.resident_bytes, 0,
+                                    workspace_category, cudnn.RESIDENT_PHASE))
+                next_id += 1
+            resident_done = True
+            for call, size in conv_workspaces(event.label, rule, cap):
+                if size > 0:
+                    events.append(Alloc(ALLOC, next_id, size, 0, workspace_category,
+                                        f"{cudnn.TRANSIENT_PREFIX}{call}"))
+                    events.append(Free(FREE, next_id))
+                    next_id += 1
+            continue
+        if not event.label.startswith("cublas:"):
             continue
         for size in (workspace, lt_workspace):
             if size > 0:

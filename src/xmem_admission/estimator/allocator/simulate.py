@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
+from xmem_admission.contract.cudnn import TRANSIENT_PREFIX
 from xmem_admission.contract.errors import SimulatedOutOfMemory, TraceError
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
 from xmem_admission.estimator.allocator.caching import CachingAllocator
@@ -136,6 +137,11 @@ def simulate(
             try:
                 block = malloc(size, event.stream)
             except SimulatedOutOfMemory as exc:
+                if event.phase.startswith(TRANSIENT_PREFIX):
+                    # a cuDNN workspace that does not fit: PyTorch runs the next plan, which
+                    # needs less (Conv_v8.cpp, try_plans), so no OOM and no block
+                    live[ident] = None
+                    continue
                 oom = _oom_info(index, exc)
                 num_events = index + 1
                 break
