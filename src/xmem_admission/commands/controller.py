@@ -34,6 +34,7 @@ ENV = {
     "resync_seconds": "XMEM_RESYNC_SECONDS",
     "reload_seconds": "XMEM_RELOAD_SECONDS",
     "log_level": "XMEM_LOG_LEVEL",
+    "kueue_controller_name": "XMEM_KUEUE_CONTROLLER_NAME",
 }
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
@@ -93,6 +94,10 @@ def register(subparsers: Any) -> None:
         help="after how long of being refused its Lease (401/403) a replica reports not ready")
     add("--log-level", default=_env("log_level", "info"),
         choices=("debug", "info", "warning", "error"), help="[XMEM_LOG_LEVEL]")
+    add("--kueue-controller-name", default=_env("kueue_controller_name", ""),
+        metavar="NAME", help="serve Kueue AdmissionChecks with this spec.controllerName "
+        "(xmem.io/gpu-memory in the chart; empty: Kueue is not used) "
+        "[XMEM_KUEUE_CONTROLLER_NAME]")
     parser.set_defaults(func=run)
 
 
@@ -146,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     identity = args.identity or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     controller = Controller(kube, policy, args.probe_image, kinds=kinds, metrics=metrics,
                             identity=identity, resync_seconds=args.resync_seconds,
-                            policy_seconds=args.reload_seconds)
+                            policy_seconds=args.reload_seconds,
+                            kueue_check=args.kueue_controller_name or None)
     try:
         elector = None if args.no_leader_election else LeaderElector(
             kube, _lease_namespace(args.lease_namespace), args.lease_name, identity,

@@ -15,6 +15,7 @@ from typing import Any, Optional, Tuple
 
 from xmem_admission.cluster.admission.trust import (
     DEFAULT_CONTROLLER_USER,
+    DEFAULT_KUEUE_USERS,
     DEFAULT_WORKLOAD_CONTROLLERS,
 )
 from xmem_admission.contract.errors import ServeError
@@ -34,6 +35,7 @@ ENV = {
     "controller_users": "XMEM_CONTROLLER_USERS",
     "workload_controllers": "XMEM_WORKLOAD_CONTROLLERS",
     "hold": "XMEM_HOLD",
+    "kueue_users": "XMEM_KUEUE_USERS",
 }
 
 
@@ -79,6 +81,11 @@ def register(subparsers: Any) -> None:
         help="users that create pods for workloads (the Job controller, training operators; a "
         "trailing * matches a prefix): only their pods count as owned and carry believed "
         "sizing annotations [XMEM_WORKLOAD_CONTROLLERS]")
+    add("--kueue-user", dest="kueue_users", metavar="USER[,USER]",
+        default=_env("kueue_users", ",".join(DEFAULT_KUEUE_USERS)),
+        help="Kueue's user name(s): under the policy's integration kueue, they may write the "
+        "AdmissionCheck's sizing annotations into a queued workload and unsuspend it "
+        "[XMEM_KUEUE_USERS]")
     add("--no-hold", dest="hold", action="store_false",
         default=(_env("hold", "true") or "true").lower() not in ("false", "0", "no"),
         help="never hold a workload (no controller runs to release it): one without a recorded "
@@ -152,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         store = _cluster_store(api)
     trust = Trust(controller_users=_users(args.controller_users),
-                  workload_controllers=_users(args.workload_controllers))
+                  workload_controllers=_users(args.workload_controllers),
+                  kueue_users=_users(args.kueue_users))
     if args.hold and not trust.controller_users:
         raise ServeError("--controller-user is empty: nothing could release a held workload; "
                          "name the controller's service account or pass --no-hold")

@@ -19,7 +19,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from xmem_admission.cluster.controller import estimation_pods, records, workloads
+from xmem_admission.cluster.controller import admission_checks, estimation_pods, records, workloads
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.controller.metrics import ControllerMetrics
 from xmem_admission.cluster.integrations import ALL as INTEGRATIONS
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 
 # The kinds the controller can release: every registered integration that can be held.
 KINDS: Dict[str, Integration] = {i.kind: i for i in INTEGRATIONS if i.can_hold}
-QueueKey = Tuple[Any, ...]  # ("workload", kind, namespace, name) or ("estimate", namespace, name)
+# ("workload", kind, namespace, name), ("estimate", namespace, name), and with Kueue
+# ("kueue", namespace, name) for a Kueue Workload, ("check", name) for an AdmissionCheck.
+QueueKey = Tuple[Any, ...]
 POD_SELECTOR = f"{records.MANAGED_BY[0]}={records.MANAGED_BY[1]},{records.COMPONENT[0]}={records.COMPONENT[1]}"
 
 
@@ -45,7 +47,7 @@ class Controller:
                  metrics: Optional[ControllerMetrics] = None, identity: str = "xmem-controller",
                  workers: int = 2, resync_seconds: float = 30.0, sync_timeout: float = 30.0,
                  log_lines: int = 20, deadline_slack: float = 60.0,
-                 policy_seconds: float = 2.0) -> None:
+                 policy_seconds: float = 2.0, kueue_check: Optional[str] = None) -> None:
         self.kube = kube
         self.metrics = metrics or ControllerMetrics()
         self.queue: WorkQueue[QueueKey] = WorkQueue()
@@ -70,6 +72,14 @@ class Controller:
             queue=self.queue, metrics=self.metrics, probe_image=probe_image, identity=identity,
             log_lines=log_lines, deadline_slack=deadline_slack,
         )
+        # Kueue's AdmissionCheck (admission_checks), served under this controllerName when set.
+        self.kueue_check = kueue_check
+        self.kueue_workloads: Optional[Informer] = None
+        self.admission_checks: Optional[Informer] = None
+        if kueue_check:
+            self.kueue_workloads = Informer(kube, admission_checks.WORKLOAD, self._on_kueue)
+            self.admission_checks = Informer(kube, admission_checks.ADMISSION_CHECK,
+                                             self._on_check)
 
     # --- events -> work ---------------------------------------------------------------------
 
@@ -86,6 +96,26 @@ class Controller:
         for ref in m.get("ownerReferences") or []:
             if ref.get("kind") in self.ctx.workloads:
                 self.queue.add(("workload", ref["kind"], m.get("namespace", ""), ref.get("name")))
+        self._wake_kueue(gme)
+
+    def _on_kueue(self, _type: str, wl: Obj) -> None:
+        m = wl["metadata"]
+        self.queue.add(("kueue", m.get("namespace", ""), m["name"]))
+
+    def _on_check(self, _type: str, check: Obj) -> None:
+        self.queue.add(("check", check["metadata"]["name"]))
+        if self.kueue_workloads is not None:  # workloads that waited for the check to be known
+            for wl in self.kueue_workloads.items():
+                self._on_kueue(_type, wl)
+
+    def _wake_kueue(self, gme: Obj) -> None:
+        """Queue the Kueue Workloads whose job waits on this estimate."""
+        if self.kueue_workloads is None:
+            return
+        uids = {ref.get("uid") for ref in gme["metadata"].get("ownerReferences") or []}
+        for wl in self.kueue_workloads.items():
+            if any(ref.get("uid") in uids for ref in wl["metadata"].get("ownerReferences") or []):
+                self._on_kueue("MODIFIED", wl)
 
     def _on_pod(self, _type: str, pod: Obj) -> None:
         m = pod["metadata"]
@@ -96,8 +126,10 @@ class Controller:
     # --- lifecycle --------------------------------------------------------------------------
 
     def informers(self) -> List[Informer]:
+        kueue: List[Informer] = [i for i in (self.admission_checks, self.kueue_workloads)
+                                 if i is not None]
         return [w.informer for w in self.ctx.workloads.values()] + [self.ctx.estimates,
-                                                                    self.ctx.pods]
+                                                                    self.ctx.pods] + kueue
 
     def start(self) -> Controller:
         self._stop.clear()
@@ -111,6 +143,10 @@ class Controller:
             if not workload.informer.synced.wait(min(5.0, self.sync_timeout)):
                 log.warning("%s not available (%s); its workloads are not released until it is",
                             workload.kind.plural, workload.informer.error)
+        for kueue in (self.admission_checks, self.kueue_workloads):
+            if kueue is not None and not kueue.synced.wait(min(5.0, self.sync_timeout)):
+                log.warning("Kueue's %s not available (%s); is Kueue installed? The "
+                            "AdmissionCheck is served once it is", kueue.kind.plural, kueue.error)
         for index in range(self.workers):
             self._spawn(self._work, f"worker-{index}")
         self._spawn(self._resync, "resync")
@@ -176,6 +212,16 @@ class Controller:
             if not self.ctx.workloads[kind].informer.synced.is_set():
                 return 5.0
             return workloads.reconcile(self.ctx, kind, namespace, name)
+        if key[0] in ("kueue", "check"):
+            checks, queued = self.admission_checks, self.kueue_workloads
+            assert checks is not None and queued is not None and self.kueue_check
+            if not checks.synced.is_set() or not queued.synced.is_set():
+                return 5.0
+            if key[0] == "check":
+                return admission_checks.reconcile_check(self.ctx, checks, self.kueue_check,
+                                                        key[1])
+            return admission_checks.reconcile(self.ctx, queued, checks, self.kueue_check,
+                                              key[1], key[2])
         _, namespace, name = key
         return estimation_pods.reconcile(self.ctx, namespace, name)
 
@@ -201,6 +247,8 @@ class Controller:
                 ages.setdefault(kind, []).append(
                     (now - workloads.held_since(obj)).total_seconds())
         self.metrics.set_held(ages, tuple(self.ctx.workloads))
+        for check in self.admission_checks.items() if self.admission_checks is not None else []:
+            self._on_check("SYNC", check)
         counts: Dict[str, int] = {}
         for gme in self.ctx.estimates.items():
             m = gme["metadata"]

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from xmem_admission.cluster import backends, labels
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.controller.context import Context, Workload
-from xmem_admission.cluster.integrations import gpu_templates
+from xmem_admission.cluster.integrations import GpuTemplate, gpu_templates
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import gib
@@ -150,26 +150,53 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
     if now >= deadline:
         return _fail(ctx, workload, obj, settings, "HoldTimeout", f"no estimate within "
                      f"maxHoldSeconds={estimation.max_hold_seconds}", deadline, timed_out=True)
-    if gme is None:
-        image = templates[0][1][0][1].get("image", "")
-        gme = ctx.kube.create(GME, namespace, records.new(obj, fp, list(settings.gpu_keys), image))
-        ctx.estimates.put(gme)
-        ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))
-    else:
-        joined = records.with_owner(gme, obj)
-        if joined is not None:
-            gme = ctx.kube.replace(GME, joined)
-            ctx.estimates.put(gme)
-        if phase == records.FAILED:  # an older failure: this hold gets a new attempt
-            status = {"phase": records.PENDING, "attempt": records.attempt(gme) + 1}
-            gme = ctx.kube.replace_status(GME, dict(gme, status=status))
-            ctx.estimates.put(gme)
-            ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))
+    ensure_estimate(ctx, obj, fp, settings, templates, gme)
     if annotations_of(obj).get(labels.HELD_REASON) == labels.HeldReason.AWAITING_ESTIMATE.value:
         new = copy.deepcopy(obj)
         new["metadata"]["annotations"][labels.HELD_REASON] = labels.HeldReason.ESTIMATING.value
         _write(ctx, workload, new)
     return min(60.0, max(0.5, (deadline - now).total_seconds()))
+
+
+def ensure_estimate(ctx: Context, obj: Obj, fp: str, settings: Settings,
+                    templates: List[GpuTemplate], gme: Optional[Obj]) -> None:
+    """See the workload estimated: create the ``GPUMemoryEstimate`` for its fingerprint (owned
+    by it), or join the existing one (add it to the owners); one that failed before this hold
+    (or this AdmissionCheck round) gets a new attempt."""
+    namespace = obj["metadata"]["namespace"]
+    if gme is None:
+        image = templates[0][1][0][1].get("image", "")
+        gme = ctx.kube.create(GME, namespace, records.new(obj, fp, list(settings.gpu_keys), image))
+        ctx.estimates.put(gme)
+        ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))
+        return
+    joined = records.with_owner(gme, obj)
+    if joined is not None:
+        gme = ctx.kube.replace(GME, joined)
+        ctx.estimates.put(gme)
+    if records.phase(gme) == records.FAILED:  # an older failure: this hold gets a new attempt
+        status = {"phase": records.PENDING, "attempt": records.attempt(gme) + 1}
+        gme = ctx.kube.replace_status(GME, dict(gme, status=status))
+        ctx.estimates.put(gme)
+        ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))
+
+
+def plans_for(integration: Any, obj: Obj, record: Any,
+              settings: Settings) -> Tuple[List[Optional[Plan]], str]:
+    """A plan per GPU pod template from a recorded estimate (None where the template already
+    carries a request: sized by hand or before), and the misfit message ('' when every template
+    fits a GPU of the policy)."""
+    plans: List[Optional[Plan]] = []
+    for ref, _containers in gpu_templates(integration, obj):
+        template_annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
+        if labels.REQUEST_BYTES in template_annotations:
+            plans.append(None)  # sized by hand or already: validation checks it
+            continue
+        plan = sizing.plan(record, settings, sizing.pinned_gpu(template_annotations))
+        if plan is None:
+            return plans, sizing.misfit(record, settings)
+        plans.append(plan)
+    return plans, ""
 
 
 def _requests(draft_obj: Obj, workload: Workload, plans: List[Optional[Plan]]) -> List[str]:
@@ -192,17 +219,9 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
         return _fail(ctx, workload, obj, settings, "InvalidEstimate", f"GPUMemoryEstimate "
                      f"{gme['metadata']['name']} holds no usable estimate", deadline)
     new = _released(workload, obj)
-    plans: List[Optional[Plan]] = []
-    for ref, _containers in gpu_templates(workload.integration, new):
-        template_annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
-        if labels.REQUEST_BYTES in template_annotations:
-            plans.append(None)  # sized by hand or already: validation checks it
-            continue
-        plan = sizing.plan(record, settings, sizing.pinned_gpu(template_annotations))
-        if plan is None:
-            return _fail(ctx, workload, obj, settings, "FitsNoGPU", sizing.misfit(record, settings),
-                         deadline)
-        plans.append(plan)
+    plans, misfit = plans_for(workload.integration, new, record, settings)
+    if misfit:
+        return _fail(ctx, workload, obj, settings, "FitsNoGPU", misfit, deadline)
     for (ref, _containers), plan in zip(gpu_templates(workload.integration, new), plans):
         if plan is not None:
             _annotate(new, ref.path, plan.annotations())

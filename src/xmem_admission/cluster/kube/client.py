@@ -183,6 +183,11 @@ class Kube:
         return self.request(self.custom.replace_namespaced_custom_object_status, kind.group,
                             kind.version, m["namespace"], kind.plural, m["name"], obj)
 
+    def replace_cluster_status(self, kind: Kind, obj: Obj) -> Obj:
+        """PUT a cluster-scoped custom resource's status, with its resourceVersion."""
+        return self.request(self.custom.replace_cluster_custom_object_status, kind.group,
+                            kind.version, kind.plural, obj["metadata"]["name"], obj)
+
     def delete_pod(self, namespace: str, name: str, uid: Optional[str] = None) -> None:
         body = {"preconditions": {"uid": uid}} if uid else None
         try:
