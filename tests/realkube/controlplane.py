@@ -1,14 +1,14 @@
 """etcd, kube-apiserver, kube-controller-manager and kube-scheduler on loopback, as processes.
 
 ``ControlPlane(root).start()`` makes the certificates (``pki``), starts etcd, the API server
-(RBAC and the Node authorizer, NodeRestriction, service-account tokens signed with the project's
-key), waits for ``/readyz``, then starts the controller-manager (each controller with its own
-service-account credentials) and the scheduler (a bin-packing profile: ``NodeResourcesFit`` with
-``MostAllocated`` on the GPU resources, as a cluster that shares GPUs configures it). Every
-process binds to 127.0.0.1 only, logs to ``<root>/logs/<name>.log`` and has its PID in
-``<root>/run/<name>.pid``; ``stop()`` ends them in the order that lets each exit cleanly
-(scheduler, controller-manager, API server, etcd: an API server whose etcd died first hangs on
-SIGTERM).
+(RBAC and the Node authorizer, NodeRestriction and OwnerReferencesPermissionEnforcement,
+service-account tokens signed with the project's key), waits for ``/readyz``, then starts the
+controller-manager (each controller with its own service-account credentials) and the scheduler
+(a bin-packing profile: ``NodeResourcesFit`` with ``MostAllocated`` on the GPU resources, as a
+cluster that shares GPUs configures it). Every process binds to 127.0.0.1 only, logs to
+``<root>/logs/<name>.log`` and has its PID in ``<root>/run/<name>.pid``; ``stop()`` ends them in
+the order that lets each exit cleanly (scheduler, controller-manager, API server, etcd: an API
+server whose etcd died first hangs on SIGTERM).
 
 Command line, for scripts and the playground (the processes outlive it)::
 
@@ -235,7 +235,9 @@ class ControlPlane:
             "--tls-private-key-file", str(self.serving.key),
             "--client-ca-file", str(ca.cert_file),
             "--authorization-mode", "Node,RBAC",
-            "--enable-admission-plugins", "NodeRestriction",
+            # OwnerReferencesPermissionEnforcement: OpenShift's default, where setting
+            # blockOwnerDeletion needs update on the owner's finalizers (#15, item 4).
+            "--enable-admission-plugins", "NodeRestriction,OwnerReferencesPermissionEnforcement",
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(self.sa_pub),
             "--service-account-signing-key-file", str(self.sa_key),

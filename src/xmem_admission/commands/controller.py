@@ -2,8 +2,8 @@
 
 Runs in the cluster (in-cluster credentials) or anywhere with a kubeconfig. Every option can also
 come from an environment variable (the Helm chart sets those), the flag winning. Several replicas
-may run: one leads through a coordination.k8s.io Lease, the others stand by. Exits non-zero when
-leadership is lost, so the Deployment restarts it as a standby.
+may run: one leads through a coordination.k8s.io Lease, the others stand by. A leader that cannot
+renew in time stops reconciling and stands by again, in the same process.
 """
 
 from __future__ import annotations
@@ -172,12 +172,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"xmem controller: {identity} watching {', '.join(kinds)}; policy {where}; "
           f"metrics on http://{args.host}:{health.port}/metrics", file=sys.stderr, flush=True)
     try:
-        clean = controller.run(stop, elector)
+        controller.run(stop, elector)
     except KubeUnavailable as exc:
         raise ControllerError(f"the API server is not answering: {exc}") from None
     finally:
         health.stop()
-    if not clean:
-        print("xmem controller: lost leadership; exiting so a standby can lead", file=sys.stderr)
-        return 1
     return 0

@@ -133,6 +133,7 @@ class Controller:
 
     def start(self) -> Controller:
         self._stop.clear()
+        self.queue.reopen()
         self.policy.refresh()
         for informer in self.informers():
             informer.start()
@@ -261,14 +262,18 @@ class Controller:
 
     # --- leadership -------------------------------------------------------------------------
 
-    def run(self, stop: threading.Event, elector: Optional[LeaderElector]) -> bool:
-        """Reconcile until ``stop`` (True) or until leadership is lost (False)."""
+    def run(self, stop: threading.Event, elector: Optional[LeaderElector]) -> None:
+        """Reconcile until ``stop``. With an elector, only while leading: a leader that cannot
+        renew (an API server down past the renew deadline) stops reconciling, stands by and
+        leads again when it can take the Lease, from a fresh listing (#15, item 1)."""
         if elector is None:
             self.start()
             stop.wait()
             self.stop()
-            return True
-        return elector.run(stop, self.start, self.stop)
+            return
+        while not elector.run(stop, self.start, self.stop):
+            self.metrics.leadership_lost.inc()
+            log.error("%s stepped down; standing by to lead again", self.ctx.identity)
 
 
 class HealthServer:

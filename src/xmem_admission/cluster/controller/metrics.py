@@ -57,6 +57,9 @@ class ControllerMetrics:
         self.errors = Counter("xmem_controller_reconcile_errors",
                               "Reconciles that failed and were requeued.", ("kind",), registry=r)
         self.leader = Gauge("xmem_controller_leader", "1 while this replica leads.", registry=r)
+        self.leadership_lost = Counter(
+            "xmem_controller_leadership_lost",
+            "Times this replica could not renew its Lease in time and stood by again.", registry=r)
         self.lease_errors = Counter("xmem_controller_lease_errors",
                                     "Lease reads and writes the API server refused (401, 403).",
                                     ("code",), registry=r)

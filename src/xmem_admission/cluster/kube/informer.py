@@ -79,6 +79,15 @@ class Informer:
     # --- running ----------------------------------------------------------------------------
 
     def start(self) -> Informer:
+        """Start (or start again after ``stop``) from a fresh listing: every object is told
+        as ADDED, so whoever restarts it sees the whole state again."""
+        if self._thread is not None and self._thread.is_alive():
+            # A stopped stream ends by itself at its server-side timeout at the latest.
+            self._thread.join(self.watch_timeout + 5)
+        self._stop.clear()
+        self.synced.clear()
+        with self._lock:
+            self._objects = {}
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind.plural}",
                                         daemon=True)
         self._thread.start()
@@ -262,6 +271,16 @@ class WorkQueue(Generic[QueueKey]):
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def reopen(self) -> None:
+        """Empty and open again after ``close`` (a controller that leads again starts over)."""
+        with self._cond:
+            self._ready.clear()
+            self._queued.clear()
+            self._active.clear()
+            self._again.clear()
+            self._delayed.clear()
+            self._closed = False
 
     def __len__(self) -> int:
         with self._cond:
