@@ -113,6 +113,10 @@ class EstimateError(XmemError):
     """Raised when a training command cannot be estimated (no script, no optimizer step...)."""
 
 
+class LaunchError(EstimateError):
+    """Raised when a distributed launcher's command line (torchrun, accelerate launch) cannot be read."""
+
+
 class ProbeTimeout(EstimateError):
     """Raised when the traced script makes too few optimizer steps within the time limit."""
 

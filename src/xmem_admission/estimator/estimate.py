@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import IO, Any, Dict, List, Optional, Sequence
 
 from xmem_admission.contract import gpus as catalogue
+from xmem_admission.contract import nccl as nccl_model
 from xmem_admission.contract.errors import EstimateError, ProbeTimeout, ScriptFailed
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig, parse_alloc_conf
 from xmem_admission.estimator.allocator.simulate import simulate
@@ -34,7 +35,8 @@ MODES = ("auto", "fake", "profile")
 
 # Breakdown keys, in the order they are printed; they add up to total_bytes.
 BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
-                  "inputs", "workspaces", "other", "allocator_cache", "overhead")
+                  "inputs", "workspaces", "communication", "other", "allocator_cache", "nccl",
+                  "overhead")
 _CATEGORY_KEY = {
     Category.PARAMETER.value: "parameters",
     Category.GRADIENT.value: "gradients",
@@ -43,6 +45,7 @@ _CATEGORY_KEY = {
     Category.TEMPORARY.value: "temporaries",
     Category.INPUT.value: "inputs",
     Category.WORKSPACE.value: "workspaces",
+    Category.COMMUNICATION.value: "communication",
 }
 
 
@@ -116,9 +119,11 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
     """Simulate ``trace`` on each GPU and size the request."""
     results = []
     for gpu in gpus:
-        sim = simulate(for_gpu(trace, gpu, env), config, capacity_bytes=allocator_capacity(gpu))
+        nccl = nccl_bytes(trace, gpu, env)
+        sim = simulate(for_gpu(trace, gpu, env), config,
+                       capacity_bytes=allocator_capacity(gpu) - nccl)
         overhead = gpu.overhead_bytes
-        total = sim.peak_reserved_bytes + overhead
+        total = sim.peak_reserved_bytes + nccl + overhead
         fits = sim.oom is None and total <= gpu.capacity_bytes
         recommended = int(math.ceil(total * (1.0 + margin)))
         profile = catalogue.smallest_mig_profile(gpu, recommended)
@@ -129,19 +134,31 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
             total_bytes=total, fits=fits, recommended_request_bytes=recommended,
             mig_profile=profile.name if profile is not None else None,
             breakdown=_breakdown(sim.allocated_by_category_at_peak_allocated,
-                                 sim.peak_reserved_bytes, overhead),
+                                 sim.peak_reserved_bytes, overhead, nccl),
             oom=sim.oom.to_dict() if sim.oom is not None else None,
         ))
     return results
 
 
-def _breakdown(by_category: Dict[str, int], reserved: int, overhead: int) -> Dict[str, int]:
+def nccl_bytes(trace: Trace, gpu: catalogue.GPU, env: Optional[Dict[str, str]] = None) -> int:
+    """NCCL's buffers outside the allocator for the communicators the traced rank created
+    (``contract.nccl``; none for a single-process job)."""
+    setup = trace.meta.get("distributed") or {}
+    groups = [int(n) for n in setup.get("groups", [])]
+    return nccl_model.process_bytes(groups, gpu.multi_processor_count,
+                                    os.environ if env is None else env)
+
+
+def _breakdown(by_category: Dict[str, int], reserved: int, overhead: int,
+               nccl: int = 0) -> Dict[str, int]:
     """Split the total: what is allocated at the allocated peak, by category; what the allocator
-    holds beyond that at its reserved peak (cached blocks, fragmentation); the overhead."""
+    holds beyond that at its reserved peak (cached blocks, fragmentation); NCCL's buffers; the
+    overhead."""
     out = dict.fromkeys(BREAKDOWN_KEYS, 0)
     for category, size in by_category.items():
         out[_CATEGORY_KEY.get(category, "other")] += size
     out["allocator_cache"] = reserved - sum(by_category.values())
+    out["nccl"] = nccl
     out["overhead"] = overhead
     return out
 

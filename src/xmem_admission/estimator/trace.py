@@ -53,6 +53,7 @@ class Category(str, enum.Enum):
     TEMPORARY = "temporary"
     INPUT = "input"
     WORKSPACE = "workspace"
+    COMMUNICATION = "communication"  # DDP gradient buckets, FSDP all-gather/reduce-scatter buffers
     OTHER = "other"
 
 

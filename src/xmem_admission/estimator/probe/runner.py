@@ -63,13 +63,40 @@ class ProbeResult:
 
 
 def split_command(command: Sequence[str]) -> List[str]:
-    """``python [-u] train.py a b`` / ``python -m pkg a`` / ``train.py a`` -> argv without python."""
+    """``python [-u] train.py a b`` / ``python -m pkg a`` / ``train.py a`` -> argv without python;
+    a launcher's command line (``torchrun ... train.py a``) -> the program one rank runs."""
+    launch = launch_of(command)
+    if launch is not None:
+        return list(launch.program)
     argv = list(command)
     if argv and os.path.basename(argv[0]).startswith("python"):
         argv = argv[1:]
         while argv and argv[0] in ("-u", "-B", "-O", "-W") or (argv and argv[0].startswith("-W")):
             argv = argv[2:] if argv[0] == "-W" else argv[1:]
     return argv
+
+
+def launch_of(command: Sequence[str]) -> Optional[Any]:
+    """The distributed launch ``command`` describes (``contract.launch``), or None; raises
+    ``LaunchError`` for a launcher the probe cannot trace."""
+    from xmem_admission.contract import launch
+    from xmem_admission.contract.errors import LaunchError
+
+    found = launch.parse(command, gpus_per_node=_gpus_per_node())
+    if found is None:
+        return None
+    if found.launcher in launch.UNSUPPORTED:
+        raise LaunchError(launch.UNSUPPORTED[found.launcher])
+    if found.use_deepspeed:
+        raise LaunchError(launch.UNSUPPORTED[launch.Launcher.DEEPSPEED])
+    return found
+
+
+def _gpus_per_node() -> Optional[int]:
+    """How many GPUs a node of the job has, for ``--nproc-per-node gpu``: XMEM_GPUS_PER_NODE
+    (set by the estimation pod from the workload's request), else unknown."""
+    value = os.environ.get("XMEM_GPUS_PER_NODE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 class _StepHooks:
@@ -289,6 +316,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     """Run the script given by ``argv`` (no interpreter) in this process and trace it."""
     import torch
 
+    from xmem_admission.estimator.probe import distributed
     from xmem_admission.estimator.probe import torch_patches as patching
     from xmem_admission.estimator.probe.tracker import AllocationTracker
     from xmem_admission.estimator.probe.virtual_cuda import DeviceMode, NeedsRealValues
@@ -314,12 +342,14 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     started = time.perf_counter()
     status, reason, code, tb = "ok", "", 0, ""
+    world = None
     if not _FORK_HOOK[0] and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forked_child)
         _FORK_HOOK[0] = True
     _RUNNING[0] = True
     try:
         patching.apply(patches, props, tracker, device_mode, fake)
+        world = distributed.install(patches, tracker, device_mode)
         hooks.install(patches)
         _run_argv(argv, fake_mode, tracker, device_mode)
         hooks.close_manual_step()
@@ -341,6 +371,8 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         tb = _user_traceback(exc)
     finally:
         _RUNNING[0] = False
+        if world is not None:
+            world.close()
         tracker.finish()
         hooks.remove()
         patches.restore()
@@ -399,6 +431,17 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(lines) + "".join(traceback.format_exception_only(type(exc), exc))
 
 
+def prepare_rank(command: Sequence[str], environ: Any) -> None:
+    """Set the environment of the rank the probe traces: rank 0 of a launcher's world, or the
+    ``env://`` variables a script that initialises itself reads (see ``distributed``)."""
+    from xmem_admission.estimator.probe.distributed import rank_environment
+
+    launch = launch_of(command)
+    if launch is not None:
+        environ.update(launch.rank0_environment())
+    rank_environment(environ)
+
+
 def main(args: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xmem_admission.estimator.probe.runner",
                                      description="Trace a training script's GPU allocations.")
@@ -411,6 +454,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     ns = parser.parse_args(args)
     command = ns.command[1:] if ns.command and ns.command[0] == "--" else ns.command
+    prepare_rank(command, os.environ)
     result = run(split_command(command), ns.mode, ns.steps, json.loads(ns.device_json))
     with open(ns.out, "w", encoding="utf-8") as fh:
         json.dump(result.to_dict(), fh, separators=(",", ":"))

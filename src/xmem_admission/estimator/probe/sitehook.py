@@ -6,9 +6,13 @@ The controller cannot know what a workload's command does before it reaches Pyth
 the probe bundle first on ``PYTHONPATH`` and sets ``XMEM_PROBE=1``; every Python process of the
 container then imports the bundle's ``sitecustomize``, which calls ``activate()`` here:
 
-- launchers (``torchrun``, ``accelerate``, ``deepspeed``, ``python -m torch.distributed.run``),
-  ``python -c``, package tools (``pip``) and the interactive interpreter run as usual; the
-  training processes they start are probed;
+- a launcher (``torchrun``, ``accelerate launch``, ``python -m torch.distributed.run``) does
+  not start its workers: its interpreter traces rank 0 of the launcher's world itself, in one
+  process with a fake process group (``distributed``; ``contract.launch`` reads the command
+  line); ``deepspeed`` is refused as ``unsupported`` with the reason; a script started with
+  ``WORLD_SIZE``/``RANK`` already set (a PyTorchJob's pods) is traced as that rank;
+- other launchers, ``python -c``, package tools (``pip``) and the interactive interpreter run as
+  usual; the training processes they start are probed;
 - any other script or ``-m`` module runs under the probe (``runner.run``) for the policy's number
   of steps on a virtual GPU, its trace is simulated for every target GPU model
   (``estimate.estimate_trace``), and the compact result (``termination``) is written to
@@ -125,11 +129,22 @@ def _settings() -> Tuple[List[str], int, str]:
     return gpus, steps, mode
 
 
-def _world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE") or 1)
-    except ValueError:
-        return 1
+def _launched_program(kind: str, target: Sequence[str]) -> Optional[List[str]]:
+    """For a launcher (torchrun, accelerate launch): the program its rank 0 runs, with rank 0's
+    environment set here; the launcher itself never runs, so this process traces rank 0 of the
+    launcher's world (``distributed``). None for any other program."""
+    from xmem_admission.estimator.probe import runner
+
+    if kind == "script":
+        command = list(target)
+    elif kind == "module":
+        command = ["python"] + list(target)
+    else:
+        return None
+    if runner.launch_of(command) is None:
+        return None
+    runner.prepare_rank(command, os.environ)
+    return runner.split_command(command)
 
 
 def _reexec_profile(argv: Sequence[str], reason: str) -> None:
@@ -145,21 +160,26 @@ def activate() -> None:
     """Run this process's program under the probe if it is a training program (see above)."""
     argv = command_line()
     kind, target = program(argv)
-    if not should_probe(kind, target):
-        return
     path = result_path()
+    try:
+        launched = _launched_program(kind, target)
+    except Exception as exc:  # noqa: BLE001 - LaunchError: a launcher we do not trace
+        from xmem_admission.contract import termination
+
+        print(f"xmem probe: {exc}", file=sys.stderr)
+        write_result(path, termination.encode_failure("unsupported", str(exc)))
+        _finish(1)
+        return
+    if launched is not None:
+        target = launched
+    elif not should_probe(kind, target):
+        return
     if existing_status(path) == "ok":
         print("xmem probe: the estimate is already recorded; not running "
               f"{' '.join(target)}", file=sys.stderr)
         _finish(0)
     from xmem_admission.contract import termination
 
-    if _world_size() > 1:
-        if os.environ.get("RANK", "0") == "0":
-            write_result(path, termination.encode_failure(
-                "unsupported", f"distributed training with {_world_size()} processes is not "
-                "estimated yet: estimate it with one process (torchrun --nproc-per-node 1)"))
-        _finish(1)
     try:
         code = _probe(argv, target, path)
     except Exception as exc:  # noqa: BLE001 - any failure of ours must reach the controller

@@ -1,0 +1,229 @@
+"""Launcher command lines: which training program a distributed launcher starts, on how many ranks.
+
+``torchrun [--nnodes M] --nproc-per-node N train.py ARGS`` (also ``python -m
+torch.distributed.run`` and the deprecated ``torch.distributed.launch``) and ``accelerate launch
+--multi_gpu --num_processes N train.py ARGS`` start N processes on each of M nodes, each running
+``train.py ARGS`` with ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set. ``parse`` reads such a command
+line into a ``Launch``: the program one rank runs and the world it runs in. The estimator traces
+rank 0 of that world in one process; the cluster side reads the world size of a Job from it. One
+parser, so that both sides agree. Standard library only (contract package, probe bundle).
+
+The option tables are the launchers' own: torch/distributed/run.py ``get_args_parser`` (torch
+2.14) and accelerate/commands/launch.py ``launch_command_parser`` (accelerate 1.15); every option
+not listed as a flag there takes a value.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from xmem_admission.contract.errors import LaunchError
+
+
+class Launcher(str, enum.Enum):
+    """The program that starts the training processes."""
+
+    TORCHRUN = "torchrun"  # torchrun, python -m torch.distributed.run / .launch
+    ACCELERATE = "accelerate"  # accelerate launch, python -m accelerate.commands.launch
+    DEEPSPEED = "deepspeed"  # the deepspeed launcher (not traced: see UNSUPPORTED)
+
+
+# Options of torch.distributed.run that take no value (get_args_parser, nargs=0 actions).
+_TORCHRUN_FLAGS = frozenset({
+    "--standalone", "--module", "-m", "--no-python", "--no_python", "--run-path", "--run_path",
+    "--virtual-local-rank", "--virtual_local_rank", "--use-env", "--use_env",
+})
+# Options of accelerate launch that take no value (launch_command_parser, nargs=0 actions).
+_ACCELERATE_FLAGS = frozenset({
+    "--cpu", "--debug", "--downcast-bf16", "--downcast_bf16", "--dynamo-use-dynamic",
+    "--dynamo-use-fullgraph", "--dynamo-use-regional-compilation", "--dynamo_use_dynamic",
+    "--dynamo_use_fullgraph", "--dynamo_use_regional_compilation", "--enable-cpu-affinity",
+    "--enable_cpu_affinity", "--fp8-use-autocast-during-eval", "--fp8_use_autocast_during_eval",
+    "--module", "--multi-gpu", "--multi_gpu", "--no-python", "--no-tpu-cluster", "--no_python",
+    "--no_tpu_cluster", "--quiet", "--same-network", "--same_network", "--tpu", "--tpu-cluster",
+    "--tpu-use-sudo", "--tpu_cluster", "--tpu_use_sudo", "--use-deepspeed", "--use-fsdp",
+    "--use-megatron-lm", "--use-parallelism-config", "--use_deepspeed", "--use_fsdp",
+    "--use_megatron_lm", "--use_parallelism_config", "-m", "-q",
+})
+_TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
+_ACCELERATE_MODULES = frozenset({"accelerate.commands.launch", "accelerate.commands.accelerate_cli"})
+_DEEPSPEED_MODULES = frozenset({"deepspeed.launcher.runner"})
+# Interpreter options that take a value (python -W ignore -m torch.distributed.run ...).
+_PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})
+
+UNSUPPORTED = {
+    Launcher.DEEPSPEED: "DeepSpeed jobs are not estimated: the probe does not trace DeepSpeed's "
+    "engine (its ZeRO partitioning and communication buffers are made by DeepSpeed's own "
+    "CUDA ops, which do not run on the CPU probe's virtual GPU); estimate the same model "
+    "with torchrun and FSDP, or give the job a whole-GPU request",
+}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One rank's program and the world it runs in."""
+
+    launcher: Launcher
+    program: Tuple[str, ...]  # (script, args...) or ("-m", module, args...)
+    nnodes: int
+    nproc_per_node: int
+    use_deepspeed: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def rank0_environment(self, master_port: int = 29500) -> Dict[str, str]:
+        """What the launcher gives rank 0 (torch/distributed/elastic/agent/server/api.py,
+        ``_assign_worker_ranks`` and the worker env of ``local_elastic_agent``)."""
+        return {
+            "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "ROLE_RANK": "0",
+            "NODE_RANK": "0",
+            "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+        }
+
+
+def _script_name(word: str) -> str:
+    return os.path.basename(word)
+
+
+def _split_python(argv: Sequence[str]) -> Optional[Tuple[str, List[str]]]:
+    """``python [opts] -m MODULE ARGS`` -> (MODULE, ARGS); None for anything else."""
+    rest = list(argv[1:])
+    while rest:
+        head = rest[0]
+        if head == "-m":
+            return (rest[1], rest[2:]) if len(rest) >= 2 else None
+        if head.startswith("-m") and len(head) > 2:
+            return head[2:], rest[1:]
+        if not head.startswith("-") or head == "-c":
+            return None
+        rest = rest[2:] if head in _PYTHON_OPTIONS_WITH_VALUE else rest[1:]
+    return None
+
+
+def launcher_of(argv: Sequence[str]) -> Optional[Tuple[Launcher, List[str]]]:
+    """Which launcher ``argv`` runs (and its own arguments), or None for a plain program."""
+    if not argv:
+        return None
+    name = _script_name(argv[0])
+    if name == "torchrun":
+        return Launcher.TORCHRUN, list(argv[1:])
+    if name == "accelerate":
+        if len(argv) >= 2 and argv[1] == "launch":
+            return Launcher.ACCELERATE, list(argv[2:])
+        return None
+    if name == "deepspeed":
+        return Launcher.DEEPSPEED, list(argv[1:])
+    if name.startswith("python"):
+        found = _split_python(argv)
+        if found is None:
+            return None
+        module, rest = found
+        if module in _TORCHRUN_MODULES:
+            return Launcher.TORCHRUN, rest
+        if module in _ACCELERATE_MODULES:
+            if module.endswith("accelerate_cli"):
+                return (Launcher.ACCELERATE, rest[1:]) if rest[:1] == ["launch"] else None
+            return Launcher.ACCELERATE, rest
+        if module in _DEEPSPEED_MODULES:
+            return Launcher.DEEPSPEED, rest
+    return None
+
+
+def _options(args: Sequence[str], flags: frozenset[str]) -> Tuple[Dict[str, str], List[str]]:
+    """Split a launcher's arguments into its options (name -> value; flags map to "") and the
+    program after them. ``--`` ends the options."""
+    options: Dict[str, str] = {}
+    rest = list(args)
+    while rest:
+        head = rest[0]
+        if head == "--":
+            rest = rest[1:]
+            break
+        if not head.startswith("-") or head == "-":
+            break
+        if "=" in head and head.startswith("--"):
+            name, value = head.split("=", 1)
+            options[name.replace("_", "-")] = value
+            rest = rest[1:]
+            continue
+        if head in flags:
+            options[head.replace("_", "-")] = ""
+            rest = rest[1:]
+            continue
+        if len(rest) < 2:
+            raise LaunchError(f"launcher option {head} needs a value")
+        options[head.replace("_", "-")] = rest[1]
+        rest = rest[2:]
+    return options, rest
+
+
+def _count(name: str, value: str, gpus_per_node: Optional[int]) -> int:
+    """A process or node count: an integer, ``MIN:MAX`` (elastic: the smallest world, where
+    each rank holds the largest shard), or ``gpu``/``auto`` (one per GPU of the node)."""
+    text = value.strip()
+    if ":" in text:
+        text = text.split(":", 1)[0]
+    if text in ("gpu", "auto", "cuda"):
+        if gpus_per_node is None:
+            raise LaunchError(f"{name} {value} means one process per GPU of the node, which is "
+                              f"not known here: give {name} a number")
+        return gpus_per_node
+    if not text.isdigit() or int(text) < 1:
+        raise LaunchError(f"{name} must be a positive integer, got {value!r}")
+    return int(text)
+
+
+def _program(rest: List[str], module_flag: bool, no_python: bool) -> Tuple[str, ...]:
+    if not rest:
+        raise LaunchError("the launcher names no training script")
+    if no_python:
+        raise LaunchError("--no-python launches a program that is not a Python script; the "
+                          "probe traces Python training scripts only")
+    if module_flag:
+        return ("-m",) + tuple(rest)
+    return tuple(rest)
+
+
+def parse(argv: Sequence[str], gpus_per_node: Optional[int] = None) -> Optional[Launch]:
+    """The launch ``argv`` describes, or None when it is not a launcher's command line.
+
+    ``gpus_per_node`` answers ``--nproc-per-node gpu`` and an ``accelerate launch
+    --multi_gpu`` without ``--num_processes`` (both mean one process per GPU); without it they
+    raise ``LaunchError``.
+    """
+    found = launcher_of(argv)
+    if found is None:
+        return None
+    launcher, args = found
+    if launcher is Launcher.DEEPSPEED:
+        return Launch(launcher, tuple(args), 1, 1)
+    if launcher is Launcher.TORCHRUN:
+        options, rest = _options(args, _TORCHRUN_FLAGS)
+        nnodes = _count("--nnodes", options.get("--nnodes", "1"), gpus_per_node)
+        nproc = _count("--nproc-per-node", options.get("--nproc-per-node", "1"), gpus_per_node)
+        program = _program(rest, "--module" in options or "-m" in options,
+                           "--no-python" in options)
+        return Launch(launcher, program, nnodes, nproc)
+    options, rest = _options(args, _ACCELERATE_FLAGS)
+    machines = _count("--num-machines", options.get("--num-machines", "1"), gpus_per_node)
+    if "--num-processes" in options:
+        # accelerate's --num_processes is the total over all machines (launch.py,
+        # multi_gpu_launcher: nproc_per_node = num_processes // num_machines).
+        total = _count("--num-processes", options["--num-processes"], gpus_per_node)
+    elif "--multi-gpu" in options:
+        total = _count("--num-processes", "gpu", gpus_per_node) * machines
+    else:
+        total = machines
+    if total % machines:
+        raise LaunchError(f"--num_processes {total} is not a multiple of --num_machines "
+                          f"{machines}")
+    program = _program(rest, "--module" in options or "-m" in options, "--no-python" in options)
+    return Launch(launcher, program, machines, total // machines,
+                  use_deepspeed="--use-deepspeed" in options)

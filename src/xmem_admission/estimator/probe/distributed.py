@@ -1,0 +1,206 @@
+"""Distributed jobs in one process: the probe traces one rank with a fake process group.
+
+A data-parallel or sharded job (DDP, FSDP, FSDP2) runs the same program on every rank; what a rank
+holds on its GPU depends on the world size (FSDP keeps 1/N of the parameters, gradients and
+optimizer state) and on the communication it does (DDP's gradient buckets, FSDP's all-gather and
+reduce-scatter buffers), not on what the other ranks compute. So the probe runs rank 0 alone:
+
+- the launcher is not run (``contract.launch`` reads its command line); rank 0's environment is
+  set as the launcher would set it (``Launch.rank0_environment``), and a script that calls
+  ``init_process_group`` itself with ``env://`` variables keeps the ones it was given;
+- ``init_process_group`` with any backend (``nccl``, ``gloo``, none) makes torch's fake process
+  group (``torch.testing._internal.distributed.fake_pg``: backend ``"fake"`` over a
+  ``FakeStore``), whose collectives return at once with outputs of the right shapes and no
+  communication; ``new_group`` and device meshes make fake groups too;
+- the fake group's work objects complete with a ``None`` future (FakeProcessGroup.hpp,
+  ``FakeWork::getFuture``), and DDP's reducer copies the future's tensor back into its bucket
+  (torch/csrc/distributed/c10d/comm.cpp, ``parseCppCommHookResult``): a DDP model without a comm
+  hook gets the hook that does what the built-in allreduce hook does on a GPU (divide the
+  bucket in place, all-reduce it in place: reducer.cpp ``AllReduceCommHook``), and an
+  asynchronous ``all_reduce`` of the script's own hooks answers its tensor;
+- the buckets that hook sees are DDP's communication buffers: they are tagged
+  ``communication`` in the trace (unless they are the gradients themselves, with
+  ``gradient_as_bucket_view=True``), and the communicators the job creates are recorded in the
+  trace's metadata for the NCCL model (``estimator.nccl``).
+
+Python >= 3.9, torch >= 2.1 with torch.distributed; this module ships in the probe bundle.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+from xmem_admission.estimator.probe.tracker import FLOATING_ON_GPU
+from xmem_admission.estimator.trace import Category
+
+# The trace metadata key under which the distributed setup is recorded.
+META_KEY = "distributed"
+
+
+def rank_environment(environ: Dict[str, str]) -> None:
+    """Fill in what ``env://`` initialisation reads when a script is given only ``WORLD_SIZE``."""
+    if "WORLD_SIZE" not in environ:
+        return
+    environ.setdefault("RANK", "0")
+    environ.setdefault("LOCAL_RANK", "0")
+    environ.setdefault("LOCAL_WORLD_SIZE", environ["WORLD_SIZE"])
+    environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    environ.setdefault("MASTER_PORT", "29500")
+
+
+class FakeWorld:
+    """The process groups of the traced rank, recorded for the trace's metadata."""
+
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+        self.rank = 0
+        self.world_size = 1
+        self.backend_asked = ""
+        # One entry per communicator the job would create: the number of ranks in it.
+        self.groups: List[int] = []
+        self.ddp_buckets: List[int] = []
+
+    def close(self) -> None:
+        """Destroy the script's process groups (a real rank's exit would): the next run in this
+        process starts without a default group."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def record(self) -> None:
+        if not self.groups:
+            return
+        self.tracker.trace.meta[META_KEY] = {
+            "rank": self.rank, "world_size": self.world_size, "backend": self.backend_asked,
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE") or self.world_size),
+            "groups": list(self.groups), "ddp_bucket_bytes": list(self.ddp_buckets),
+        }
+
+
+def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]:
+    """Make every process group of the script fake; None when torch has no torch.distributed."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return None
+    from torch.distributed import distributed_c10d as c10d
+
+    # Importing the module registers the "fake" backend with torch.distributed.
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    world = FakeWorld(tracker)
+    real_init = c10d.init_process_group
+    real_new_group = c10d.new_group
+    real_all_reduce = c10d.all_reduce
+
+    def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None,
+                           world_size: int = -1, rank: int = -1, store: Any = None,
+                           group_name: str = "", pg_options: Any = None, device_id: Any = None,
+                           **_extra: Any) -> None:
+        size = world_size if world_size and world_size > 0 else int(
+            os.environ.get("WORLD_SIZE") or 1)
+        me = rank if rank is not None and rank >= 0 else int(os.environ.get("RANK") or 0)
+        world.rank, world.world_size = me, size
+        world.backend_asked = str(backend or "default")
+        world.groups.append(size)
+        extra: Dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+        real_init("fake", store=FakeStore(), rank=me, world_size=size, group_name=group_name,
+                  **extra)
+        world.record()
+
+    def new_group(ranks: Any = None, timeout: Any = None, backend: Any = None,
+                  pg_options: Any = None, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("device_id", None)
+        group = real_new_group(ranks, timeout, None, None, *args, **kwargs)
+        world.groups.append(len(ranks) if ranks else world.world_size)
+        world.record()
+        return group
+
+    def all_reduce(tensor: Any, op: Any = c10d.ReduceOp.SUM, group: Any = None,
+                   async_op: bool = False) -> Any:
+        work = real_all_reduce(tensor, op=op, group=group, async_op=async_op)
+        if not async_op or work is None:
+            return work
+        # A completed future holding the reduced tensor (in place), as NCCL's work gives.
+        import torch
+
+        future: Any = torch.futures.Future()
+        future.set_result([tensor])
+        return torch._C._distributed_c10d._create_work_from_future(future)
+
+    for module in (c10d, dist):
+        patches.set(module, "init_process_group", init_process_group)
+        patches.set(module, "new_group", new_group)
+        patches.set(module, "all_reduce", all_reduce)
+        patches.set(module, "is_nccl_available", lambda: True)
+    _patch_ddp(patches, world, device_mode)
+    return world
+
+
+def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:
+    """DDP's reducer allocates its buckets in C++ with the parameters' tensor options and no
+    tensor input (reducer.cpp, ``initialize_buckets``: ``at::empty({total_length}, options)``),
+    which the tracker would take for host memory: its construction (``_ddp_init_helper``)
+    and its pre-forward (where it
+    rebuilds the buckets after the first iteration) run with floating-point factories on the
+    virtual GPU (its bucket indices are integer host tensors: ``tracker.FLOATING_ON_GPU``)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    real_init_helper = DDP._ddp_init_helper
+    real_pre_forward = DDP._pre_forward
+    tracker = world.tracker
+
+    def in_place_allreduce(_state: Any, bucket: Any) -> Any:
+        """What the built-in allreduce hook does on a GPU, memory-wise: the bucket is divided
+        and all-reduced in place (reducer.cpp, ``AllReduceCommHook::runHook``), so the
+        future's tensor is the bucket itself."""
+        import torch
+
+        buffer = bucket.buffer()
+        # Buckets are reduced in index order, and rebuilt after the first iteration
+        # (reducer.cpp, ``rebuild_buckets``): the list holds the latest iteration's.
+        if bucket.index() == 0:
+            world.ddp_buckets.clear()
+        world.ddp_buckets.append(buffer.numel() * buffer.element_size())
+        world.record()
+        if not any(tracker.is_cuda(p.grad) and _same_storage(p.grad, buffer)
+                   for p in bucket.parameters() if p.grad is not None):
+            tracker.tag(buffer, Category.COMMUNICATION)
+        future: Any = torch.futures.Future()
+        future.set_result(buffer)
+        return future
+
+    # DDP checks a hook's annotations against dist.GradBucket and Future (``_check_comm_hook``);
+    # under ``from __future__ import annotations`` they are strings: it gets none.
+    in_place_allreduce.__annotations__ = {}
+
+    def init_helper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with device_mode.on(FLOATING_ON_GPU):
+            return real_init_helper(self, *args, **kwargs)
+
+    def pre_forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        if not self._comm_hooks and not getattr(self, "_xmem_hooked", False):
+            self._xmem_hooked = True
+            DDP.register_comm_hook(self, None, in_place_allreduce)
+        with device_mode.on(FLOATING_ON_GPU):
+            return real_pre_forward(self, *inputs, **kwargs)
+
+    def register_builtin(self: Any, comm_hook_type: Any) -> Any:
+        # A built-in hook (allreduce, fp16 compression) runs in C++ on the fake group's empty
+        # future: the in-place hook stands for it (the compressed copy of FP16_COMPRESS, half a
+        # bucket while it is reduced, is not traced).
+        self._xmem_hooked = True
+        DDP.register_comm_hook(self, None, in_place_allreduce)
+
+    patches.set(DDP, "_ddp_init_helper", init_helper)
+    patches.set(DDP, "_pre_forward", pre_forward)
+    patches.set(DDP, "_register_builtin_comm_hook", register_builtin)
+
+
+def _same_storage(a: Any, b: Any) -> bool:
+    try:
+        return bool(a.untyped_storage() is b.untyped_storage())
+    except (RuntimeError, NotImplementedError):
+        return False

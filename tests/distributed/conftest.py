@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.estimator.conftest import H200  # the virtual GPU
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
+
+
+def script(name: str) -> str:
+    return os.path.join(SCRIPTS, name)
+
+
+@pytest.fixture
+def trace_launch(capfd, monkeypatch):
+    """Trace a launcher's command line as ``xmem estimate`` does (rank 0's environment, the
+    program the launcher would start), in this process: torch is imported once."""
+    from xmem_admission.estimator.probe import runner
+
+    def run(command, mode="fake", steps=3, env=None):
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                     "MASTER_PORT"):
+            monkeypatch.delenv(name, raising=False)
+        environ = dict(os.environ, **(env or {}))
+        runner.prepare_rank(command, environ)
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
+        result = runner.run(runner.split_command(command), mode, steps, H200)
+        return result, capfd.readouterr()
+
+    return run

@@ -1,0 +1,86 @@
+"""DDP jobs are traced as rank 0 of their world, with the reducer's gradient buckets on the GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.distributed.conftest import script
+
+
+def _live_by_category(trace):
+    """Bytes of each category allocated when the last optimizer step ends."""
+    last = max(i for i, e in enumerate(trace.events) if e.op == "mark" and e.label.startswith("step"))
+    live = {}
+    for event in trace.events[:last]:
+        if event.op == "alloc":
+            live[event.id] = event
+        elif event.op == "free":
+            live.pop(event.id)
+    out = {}
+    for event in live.values():
+        out[event.category] = out.get(event.category, 0) + event.size
+    return out
+
+
+@pytest.mark.parametrize("mode", ["fake", "profile"])
+def test_ddp_bucket_bytes_equal_what_the_reducer_reports(trace_launch, tmp_path, mode):
+    report = tmp_path / "ddp.json"
+    result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("ddp_train.py"),
+                              "--report", str(report)], mode=mode)
+    assert result.status == "ok", result.reason + result.traceback
+    reducer = json.loads(report.read_text())
+    assert (reducer["world_size"], reducer["rank"]) == (8, 0)
+    setup = result.trace.meta["distributed"]
+    assert setup["ddp_bucket_bytes"] == reducer["bucket_sizes"]
+    live = _live_by_category(result.trace)
+    assert live["communication"] == sum(reducer["bucket_sizes"])
+    assert live["gradient"] == live["parameter"]  # the gradients are a second copy
+
+
+def test_a_smaller_bucket_cap_makes_more_buckets_of_the_same_total(trace_launch, tmp_path):
+    report = tmp_path / "ddp.json"
+    result, _ = trace_launch(["torchrun", "--nproc-per-node", "2", script("ddp_train.py"),
+                              "--bucket-cap-mb", "1.5", "--report", str(report)])
+    assert result.status == "ok", result.reason + result.traceback
+    buckets = json.loads(report.read_text())["bucket_sizes"]
+    assert len(buckets) > 2
+    assert result.trace.meta["distributed"]["ddp_bucket_bytes"] == buckets
+    assert _live_by_category(result.trace)["communication"] == sum(buckets)
+
+
+def test_gradients_as_bucket_views_are_not_a_second_copy(trace_launch, tmp_path):
+    report = tmp_path / "ddp.json"
+    result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("ddp_train.py"),
+                              "--bucket-view", "--report", str(report)])
+    assert result.status == "ok", result.reason + result.traceback
+    live = _live_by_category(result.trace)
+    assert "communication" not in live
+    assert live["gradient"] == sum(json.loads(report.read_text())["bucket_sizes"])
+
+
+def test_a_script_that_initialises_itself_from_the_environment_is_rank_0(trace_launch, tmp_path):
+    report = tmp_path / "ddp.json"
+    result, _ = trace_launch(["python", script("ddp_train.py"), "--report", str(report)],
+                             env={"WORLD_SIZE": "16"})
+    assert result.status == "ok", result.reason + result.traceback
+    assert json.loads(report.read_text())["world_size"] == 16
+    assert result.trace.meta["distributed"]["world_size"] == 16
+
+
+def test_xmem_estimate_runs_torchrun_commands_and_adds_nccl(tmp_path):
+    """The issue's first failure: `xmem estimate -- torchrun ...` said 'script not found'."""
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.run(
+        [sys.executable, "-m", "xmem_admission.cli", "estimate", "--json", "--gpu", "H100-80GB",
+         "--", "python", "-m", "torch.distributed.run", "--nproc_per_node=8",
+         script("ddp_train.py")], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gpu = json.loads(proc.stdout)["gpus"][0]
+    assert gpu["breakdown"]["communication"] > 0
+    assert gpu["breakdown"]["nccl"] > 0
+    assert gpu["total_bytes"] == sum(gpu["breakdown"].values())

@@ -1,0 +1,72 @@
+"""Launcher command lines are read as the launchers read them: the program rank 0 runs and the world size."""
+
+from __future__ import annotations
+
+import pytest
+
+from xmem_admission.contract import launch
+from xmem_admission.contract.errors import LaunchError
+from xmem_admission.estimator.probe import runner
+
+
+@pytest.mark.parametrize("command, world, local", [
+    (["torchrun", "--nproc-per-node", "4", "train.py", "--lr", "1"], 4, 4),
+    (["torchrun", "--nproc_per_node=2", "train.py"], 2, 2),
+    (["torchrun", "--nnodes", "2", "--nproc-per-node=8", "--rdzv-backend", "c10d", "train.py"],
+     16, 8),
+    (["torchrun", "--nnodes=1:4", "--nproc-per-node", "8", "train.py"], 8, 8),
+    (["torchrun", "--standalone", "--nproc_per_node", "2", "train.py"], 2, 2),
+    (["python", "-m", "torch.distributed.run", "--nproc-per-node", "8", "train.py"], 8, 8),
+    (["python3", "-u", "-m", "torch.distributed.launch", "--use-env", "--nproc_per_node", "2",
+      "train.py"], 2, 2),
+    (["accelerate", "launch", "--multi_gpu", "--num_processes", "8", "--num_machines", "2",
+      "train.py"], 8, 4),
+    (["accelerate", "launch", "--mixed_precision", "bf16", "train.py"], 1, 1),
+])
+def test_launchers_give_the_world_size_and_rank_0s_program(command, world, local):
+    found = launch.parse(command)
+    assert found is not None
+    assert (found.world_size, found.nproc_per_node) == (world, local)
+    assert found.program[0] == "train.py"
+    env = found.rank0_environment()
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+        "0", "0", str(world), str(local))
+
+
+def test_a_module_launched_with_dash_m_stays_a_module():
+    found = launch.parse(["torchrun", "--nproc-per-node", "2", "-m", "pkg.train", "--x", "1"])
+    assert found is not None and found.program == ("-m", "pkg.train", "--x", "1")
+
+
+def test_plain_python_commands_are_not_launches():
+    assert launch.parse(["python", "train.py"]) is None
+    assert launch.parse(["python", "-m", "pkg.train"]) is None
+    assert launch.parse(["accelerate", "config"]) is None
+
+
+def test_one_process_per_gpu_needs_the_gpu_count():
+    with pytest.raises(LaunchError, match="give --nproc-per-node a number"):
+        launch.parse(["torchrun", "--nproc-per-node", "gpu", "train.py"])
+    found = launch.parse(["torchrun", "--nproc-per-node", "gpu", "train.py"], gpus_per_node=4)
+    assert found is not None and found.world_size == 4
+
+
+def test_bad_counts_and_missing_scripts_are_clear_errors():
+    with pytest.raises(LaunchError, match="positive integer"):
+        launch.parse(["torchrun", "--nproc-per-node", "zero", "train.py"])
+    with pytest.raises(LaunchError, match="names no training script"):
+        launch.parse(["torchrun", "--nproc-per-node", "2"])
+    with pytest.raises(LaunchError, match="needs a value"):
+        launch.parse(["torchrun", "--nproc-per-node"])
+
+
+def test_deepspeed_is_refused_with_the_reason():
+    with pytest.raises(LaunchError, match="DeepSpeed jobs are not estimated"):
+        runner.split_command(["deepspeed", "--num_gpus", "8", "train.py"])
+    with pytest.raises(LaunchError, match="DeepSpeed jobs are not estimated"):
+        runner.split_command(["accelerate", "launch", "--use_deepspeed", "train.py"])
+
+
+def test_the_probe_runs_the_program_the_launcher_would_start():
+    assert runner.split_command(["torchrun", "--nproc-per-node", "2", "train.py", "-v"]) == [
+        "train.py", "-v"]
