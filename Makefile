@@ -23,10 +23,13 @@ demo: $(STAMP)
 # helm, prometheus and promtool for the chart and observability tests, cached in .tools/; the
 # real Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd,
 # kwok) built once from the Go module proxy into ~/.cache/xmem-admission/kube/<versions>/
-# (scripts/build-kube.sh, versions in scripts/kube-versions.env; about 23 CPU-minutes cold, 0.2 s warm).
+# (scripts/build-kube.sh, versions in scripts/kube-versions.env; about 23 CPU-minutes cold, 0.2 s warm);
+# the Kueue controller for the Kueue tests into its own cache, ~/.cache/xmem-admission/kueue/<version>/
+# (scripts/build-kueue.sh, version in scripts/kueue-versions.env).
 tools:
 	bash scripts/install-tools.sh
 	bash scripts/build-kube.sh
+	bash scripts/build-kueue.sh
 
 # A bare control plane on loopback (etcd, kube-apiserver, controller-manager, scheduler), for
 # poking at by hand: `make kube-up` prints the admin kubeconfig; `make kube-down` stops it.

@@ -29,52 +29,13 @@
 # binaries. Deleting the temporary caches (about 5 GB) takes a few minutes on a busy disk.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# shellcheck source=go-cache.sh
+source "$(dirname "$0")/go-cache.sh"
 # shellcheck source=kube-versions.env
 source "$ROOT/scripts/kube-versions.env"
-
-GO="${GO:-$(command -v go || echo /usr/local/go/bin/go)}"
-CACHE_ROOT="${XMEM_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xmem-admission/kube}"
-KEY="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_to-${TRAINING_OPERATOR_VERSION}_po-${PROMETHEUS_OPERATOR_VERSION}_cm-${CERT_MANAGER_VERSION}_r${KUBE_BUILD_RECIPE}"
-DEST="$CACHE_ROOT/$KEY"
-WORK="$CACHE_ROOT/.build-$KEY"
-LINK="${XMEM_TOOLS_DIR:-$ROOT/.tools}/kube"
-
-log() { echo "build-kube: $*" >&2; }
-
-link_tools() {
-  mkdir -p "$(dirname "$LINK")"
-  ln -sfn "$DEST" "$LINK"
-}
-
-if [ -f "$DEST/.complete" ]; then
-  link_tools
-  exit 0
-fi
-
-if [ ! -x "$GO" ]; then
-  log "no go toolchain (looked for 'go' on PATH and /usr/local/go/bin/go); cannot build the control plane"
-  exit 1
-fi
-
-mkdir -p "$CACHE_ROOT"
-exec 9>"$CACHE_ROOT/.lock-$KEY"
-if ! flock -n 9; then
-  log "another build of $KEY is running; waiting for it"
-  flock 9
-fi
-if [ -f "$DEST/.complete" ]; then
-  link_tools
-  exit 0
-fi
-
-started=$(date +%s)
-mkdir -p "$DEST/bin" "$DEST/kwok-stages" "$DEST/crds" "$WORK"
-export GOMODCACHE="$WORK/mod" GOCACHE="$WORK/gocache" GOPATH="$WORK/gopath"
-export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod GOPROXY="${GOPROXY:-https://proxy.golang.org}"
-export GONOSUMDB="" GOFIPS140=off
-# The machine is shared: leave some room for everyone else.
-NICE="nice -n 10"
+cache_begin kube "${XMEM_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xmem-admission/kube}" \
+  "k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_to-${TRAINING_OPERATOR_VERSION}_po-${PROMETHEUS_OPERATOR_VERSION}_cm-${CERT_MANAGER_VERSION}_r${KUBE_BUILD_RECIPE}"
+mkdir -p "$DEST/bin" "$DEST/kwok-stages" "$DEST/crds"
 
 k8s_minor="${KUBERNETES_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
 k8s_patch="${KUBERNETES_VERSION##*.}"
@@ -128,41 +89,19 @@ EOF
 
 # --- etcd --------------------------------------------------------------------------------------
 build_etcd() {
-  [ -x "$DEST/bin/etcd" ] && return 0
-  local mod="$WORK/wrap-etcd"
-  mkdir -p "$mod"
-  log "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
-  printf 'module xmem.local/build/etcd\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" >"$mod/go.mod"
-  printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' >"$mod/tools.go"
-  (cd "$mod" && "$GO" mod tidy)
-  (cd "$mod" && $NICE "$GO" build -trimpath -ldflags "-s -w" -o "$WORK/etcd" go.etcd.io/etcd/server/v3)
-  mv -f "$WORK/etcd" "$DEST/bin/etcd"
+  wrap_build etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3 "-s -w"
 }
 
 # --- kwok, its Stages --------------------------------------------------------------------------
 build_kwok() {
-  local mod="$WORK/wrap-kwok"
-  mkdir -p "$mod"
-  if [ ! -x "$DEST/bin/kwok" ]; then
-    log "sigs.k8s.io/kwok $KWOK_VERSION"
-    printf 'module xmem.local/build/kwok\n\ngo 1.26\n\nrequire sigs.k8s.io/kwok %s\n' "$KWOK_VERSION" >"$mod/go.mod"
-    printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/kwok/cmd/kwok"\n' >"$mod/tools.go"
-    (cd "$mod" && "$GO" mod tidy)
-    (cd "$mod" && $NICE "$GO" build -trimpath \
-      -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
-      -o "$WORK/kwok" sigs.k8s.io/kwok/cmd/kwok)
-    mv -f "$WORK/kwok" "$DEST/bin/kwok"
-  fi
+  wrap_build kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok \
+    "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}"
   local dir
   dir="$(module_dir sigs.k8s.io/kwok "$KWOK_VERSION")"
   cp "$dir"/kustomize/stage/node/fast/node-*.yaml "$DEST/kwok-stages/"
   cp "$dir"/kustomize/stage/node/heartbeat-with-lease/node-*.yaml "$DEST/kwok-stages/"
   cp "$dir"/kustomize/stage/pod/fast/pod-*.yaml "$DEST/kwok-stages/"
   chmod u+w "$DEST"/kwok-stages/*.yaml
-}
-
-module_dir() {
-  "$GO" mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p'
 }
 
 # --- CRD manifests -----------------------------------------------------------------------------
@@ -187,9 +126,4 @@ build_kubernetes
 "$DEST/bin/kube-apiserver" --version
 "$DEST/bin/etcd" --version | sed -n 1p
 "$DEST/bin/kwok" --version | sed -n 1p
-printf 'KEY=%s\nBUILT=%s\nSECONDS=%s\n' "$KEY" "$(date -u +%FT%TZ)" "$(( $(date +%s) - started ))" >"$DEST/.complete"
-# The module cache is read-only by design; make it deletable, then drop every temporary cache.
-chmod -R u+w "$WORK" 2>/dev/null || true
-rm -rf "$WORK"
-link_tools
-log "built $KEY in $(( $(date +%s) - started )) s: $(du -sh "$DEST" | cut -f1)"
+cache_finish
