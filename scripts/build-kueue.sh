@@ -4,6 +4,7 @@
 #
 #   bin/kueue     the controller manager, from the Go module proxy
 #   crds/*.yaml   its CRDs, copied from the module's config/components/crd/bases
+#   webhooks.yaml its webhook configurations, config/components/webhook/manifests.yaml
 #
 # Version: scripts/kueue-versions.env. The control plane's own cache (scripts/build-kube.sh,
 # keyed by every line of kube-versions.env) is not touched. Cache: $XMEM_KUEUE_CACHE (default
@@ -23,7 +24,10 @@ mkdir -p "$DEST/bin" "$DEST/crds"
 # Kueue's go.mod replaces no module with a folder, so a wrapper module requiring it builds it.
 wrap_build kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue \
   "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
-cp "$(module_dir sigs.k8s.io/kueue "$KUEUE_VERSION")"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "$DEST/crds/"
-chmod u+w "$DEST"/crds/*.yaml
+dir="$(module_dir sigs.k8s.io/kueue "$KUEUE_VERSION")"
+cp "$dir"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "$DEST/crds/"
+# Its webhook configurations (the tests point them at the host process: tests/realkube/kueue.py).
+cp "$dir"/config/components/webhook/manifests.yaml "$DEST/webhooks.yaml"
+chmod u+w "$DEST"/crds/*.yaml "$DEST/webhooks.yaml"
 
 cache_finish
