@@ -1,8 +1,5 @@
-"""One real control plane for the whole session; per test, a namespace, a policy, the webhook and
-the controller as processes.
-
-The control plane comes from ``make tools`` (``scripts/build-kube.sh``). When it is missing the
-tests fail and say so: CI runs ``make tools`` first, so a missing binary there is a failure.
+"""Per test, a namespace, a policy, the webhook and the controller as processes, on the session's
+one real control plane (the ``cluster`` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -20,27 +17,6 @@ from tests.realkube.controlplane import wait_for
 from xmem_admission.cluster import labels
 
 _counter = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory,
-            request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    running = Cluster(tmp_path_factory.mktemp("kube"))
-    try:
-        running.start()
-    except BaseException:
-        running.stop()
-        raise
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    line = f"real control plane: {running.plane.version()} (kube-apiserver --version)"
-    if reporter is not None:
-        reporter.write_line("")
-        reporter.write_line(line)
-    print(line)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Fixtures of the security tests: one two-tenant cluster per module (see tenants.py)."""
+"""Fixtures of the security tests: two tenants per module on the session's real control plane
+(see tenants.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ from typing import Iterator
 
 import pytest
 
+from tests.realkube.cluster import Cluster
 from tests.security.tenants import TwoTenants
 
 
 @pytest.fixture(scope="module")
-def tenants(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoTenants]:
-    running = TwoTenants(tmp_path_factory.mktemp("tenants"))
+def tenants(cluster: Cluster) -> Iterator[TwoTenants]:
+    running = TwoTenants(cluster)
     try:
         yield running
     finally:

@@ -1,12 +1,14 @@
 """Two tenants on one cluster with xmem installed as the chart installs it.
 
-``TwoTenants`` starts the stand-in cluster (API server with RBAC, a node that runs pods, the Job
-controller), installs xmem's RBAC, webhook configurations and policy from the rendered chart,
-runs ``xmem serve`` and ``xmem controller`` as their ServiceAccounts, and creates two opted-in
+``TwoTenants`` uses the session's real control plane (kube-apiserver with RBAC and Pod Security
+admission, the Job controller, the process node that runs pods; the chart's CRDs and RBAC), runs
+``xmem serve`` and ``xmem controller`` as the chart's ServiceAccounts with the chart's webhook
+configurations (CEL matchConditions included) calling the webhook, and creates two opted-in
 namespaces, ``team-a`` (alice) and ``team-b`` (bob), each under Pod Security ``restricted``,
 each tenant with a namespace-scoped role as an admin would grant it (workloads, pods, config
 maps, read-only estimates) and nothing else. Tests act as a tenant through the official client
-with that tenant's token, exactly as ``kubectl`` would.
+with that tenant's client certificate (signed by the cluster's CA), exactly as ``kubectl``
+would.
 
 The policy enforces in both namespaces. The tenants' code lives in a ``code`` ConfigMap per
 namespace; alice's ``train_gpt.py`` is an attacker's: it writes a forged estimation result of
@@ -17,19 +19,17 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from kubernetes import client
 
-from tests.controller.support import CRDS, code_map, training_job
-from tests.fakekube.cluster import PROBE_IMAGE, Cluster
-from tests.fakekube.rbac import User
-from tests.support.harness import Certificates
-from tests.support.installed import Installed
+from tests.controller.support import code_map, training_job
+from tests.realkube.cluster import Cluster, Webhook
+from tests.realkube.controlplane import wait_for
 from xmem_admission.cluster import labels
 
 TENANTS = {"alice": "team-a", "bob": "team-b"}
+POLICY_NAME = "tenants"
 GPUS = ("A100-80GB", "H100-80GB")
 POLICY = {
     "targets": [{"gpu": g, "backend": "hami"} for g in GPUS],
@@ -115,49 +115,68 @@ class Tenant:
 class TwoTenants:
     """See the module docstring."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.cluster = Cluster(str(root), crds=CRDS, jobs=True).start()
-        self.server = self.cluster.server
-        self.installed = Installed(self.server, root)
-        self.server.create({"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
-                            "metadata": {"name": "default"}, "spec": POLICY})
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        cluster.apply({"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
+                       "metadata": {"name": POLICY_NAME}, "spec": POLICY})
         self.tenants: Dict[str, Tenant] = {}
+        self._clients: List[Any] = []
         for user, namespace in TENANTS.items():
-            self.server.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {
-                "name": namespace, "labels": {labels.OPT_IN: "true",
-                                              "pod-security.kubernetes.io/enforce": "restricted"}}})
-            self.server.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                                "metadata": {"name": "tenant", "namespace": namespace},
-                                "rules": TENANT_RULES})
-            self.server.create({"apiVersion": "rbac.authorization.k8s.io/v1",
-                                "kind": "RoleBinding",
-                                "metadata": {"name": f"tenant-{user}", "namespace": namespace},
-                                "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
-                                            "kind": "Role", "name": "tenant"},
-                                "subjects": [{"kind": "User", "name": user,
-                                              "apiGroup": "rbac.authorization.k8s.io"}]})
-            token = self.server.add_user(User(user))
-            self.tenants[user] = Tenant(self.server.api_client(token), namespace)
+            cluster.ensure_namespace(namespace, {
+                labels.OPT_IN: "true", "pod-security.kubernetes.io/enforce": "restricted"})
+            cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                           "metadata": {"name": "tenant", "namespace": namespace},
+                           "rules": TENANT_RULES})
+            cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                           "metadata": {"name": f"tenant-{user}", "namespace": namespace},
+                           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                       "name": "tenant"},
+                           "subjects": [{"kind": "User", "name": user,
+                                         "apiGroup": "rbac.authorization.k8s.io"}]})
+            api = cluster.plane.api_client(cluster.plane.user_kubeconfig(user))
+            self._clients.append(api)
+            self.tenants[user] = Tenant(api, namespace)
+        wait_for(lambda: self._may_create_config_maps(), 30, "the tenants' roles to apply")
         self.code("bob", code_map("team-b")["data"])
         forged = dict(code_map("team-a")["data"], **{"train_gpt.py": FORGER})
         self.code("alice", forged)
-        (root / "tls").mkdir()
-        self.certs = Certificates(root / "tls")
-        self.installed.serve(self.certs)
-        self.installed.controller(PROBE_IMAGE, "--workloads", "Job")
+        self.webhook: Optional[Webhook] = cluster.serve("serve-tenants", POLICY_NAME)
+        self.controller = cluster.controller("controller-tenants", POLICY_NAME,
+                                             "--workloads", "Job")
+
+    def _may_create_config_maps(self) -> bool:
+        for tenant in self.tenants.values():
+            authorization = client.AuthorizationV1Api(tenant.core.api_client)
+            review = authorization.create_self_subject_access_review({"spec": {
+                "resourceAttributes": {"namespace": tenant.namespace, "verb": "create",
+                                       "resource": "configmaps"}}})
+            if not review.status.allowed:
+                return False
+        return True
 
     def code(self, user: str, data: Dict[str, str]) -> None:
         tenant = self.tenants[user]
         tenant.core.create_namespaced_config_map(tenant.namespace, {
             "metadata": {"name": "code"}, "data": data})
 
+    def get(self, api_version: str, kind: str, name: str, namespace: str) -> Any:
+        return self.cluster.get(api_version, kind, name, namespace)
+
     def gmes(self, namespace: str) -> List[Dict[str, Any]]:
-        return self.server.list("xmem.io/v1alpha1", "GPUMemoryEstimate", namespace)
+        return self.cluster.list("xmem.io/v1alpha1", "GPUMemoryEstimate", namespace)
 
     def job(self, name: str, namespace: str) -> Dict[str, Any]:
-        return self.server.get("batch/v1", "Job", name, namespace)
+        found = self.cluster.get("batch/v1", "Job", name, namespace)
+        assert found is not None, f"job {namespace}/{name} is gone"
+        return found
 
     def close(self) -> None:
-        self.installed.close()
-        self.cluster.stop()
+        self.cluster.stop_process(self.controller)
+        if self.webhook is not None:
+            self.webhook.remove()
+            self.webhook.stop()
+        for api in self._clients:
+            api.close()
+        for namespace in TENANTS.values():
+            self.cluster.delete("v1", "Namespace", namespace)
+        self.cluster.delete("xmem.io/v1alpha1", "GPUAdmissionPolicy", POLICY_NAME)

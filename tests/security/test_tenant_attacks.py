@@ -12,7 +12,7 @@ from typing import Any, Dict
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakekube.apiserver import wait_for
+from tests.realkube.controlplane import wait_for
 from tests.security.tenants import GPUS, job, restricted
 from tests.support.builders import make_pod
 from xmem_admission.cluster import labels
@@ -93,7 +93,7 @@ def test_a_pod_squatting_the_estimation_pods_name_is_never_adopted(tenants):
 
     gme = wait_for(failed, 60, "the estimate to fail")
     assert gme["status"]["reason"] == "PodNameTaken"
-    assert tenants.server.get("v1", "Pod", f"{gme_name}-1", "team-a")  # not deleted either
+    assert tenants.get("v1", "Pod", f"{gme_name}-1", "team-a")  # not deleted either
     assert _held(tenants.job("squatted", "team-a"))  # policy: Hold
 
 

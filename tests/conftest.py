@@ -1,0 +1,37 @@
+"""Fixtures shared across test areas.
+
+``cluster``: one real control plane for the whole session (etcd, kube-apiserver,
+controller-manager, scheduler, kwok GPU nodes, the project's process node, the chart's CRDs and
+RBAC), started the first time a test asks for it. It comes from ``make tools``
+(``scripts/build-kube.sh``); when it is missing the tests fail and say so: CI runs ``make tools``
+first, so a missing binary there is a failure.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from tests.realkube.cluster import Cluster
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory,
+            request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    running = Cluster(tmp_path_factory.mktemp("kube"))
+    try:
+        running.start()
+    except BaseException:
+        running.stop()
+        raise
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    line = f"real control plane: {running.plane.version()} (kube-apiserver --version)"
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_line(line)
+    print(line)
+    try:
+        yield running
+    finally:
+        running.stop()
