@@ -138,34 +138,39 @@ def test_the_serving_certificate_never_outlives_its_ca(certgen) -> None:
 
 
 def test_the_hooks_create_the_secrets_once_and_patch_both_configurations_on_an_api_server(
-        tmp_path: Path) -> None:
+        cluster) -> None:
     """Both hook commands, run as the Jobs run them (a separate Python process with the official
-    kubernetes client), against the project's stand-in API server (real REST paths, strict
-    schema validation): `create` writes the TLS Secret and the CA Secret and is idempotent,
-    `patch` puts that CA into every entry of the rendered webhook configurations."""
+    kubernetes client), against the real kube-apiserver (the session's control plane):
+    `create` writes the TLS Secret and the CA Secret and is idempotent, `patch` puts that CA into
+    every entry of the rendered webhook configurations (renamed here, so that they stay apart
+    from the ones other tests point at their webhooks)."""
     import base64
     import os
     import sys
 
     from kubernetes import client
 
-    from tests.fakekube.apiserver import ApiServer
-    from tests.helm.chart import RELEASE, one, render
+    from tests.helm.chart import one, render
 
     objects = render({})
-    secret_name = f"{RELEASE}-xmem-admission-webhook-tls"
-    with ApiServer() as server:
-        kubeconfig = server.kubeconfig(str(tmp_path / "kubeconfig"))
-        api = server.api_client()
-        core = client.CoreV1Api(api)
-        admission = client.AdmissionregistrationV1Api(api)
-        core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                               "metadata": {"name": NAMESPACE}})
-        admission.create_mutating_webhook_configuration(one(objects, "MutatingWebhookConfiguration"))
-        admission.create_validating_webhook_configuration(
-            one(objects, "ValidatingWebhookConfiguration"))
-        env = dict(os.environ, KUBECONFIG=kubeconfig)
-        create = [sys.executable, str(SCRIPT), "create", f"--namespace={NAMESPACE}",
+    namespace, webhook = "certgen-hooks", "certgen-hooks-xmem-admission"
+    secret_name = "certgen-hooks-webhook-tls"
+    mutating = one(objects, "MutatingWebhookConfiguration")
+    validating = one(objects, "ValidatingWebhookConfiguration")
+    for config in (mutating, validating):
+        config["metadata"]["name"] = webhook
+        for entry in config["webhooks"]:
+            entry["namespaceSelector"] = {"matchLabels": {"certgen-hooks": "never-matches"}}
+            entry.pop("objectSelector", None)
+    api = cluster.plane.api_client()
+    core = client.CoreV1Api(api)
+    admission = client.AdmissionregistrationV1Api(api)
+    cluster.ensure_namespace(namespace)
+    admission.create_mutating_webhook_configuration(mutating)
+    admission.create_validating_webhook_configuration(validating)
+    try:
+        env = dict(os.environ, KUBECONFIG=str(cluster.plane.admin_kubeconfig))
+        create = [sys.executable, str(SCRIPT), "create", f"--namespace={namespace}",
                   f"--secret={secret_name}", f"--ca-secret={secret_name}-ca",
                   f"--service={SERVICE}"]
 
@@ -175,19 +180,24 @@ def test_the_hooks_create_the_secrets_once_and_patch_both_configurations_on_an_a
             return result.stdout
 
         assert "written (new CA)" in hook(create)
-        tls = core.read_namespaced_secret(secret_name, NAMESPACE)
-        ca = core.read_namespaced_secret(f"{secret_name}-ca", NAMESPACE)
+        tls = core.read_namespaced_secret(secret_name, namespace)
+        ca = core.read_namespaced_secret(f"{secret_name}-ca", namespace)
         assert tls.type == "kubernetes.io/tls"
         assert set(tls.data) == {"ca.crt", "tls.crt", "tls.key"}  # no CA key where pods mount
         assert set(ca.data) == {"ca.crt", "ca.key"} and ca.data["ca.crt"] == tls.data["ca.crt"]
         assert "unchanged" in hook(create)
-        assert core.read_namespaced_secret(secret_name, NAMESPACE).data == tls.data
+        assert core.read_namespaced_secret(secret_name, namespace).data == tls.data
 
-        hook([sys.executable, str(SCRIPT), "patch", f"--namespace={NAMESPACE}",
-              f"--secret={secret_name}", f"--webhook={RELEASE}-xmem-admission"])
-        for config in (admission.read_mutating_webhook_configuration(f"{RELEASE}-xmem-admission"),
-                       admission.read_validating_webhook_configuration(f"{RELEASE}-xmem-admission")):
+        hook([sys.executable, str(SCRIPT), "patch", f"--namespace={namespace}",
+              f"--secret={secret_name}", f"--webhook={webhook}"])
+        for config in (admission.read_mutating_webhook_configuration(webhook),
+                       admission.read_validating_webhook_configuration(webhook)):
             bundles = [base64.b64encode(w.client_config.ca_bundle).decode()
                        if isinstance(w.client_config.ca_bundle, bytes) else w.client_config.ca_bundle
                        for w in config.webhooks]
-            assert bundles == [tls.data["ca.crt"]] * 2
+            assert bundles == [tls.data["ca.crt"]] * 2  # the chart: namespace and object entries
+    finally:
+        admission.delete_mutating_webhook_configuration(webhook)
+        admission.delete_validating_webhook_configuration(webhook)
+        cluster.delete("v1", "Namespace", namespace)
+        api.close()
