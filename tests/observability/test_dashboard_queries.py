@@ -7,9 +7,10 @@ Prometheus (Debian's build, installed by scripts/install-tools.sh) scrapes:
   that carries its request, a Job without GPU;
 - exporter scrapes served as static targets (tests/data/scrapes, written for this test in the
   exporters' formats, see its README): DCGM exporter, HAMi, kube-state-metrics.
-- a running `xmem controller` (the real CLI, in its own process) working against the project's
-  stand-in cluster (API server and a node that runs pods as local processes): it estimates two
-  held Jobs, one a real training script (succeeds), one a script that exits with an error.
+- a running `xmem controller` (the real CLI, in its own process) working against the session's
+  real control plane (kube-apiserver, and the project's node that runs pods as local processes):
+  it estimates two held Jobs, one a real training script (succeeds), one a script that exits with
+  an error.
 It evaluates the chart's own rules (rendered by helm). Every query of every panel must parse and
 return data.
 """
@@ -50,8 +51,7 @@ GiB = 1 << 30
 # Windows span the whole test, so an estimation that ended before a scrape still shows.
 SUBSTITUTIONS = {"$__rate_interval": "5m", "$__range": "5m", "$namespace": ".*",
                  "$workload": ".*", "${datasource}": "prometheus"}
-CRDS = [CHART / "crds" / "gpuadmissionpolicies.xmem.io.yaml",
-        CHART / "crds" / "gpumemoryestimates.xmem.io.yaml"]
+NAMESPACE = "obs-nlp"  # the controller's two held Jobs, on the real control plane
 
 
 def _free_port() -> int:
@@ -159,39 +159,37 @@ def _held(obj: Dict[str, Any]) -> Dict[str, Any]:
     return job
 
 
-def _start_controller(work: Path) -> Tuple[Any, subprocess.Popen, int]:
-    """The stand-in cluster with two held Jobs, and `xmem controller` estimating them."""
+def _start_controller(cluster: Any) -> Tuple[subprocess.Popen, int]:
+    """Two held Jobs on the session's real control plane, and `xmem controller` estimating
+    them (its estimation pods run on the process node)."""
     from kubernetes import client
 
-    from tests.fakekube.cluster import PROBE_IMAGE, Cluster
+    from tests.realkube.cluster import PROBE_IMAGE
 
-    root = work / "cluster"
-    root.mkdir()
-    cluster = Cluster(str(root), crds=[str(c) for c in CRDS]).start()
-    api = cluster.server.api_client()
-    client.CoreV1Api(api).create_namespace(
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nlp"}})
-    gpt = make_job("gpt-small", "nlp").opt_in().gpus(1).obj()
+    cluster.ensure_namespace(NAMESPACE)
+    api = cluster.plane.api_client()
+    gpt = make_job("gpt-small", NAMESPACE).opt_in().gpus(1).obj()
     gpt["spec"]["template"]["spec"]["containers"][0]["command"] = [
         "python", str(ROOT / "examples" / "train_gpt.py"), "--layers", "2", "--hidden", "128",
         "--heads", "4", "--vocab", "1000", "--seq-len", "64", "--batch-size", "2"]
-    broken = make_job("broken-script", "nlp").opt_in().gpus(1).obj()
+    broken = make_job("broken-script", NAMESPACE).opt_in().gpus(1).obj()
     broken["spec"]["template"]["spec"]["containers"][0]["command"] = [
         "python", "-c", "raise SystemExit('cannot open the data set')"]
     for job in (gpt, broken):
-        client.BatchV1Api(api).create_namespaced_job("nlp", _held(job))
+        client.BatchV1Api(api).create_namespaced_job(NAMESPACE, _held(job))
+    api.close()
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "xmem_admission.cli", "controller", "--kubeconfig",
-         cluster.kubeconfig, "--policy", str(POLICY), "--no-leader-election",
+         str(cluster.plane.admin_kubeconfig), "--policy", str(POLICY), "--no-leader-election",
          "--probe-image", PROBE_IMAGE, "--host", "127.0.0.1", "--metrics-port", str(port),
-         "--resync-seconds", "2", "--log-level", "warning"],
+         "--resync-seconds", "2", "--log-level", "warning", "--workloads", "Job"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return cluster, process, port
+    return process, port
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[Dict[str, Any]]:
+def stack(tmp_path_factory, cluster) -> Iterator[Dict[str, Any]]:
     prometheus = tool("prometheus")
     work = tmp_path_factory.mktemp("observability")
     certs = work / "certs"
@@ -204,7 +202,7 @@ def stack(tmp_path_factory) -> Iterator[Dict[str, Any]]:
         record = record_dict(workload_fingerprint(obj, GPUS), {g: gib for g in GPUS})
         (estimates / f"{obj['metadata']['name']}.json").write_text(json.dumps(record))
 
-    cluster, controller, controller_port = _start_controller(work)
+    controller, controller_port = _start_controller(cluster)
     port, metrics_port = _free_port(), _free_port()
     serve = subprocess.Popen(
         [sys.executable, "-m", "xmem_admission.cli", "serve", "--policy", str(POLICY),
@@ -277,7 +275,7 @@ def stack(tmp_path_factory) -> Iterator[Dict[str, Any]]:
             except subprocess.TimeoutExpired:
                 process.kill()
         scrapes.shutdown()
-        cluster.stop()
+        cluster.delete("v1", "Namespace", NAMESPACE)
 
 
 def _ready(port: int) -> bool:
