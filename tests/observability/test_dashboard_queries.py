@@ -27,7 +27,6 @@ import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import httpx
