@@ -4,13 +4,14 @@ rows, and score it on rows it was not fitted on.
     .venv/bin/python bench/fit_conv_workspace.py RUNS.jsonl OUT.jsonl.traces [--arch 8.0]
 
 ``OUT.jsonl.traces`` is the folder of traces ``xmem bench gpumemnet --out OUT.jsonl`` keeps, so
-the rows' scripts do not run again. The rule has two parameters: the workspace as a fraction of
-the largest tensor a convolution call touches (one fraction for the forward and both backward
-calls) and the bytes a process holds from its first convolution on. Every pair of a grid is
-simulated on every row; a pair's loss on a set of rows is the 90th percentile of the relative
-error on rows that did not run out of memory, plus the share of OOM rows predicted to fit. The
-rule printed is the pair with the lowest loss on all rows; the scores printed are
-leave-one-out: each row answered with the pair fitted on the other rows (and, as in the
+the rows' scripts do not run again. The rule has three parameters: the basis (the larger of a call's input
+and output, or input + output + weight), the workspace as a fraction of it (one fraction for the
+forward and both backward calls) and the bytes a process holds from its first convolution on. Every rule of a grid is
+applied to every row (the resident bytes added to the simulated peak); a rule's loss on a set of rows is the 90th percentile of the relative
+error on rows that did not run out of memory, plus the share of OOM rows predicted to fit, plus
+the share of under-estimated rows beyond 15%. The
+rule printed is the one with the lowest loss on all rows; the scores printed are
+leave-one-out: each row answered with the rule fitted on the other rows (and, as in the
 benchmark, the device-wide floor fitted on the other MLP rows).
 """
 
@@ -31,15 +32,16 @@ from xmem_admission.contract import cudnn  # noqa: E402
 from xmem_admission.contract.gpus import lookup  # noqa: E402
 
 MIB = 2**20
-FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
-RESIDENT_MIB = tuple(range(0, 1025, 64))
-Params = Tuple[float, int]
+FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+RESIDENT_MIB = tuple(range(0, 1025, 32))
+UNDER_ALLOWED = 0.15
+Params = Tuple[cudnn.ConvBasis, float, int]
 
 
 def rule(params: Params) -> cudnn.ConvWorkspaceRule:
-    fraction, resident_mib = params
+    basis, fraction, resident_mib = params
     return cudnn.ConvWorkspaceRule({call: fraction for call in cudnn.ConvCall},
-                                   resident_mib * MIB, "fit candidate")
+                                   resident_mib * MIB, "fit candidate", basis)
 
 
 def simulate_all(rows: List[gmn.Row], traces: str) -> Dict[Params, Dict[str, Dict[str, Any]]]:
@@ -51,17 +53,25 @@ def simulate_all(rows: List[gmn.Row], traces: str) -> Dict[Params, Dict[str, Dic
     gpu = lookup(gmn.GPU_KEY)
     kept = {r.id: gmn.kept_trace(r.id, traces) for r in rows}
     out: Dict[Params, Dict[str, Dict[str, Any]]] = {}
-    for fraction in FRACTIONS:
-        for resident in RESIDENT_MIB:
-            params = (fraction, resident)
-            sims = out[params] = {}
+    convolutional = {r.id for r in rows if any(
+        e.op == "mark" and e.label.startswith("cudnn:") for e in kept[r.id][0].events)}
+    for basis in cudnn.ConvBasis:
+        for fraction in FRACTIONS:
+            reserved: Dict[str, Tuple[int, bool]] = {}
             for row in rows:
-                trace, seconds, mode = kept[row.id]
-                sim = simulate(for_gpu(trace, gpu, {}, conv_rule=rule(params)),
+                trace = kept[row.id][0]
+                sim = simulate(for_gpu(trace, gpu, {}, conv_rule=rule((basis, fraction, 0))),
                                capacity_bytes=allocator_capacity(gpu))
-                sims[row.id] = {"id": row.id, "peak_reserved_bytes": sim.peak_reserved_bytes,
-                                "simulated_oom": sim.oom is not None, "seconds": seconds,
-                                "mode": mode}
+                reserved[row.id] = (sim.peak_reserved_bytes, sim.oom is not None)
+            # The resident bytes are one block held from the first convolution on: added to
+            # the peak here rather than simulated again for each value (what differs is only
+            # where a job within that many bytes of the capacity would have hit it).
+            for resident in RESIDENT_MIB:
+                out[(basis, fraction, resident)] = {row.id: {
+                    "id": row.id, "peak_reserved_bytes": reserved[row.id][0]
+                    + (resident * MIB if row.id in convolutional else 0),
+                    "simulated_oom": reserved[row.id][1], "seconds": kept[row.id][1],
+                    "mode": kept[row.id][2]} for row in rows}
     return out
 
 
@@ -70,7 +80,12 @@ def loss(rows: List[gmn.Row], answers: Dict[str, Dict[str, Any]]) -> float:
               for r in rows if not r.oom]
     ooms = [r for r in rows if r.oom]
     missed = sum(not answers[r.id]["predicted_oom"] for r in ooms)
-    return quantile(errors, 0.9) + (missed / len(ooms) if ooms else 0.0)
+    under = sum(answers[r.id]["estimate_bytes"] < r.measured for r in rows if not r.oom)
+    # An under-estimate is an OOM on a shared GPU: past 15% of the rows, each counts as much as
+    # a tenth of a percentage point of p90 per row share (the paper bench's overhead is fitted
+    # to the same 15%).
+    excess_under = max(0.0, under / max(1, len(errors)) - UNDER_ALLOWED)
+    return quantile(errors, 0.9) + (missed / len(ooms) if ooms else 0.0) + excess_under
 
 
 def main(argv: List[str]) -> int:
@@ -97,15 +112,17 @@ def main(argv: List[str]) -> int:
         params = min(grid, key=lambda p: loss(others, answers[p]))
         chosen[row.id] = params
         held_out[row.id] = answers[params][row.id]
-    before = answers[(0.0, 0)]
+    none = (cudnn.ConvBasis.LARGEST, 0.0, 0)
+    before = answers[none]
     print(f"rows with traces: {len(rows)} ({len(cnn)} CNN, {len(rows) - len(cnn)} MLP)")
-    print(f"rule fitted on all rows: workspace {best[0]} x the largest tensor of each "
-          f"convolution call, resident {best[1]} MiB (loss {loss(cnn, answers[best]):.4f})")
-    print(f"pairs chosen when one row is left out: {sorted(set(chosen.values()))}")
+    print(f"rule fitted on all rows: workspace {best[1]} x the {best[0].value} bytes of each "
+          f"convolution call, resident {best[2]} MiB (loss {loss(cnn, answers[best]):.4f})")
+    print("rules chosen when one row is left out: "
+          f"{sorted((b.value, f, r) for b, f, r in set(chosen.values()))}")
     for name, result in (("before (no cuDNN model)", before),
                          ("after, leave-one-out", held_out)):
         print(f"\n{name}")
-        print(gmn.report(rows, grid[(0.0, 0)], result, gmn.fit_floor(rows, grid[(0.0, 0)])))
+        print(gmn.report(rows, grid[none], result, gmn.fit_floor(rows, grid[none])))
     return 0
 
 

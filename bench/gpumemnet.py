@@ -177,6 +177,23 @@ class Checkouts:
 
 
 # -- estimating ---------------------------------------------------------------------------
+def growth_in_last_step(trace: Any) -> int:
+    """Bytes by which the simulated reserved peak (no capacity limit) rose during the last
+    traced step: zero when the pool had stopped growing, so more steps would not raise it."""
+    from xmem_admission.contract.gpus import lookup
+    from xmem_admission.estimator.allocator.simulate import simulate
+    from xmem_admission.estimator.orchestrate import for_gpu
+
+    stream = for_gpu(trace, lookup(GPU_KEY))
+    steps = [i for i, e in enumerate(stream.events)
+             if e.op == "mark" and e.label.startswith("step ")]
+    if len(steps) < 2:
+        return 0
+    timeline = simulate(stream, timeline=True).timeline or []
+    before = max((r for i, _, r in timeline if i < steps[-2]), default=0)
+    return max(0, max((r for _, _, r in timeline), default=0) - before)
+
+
 def _simulated(row_id: str, trace: Any, seconds: float, mode: str) -> Dict[str, Any]:
     """Simulate a row's trace on the A100-40GB (the orchestration of today's code)."""
     from xmem_admission.contract.gpus import lookup
@@ -186,7 +203,8 @@ def _simulated(row_id: str, trace: Any, seconds: float, mode: str) -> Dict[str, 
     return {"id": row_id, "seconds": seconds, "mode": mode,
             "peak_allocated_bytes": result.peak_allocated_bytes,
             "peak_reserved_bytes": result.peak_reserved_bytes,
-            "simulated_oom": result.oom is not None, "breakdown": result.breakdown}
+            "simulated_oom": result.oom is not None, "breakdown": result.breakdown,
+            "growth_in_last_step_bytes": growth_in_last_step(trace)}
 
 
 def estimate_row(row: Row, checkouts: Checkouts, mode: str, steps: int,
@@ -352,6 +370,10 @@ def report(rows: Sequence[Row], sims: Dict[str, Dict[str, Any]],
         lines.append(f"{s.name:26} {s.n:4d} {s.median:8.2%} {s.p90:8.2%} {s.under:7.1%} "
                      f"{s.oom_rows:8d} {s.oom_predicted_to_fit:12d} {s.fit_predicted_oom:12d} "
                      f"{s.seconds:6.1f}")
+    growing = [r.id for r in rows if sims.get(r.id, {}).get("growth_in_last_step_bytes")]
+    lines.append(f"rows whose simulated pool still grew in the last traced step: "
+                 f"{len(growing)} of {sum('peak_reserved_bytes' in sims.get(r.id, {}) for r in rows)}"
+                 + (f" ({', '.join(growing[:10])})" if growing else ""))
     failed = [sims[r.id] for r in rows if "error" in sims.get(r.id, {})]
     if failed:
         lines.append(f"{len(failed)} row(s) failed: " + "; ".join(

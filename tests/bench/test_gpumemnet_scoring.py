@@ -206,3 +206,20 @@ def test_a_folder_that_is_not_a_git_clone_is_a_clear_error(tmp_path):
     assert proc.returncode == 2
     assert "not a git clone" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def steps_trace(last_step_extra_mib):
+    from xmem_admission.estimator.trace import Trace
+
+    t = Trace()
+    for step in (1, 2, 3):
+        size = 64 + (last_step_extra_mib if step == 3 else 0)
+        t.alloc(step, size * MIB, category="activation", phase="forward")
+        t.free(step)
+        t.mark(f"step {step}")
+    return t
+
+
+def test_a_pool_that_grows_in_the_last_traced_step_is_flagged_and_a_steady_one_is_not():
+    assert gmn.growth_in_last_step(steps_trace(0)) == 0
+    assert gmn.growth_in_last_step(steps_trace(100)) >= 100 * MIB

@@ -38,6 +38,13 @@ def test_each_call_asks_for_its_fraction_of_the_largest_tensor_it_touches():
                                             ("bwd_filter", INPUT_BYTES // 4)]
 
 
+def test_a_sum_basis_counts_input_output_and_weight():
+    summed = cudnn.ConvWorkspaceRule({call: 1.0 for call in cudnn.ConvCall}, 0, "test",
+                                     cudnn.ConvBasis.SUM)
+    output, weight = 32 * 128 * 28 * 28 * 4, 128 * 64 * 3 * 3 * 4
+    assert conv_workspaces(FWD, summed) == [("fwd", INPUT_BYTES + output + weight)]
+
+
 def test_workspaces_are_freed_right_after_their_call_in_backward_order():
     out = for_gpu(traced(FWD, BWD), A100, env={}, conv_rule=rule())
     ids = {e.id for e in out.events if e.op == "alloc" and e.phase.startswith("cudnn:")}

@@ -55,9 +55,16 @@ class ConvCall(str, enum.Enum):
     BACKWARD_FILTER = "bwd_filter"
 
 
+class ConvBasis(str, enum.Enum):
+    """What a call's workspace is a fraction of."""
+
+    LARGEST = "largest"  # the larger of the call's input and output (their gradients in backward)
+    SUM = "sum"  # input + output + weight: a layout transform of every operand (NCHW to NHWC)
+
+
 @dataclass(frozen=True)
 class ConvWorkspaceRule:
-    """Workspace = fraction[call] x the largest of the call's input and output, in bytes; and
+    """Workspace = fraction[call] x the call's ``basis`` bytes; and
     ``resident_bytes`` that a process holds from its first cuDNN convolution on (the cuDNN
     handle and the kernels CUDA's lazy loading brings in on first use: outside the caching
     allocator, modelled as one block so that it takes capacity and counts in the total)."""
@@ -65,6 +72,7 @@ class ConvWorkspaceRule:
     fraction: Dict[ConvCall, float]
     resident_bytes: int
     source: str
+    basis: ConvBasis = ConvBasis.LARGEST
 
 
 # Fitted on GPUMemNet's A100-SXM4-40GB CNN rows (bench/README.md, "cuDNN convolution
@@ -83,7 +91,10 @@ def workspace_cap_bytes(env: Optional[Mapping[str, str]] = None) -> Optional[int
     return int(value) * MiB if value.isdigit() else None
 
 
-def workspace_bytes(rule: ConvWorkspaceRule, call: ConvCall, largest_tensor_bytes: int,
+def workspace_bytes(rule: ConvWorkspaceRule, call: ConvCall, input_bytes: int,
+                    output_bytes: int, weight_bytes: int,
                     cap_bytes: Optional[int] = None) -> int:
-    size = int(rule.fraction.get(call, 0.0) * largest_tensor_bytes)
+    basis = (max(input_bytes, output_bytes) if rule.basis is ConvBasis.LARGEST
+             else input_bytes + output_bytes + weight_bytes)
+    size = int(rule.fraction.get(call, 0.0) * basis)
     return size if cap_bytes is None else min(size, cap_bytes)

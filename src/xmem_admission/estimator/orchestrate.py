@@ -76,8 +76,8 @@ def conv_workspaces(label: str, rule: cudnn.ConvWorkspaceRule,
     def nbytes(shape: str) -> int:
         return math.prod(int(d) for d in shape.split(",") if d) * itemsize
 
-    largest = max(nbytes(fields.get("x", "")), nbytes(fields.get("y", "")))
-    return [(call, cudnn.workspace_bytes(rule, cudnn.ConvCall(call), largest, cap_bytes))
+    x, y, w = (nbytes(fields.get(name, "")) for name in ("x", "y", "w"))
+    return [(call, cudnn.workspace_bytes(rule, cudnn.ConvCall(call), x, y, w, cap_bytes))
             for call in head[len("cudnn:"):].split("+")]
 
 
