@@ -1,18 +1,18 @@
 """Fit the cuDNN convolution rule of one GPU architecture (``contract/cudnn.py``) on GPUMemNet
 rows, and score it on rows it was not fitted on.
 
-    .venv/bin/python bench/fit_conv_workspace.py RUNS.jsonl OUT.jsonl.traces [--arch 8.0]
+    .venv/bin/python bench/fit_conv_workspace.py RUNS.jsonl OUT.jsonl.traces
 
 ``OUT.jsonl.traces`` is the folder of traces ``xmem bench gpumemnet --out OUT.jsonl`` keeps, so
-the rows' scripts do not run again. The rule has three parameters: the basis (the larger of a call's input
-and output, or input + output + weight), the workspace as a fraction of it (one fraction for the
-forward and both backward calls) and the bytes a process holds from its first convolution on. Every rule of a grid is
-applied to every row (the resident bytes added to the simulated peak); a rule's loss on a set of rows is the 90th percentile of the relative
+the rows' scripts do not run again. The rule has four parameters: the basis (the larger of a
+call's input and output, or input + output + weight), the workspace as a fraction of it (one
+fraction for the forward call, one for both backward calls) and the bytes a process holds from
+its first convolution on. Every rule of a grid is applied to every row (the resident bytes added
+to the simulated peak); a rule's loss on a set of rows is the 90th percentile of the relative
 error on rows that did not run out of memory, plus the share of OOM rows predicted to fit, plus
-the share of under-estimated rows beyond 15%. The
-rule printed is the one with the lowest loss on all rows; the scores printed are
-leave-one-out: each row answered with the rule fitted on the other rows (and, as in the
-benchmark, the device-wide floor fitted on the other MLP rows).
+the share of under-estimated rows beyond 15%. The rule printed is the one with the lowest loss
+on all rows; the scores printed are leave-one-out: each row answered with the rule fitted on
+the other rows (and, as in the benchmark, the device-wide floor fitted on the other MLP rows).
 """
 
 from __future__ import annotations
@@ -32,15 +32,18 @@ from xmem_admission.contract import cudnn  # noqa: E402
 from xmem_admission.contract.gpus import lookup  # noqa: E402
 
 MIB = 2**20
-FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5)
 RESIDENT_MIB = tuple(range(0, 1025, 32))
 UNDER_ALLOWED = 0.15
-Params = Tuple[cudnn.ConvBasis, float, int]
+# (basis, (forward fraction, backward fraction), resident MiB)
+Params = Tuple[cudnn.ConvBasis, Tuple[float, float], int]
 
 
 def rule(params: Params) -> cudnn.ConvWorkspaceRule:
-    basis, fraction, resident_mib = params
-    return cudnn.ConvWorkspaceRule({call: fraction for call in cudnn.ConvCall},
+    basis, (forward, backward), resident_mib = params
+    return cudnn.ConvWorkspaceRule({cudnn.ConvCall.FORWARD: forward,
+                                    cudnn.ConvCall.BACKWARD_DATA: backward,
+                                    cudnn.ConvCall.BACKWARD_FILTER: backward},
                                    resident_mib * MIB, "fit candidate", basis)
 
 
@@ -56,7 +59,7 @@ def simulate_all(rows: List[gmn.Row], traces: str) -> Dict[Params, Dict[str, Dic
     convolutional = {r.id for r in rows if any(
         e.op == "mark" and e.label.startswith("cudnn:") for e in kept[r.id][0].events)}
     for basis in cudnn.ConvBasis:
-        for fraction in FRACTIONS:
+        for fraction in ((f, b) for f in FRACTIONS for b in FRACTIONS):
             reserved: Dict[str, Tuple[int, bool]] = {}
             for row in rows:
                 trace = kept[row.id][0]
@@ -85,7 +88,7 @@ def loss(rows: List[gmn.Row], answers: Dict[str, Dict[str, Any]]) -> float:
     # a tenth of a percentage point of p90 per row share (the paper bench's overhead is fitted
     # to the same 15%).
     excess_under = max(0.0, under / max(1, len(errors)) - UNDER_ALLOWED)
-    return quantile(errors, 0.9) + (missed / len(ooms) if ooms else 0.0) + excess_under
+    return float(quantile(errors, 0.9) + (missed / len(ooms) if ooms else 0.0) + excess_under)
 
 
 def main(argv: List[str]) -> int:
@@ -112,11 +115,12 @@ def main(argv: List[str]) -> int:
         params = min(grid, key=lambda p: loss(others, answers[p]))
         chosen[row.id] = params
         held_out[row.id] = answers[params][row.id]
-    none = (cudnn.ConvBasis.LARGEST, 0.0, 0)
+    none = (cudnn.ConvBasis.LARGEST, (0.0, 0.0), 0)
     before = answers[none]
     print(f"rows with traces: {len(rows)} ({len(cnn)} CNN, {len(rows) - len(cnn)} MLP)")
-    print(f"rule fitted on all rows: workspace {best[1]} x the {best[0].value} bytes of each "
-          f"convolution call, resident {best[2]} MiB (loss {loss(cnn, answers[best]):.4f})")
+    print(f"rule fitted on all rows: workspace {best[1][0]} (forward) and {best[1][1]} "
+          f"(each backward call) x the {best[0].value} bytes of the call, resident {best[2]} "
+          f"MiB (loss {loss(cnn, answers[best]):.4f})")
     print("rules chosen when one row is left out: "
           f"{sorted((b.value, f, r) for b, f, r in set(chosen.values()))}")
     for name, result in (("before (no cuDNN model)", before),

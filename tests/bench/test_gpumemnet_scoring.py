@@ -223,3 +223,20 @@ def steps_trace(last_step_extra_mib):
 def test_a_pool_that_grows_in_the_last_traced_step_is_flagged_and_a_steady_one_is_not():
     assert gmn.growth_in_last_step(steps_trace(0)) == 0
     assert gmn.growth_in_last_step(steps_trace(100)) >= 100 * MIB
+
+
+def test_the_conv_rule_fit_counts_missed_ooms_and_under_estimates_beyond_15_percent(tmp_path):
+    from bench import fit_conv_workspace as fit
+
+    rows = gmn.load_runs(write(tmp_path, [row(f"c{i}", family="cnn", measured_mib=1000)
+                                          for i in range(10)]
+                               + [row("o", family="cnn", measured_mib=39000, status="oom")]))
+    fits = {f"c{i}": {"estimate_bytes": 1100 * MIB, "predicted_oom": False} for i in range(10)}
+    fits["o"] = {"estimate_bytes": 41000 * MIB, "predicted_oom": True}
+    assert fit.loss(rows, fits) == pytest.approx(0.10)
+    # three of ten under (30%): 15 points over the allowance
+    under = dict(fits, **{f"c{i}": {"estimate_bytes": 900 * MIB, "predicted_oom": False}
+                          for i in range(3)})
+    assert fit.loss(rows, under) == pytest.approx(0.10 + 0.15)
+    missed = dict(fits, o={"estimate_bytes": 30000 * MIB, "predicted_oom": False})
+    assert fit.loss(rows, missed) == pytest.approx(1.10)
