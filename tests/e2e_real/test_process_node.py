@@ -126,3 +126,22 @@ def test_deleting_a_running_pod_stops_its_process_and_removes_it(core, ns):
     core.delete_namespaced_pod("busy", ns)
     wait_for(lambda: not core.list_namespaced_pod(ns).items, 30, "the pod to go")
     assert time.monotonic() - started < 20  # stopped at SIGTERM, not at the grace period's end
+
+
+def test_an_image_from_an_unreachable_registry_waits_in_image_pull_backoff(core, ns):
+    body = _pod("unpullable", ["python", "-c", "pass"])
+    body["spec"]["containers"][0]["image"] = "registry.invalid/team/train:1"
+    core.create_namespaced_pod(ns, body)
+
+    def reason(wanted: str) -> Any:
+        statuses = core.read_namespaced_pod("unpullable", ns).status.container_statuses or []
+        waiting = statuses[0].state.waiting if statuses else None
+        return waiting if waiting is not None and waiting.reason == wanted else None
+
+    first = wait_for(lambda: reason("ErrImagePull"), 60, "ErrImagePull")
+    assert "registry.invalid" in first.message and "no such host" in first.message
+    wait_for(lambda: reason("ImagePullBackOff"), 30, "ImagePullBackOff")
+    pod = core.read_namespaced_pod("unpullable", ns)
+    assert pod.status.phase == "Pending"
+    events = core.list_namespaced_event(ns, field_selector="involvedObject.name=unpullable")
+    assert "Error: ErrImagePull" in {e.message for e in events.items}

@@ -5,7 +5,11 @@ listens on loopback (plain HTTP: the client's bearer token passes through untouc
 every request to the API server over TLS (verifying it with the cluster CA), and streams the
 answer back (watches included, chunk by chunk). ``inject(method, path_pattern, status, times)``
 makes the next ``times`` matching requests answer ``status`` without reaching the server (a 429
-carries ``Retry-After: 1``); ``seen`` records every request with the status it got.
+carries ``Retry-After``, 1 s unless told); with ``when="after"`` the request reaches the server
+and is carried out, and the client gets the fault instead of the answer (a write that landed but
+whose answer was lost). Patterns are searched in the path without its query string; ``times`` < 0
+means every matching request. ``seen`` records every request with the status it got, and each
+``on_request`` observer is called with ``(method, path, status)`` once the status is known.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import re
 import ssl
 import threading
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
+from urllib.parse import urlsplit
 
 from tests.realkube.controlplane import LOOPBACK, free_port
 
@@ -27,12 +32,19 @@ REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailabl
            409: "Conflict"}
 
 
+Observer = Callable[[str, str, int], None]
+
+
 @dataclass
 class Fault:
-    method: str
+    method: str  # "*": any
     path: re.Pattern[str]
     status: int
     times: int
+    retry_after: int = 1
+    when: str = "before"  # "before": never reaches the server; "after": carried out, then this
+    message: str = ""
+    hits: int = 0
 
 
 class FaultProxy:
@@ -43,6 +55,8 @@ class FaultProxy:
         self.context = ssl.create_default_context(cafile=ca_file)
         self.faults: List[Fault] = []
         self.seen: List[Tuple[str, str, int]] = []
+        self.answered: List[Tuple[str, str, int]] = []  # the faults the proxy answered
+        self.observers: List[Observer] = []
         self.lock = threading.Lock()
         self.port = free_port()
         self._server: Optional[http.server.ThreadingHTTPServer] = None
@@ -51,21 +65,39 @@ class FaultProxy:
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
-    def inject(self, method: str, path: str, status: int, times: int = 1) -> None:
+    def inject(self, method: str, path: str, status: int, times: int = 1, retry_after: int = 1,
+               when: str = "before", message: str = "") -> Fault:
+        fault = Fault(method.upper(), re.compile(path), status, times, retry_after, when, message)
         with self.lock:
-            self.faults.append(Fault(method.upper(), re.compile(path), status, times))
+            self.faults.append(fault)
+        return fault
+
+    def on_request(self, observer: Observer) -> None:
+        self.observers.append(observer)
+
+    def _record(self, method: str, path: str, status: int, fault: bool = False) -> None:
+        with self.lock:
+            self.seen.append((method, path, status))
+            if fault:
+                self.answered.append((method, path, status))
+            observers = list(self.observers)
+        for observer in observers:
+            observer(method, urlsplit(path).path, status)
 
     def injected(self) -> List[Tuple[str, str, int]]:
         """The requests the proxy answered with a fault itself."""
         with self.lock:
-            return [s for s in self.seen if s[2] in REASONS and s[2] != 409]
+            return list(self.answered)
 
-    def _take(self, method: str, path: str) -> Optional[int]:
+    def _take(self, method: str, path: str, when: str) -> Optional[Fault]:
+        bare = urlsplit(path).path
         with self.lock:
             for fault in self.faults:
-                if fault.times > 0 and fault.method == method and fault.path.search(path):
-                    fault.times -= 1
-                    return fault.status
+                if fault.times != 0 and fault.when == when and fault.method in ("*", method) \
+                        and fault.path.search(bare):
+                    fault.times -= 1 if fault.times > 0 else 0
+                    fault.hits += 1
+                    return fault
         return None
 
     def start(self) -> FaultProxy:
@@ -76,13 +108,12 @@ class FaultProxy:
 
             def _any(self) -> None:
                 method = self.command
-                status = proxy._take(method, self.path)
+                fault = proxy._take(method, self.path, "before")
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
-                if status is not None:
-                    with proxy.lock:
-                        proxy.seen.append((method, self.path, status))
-                    self._fault(status)
+                if fault is not None:
+                    proxy._record(method, self.path, fault.status, fault=True)
+                    self._fault(fault)
                     return
                 upstream = http.client.HTTPSConnection(LOOPBACK, proxy.upstream_port,
                                                        context=proxy.context, timeout=600)
@@ -91,10 +122,16 @@ class FaultProxy:
                     upstream.request(method, self.path, body=body, headers=headers)
                     answer = upstream.getresponse()
                 except OSError:
-                    self._fault(503)
+                    self._fault(Fault(method, re.compile(""), 503, 0))
                     return
-                with proxy.lock:
-                    proxy.seen.append((method, self.path, answer.status))
+                late = proxy._take(method, self.path, "after")
+                if late is not None:
+                    answer.read()
+                    upstream.close()
+                    proxy._record(method, self.path, late.status, fault=True)
+                    self._fault(late)
+                    return
+                proxy._record(method, self.path, answer.status)
                 self.send_response(answer.status)
                 for key, value in answer.getheaders():
                     if key.lower() not in HOP_BY_HOP and key.lower() != "content-length":
@@ -114,17 +151,18 @@ class FaultProxy:
                 finally:
                     upstream.close()
 
-            def _fault(self, status: int) -> None:
+            def _fault(self, fault: Fault) -> None:
+                status = fault.status
                 reason = REASONS.get(status, "InternalError")
                 payload = json.dumps({
                     "kind": "Status", "apiVersion": "v1", "status": "Failure",
-                    "message": f"injected by the test's fault proxy: {reason}",
+                    "message": fault.message or f"injected by the test's fault proxy: {reason}",
                     "reason": reason, "code": status}).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 if status == 429:
-                    self.send_header("Retry-After", "1")
+                    self.send_header("Retry-After", str(fault.retry_after))
                 self.end_headers()
                 self.wfile.write(payload)
 

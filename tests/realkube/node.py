@@ -7,7 +7,10 @@ client of the real API server with a node's own credentials (``system:node:<name
 - registers its Node (capacity, ``Ready``, its address and the port of its log endpoint) and
   renews its Lease in ``kube-node-lease``, so the node-lifecycle controller keeps it;
 - watches the pods the real kube-scheduler binds to it (``spec.nodeName``), prepares their
-  volumes (``emptyDir``, ``configMap``, ``secret``, ``hostPath``), runs init containers in order
+  volumes (``emptyDir``, ``configMap``, ``secret``, ``hostPath``), "pulls" each image (one from a
+  registry under the reserved ``.invalid`` domain, RFC 6761, can never be reached: the container
+  waits in ``ErrImagePull`` then ``ImagePullBackOff``, with the runtime's message and Events, as
+  for a missing image), runs init containers in order
   and then the containers as local processes (``containers``: environment,
   command line, path translation, memory limit), and reports each step through ``pods/status``
   (phase, conditions, container states, the termination message, ``DeadlineExceeded``);
@@ -38,6 +41,14 @@ from tests.realkube.controlplane import LOOPBACK, ControlPlane, free_port, kubec
 from xmem_admission.cluster.kube import quantity
 
 MAX_MESSAGE = 4096  # the kubelet's limit on a termination message (4 KiB)
+PULL_BACKOFF = 0.3  # seconds between pull attempts (the kubelet backs off from 10 s; tests wait)
+
+
+def unreachable(image: str) -> bool:
+    """Whether ``image`` names a registry under ``.invalid``, which no resolver answers."""
+    first = image.split("/", 1)[0]
+    host = first.split(":", 1)[0] if "/" in image else ""
+    return host == "invalid" or host.endswith(".invalid")
 HEARTBEAT_SECONDS = 5.0
 
 
@@ -429,6 +440,10 @@ class ProcessNode:
             specs = pod["spec"].get(group) or []
             sequential = group == "initContainers"
             for batch in ([[c] for c in specs] if sequential else [specs] if specs else []):
+                for c in batch:
+                    if not self._pull(pod, c, field, deleting, deadline):
+                        late = deadline is not None and time.monotonic() > deadline
+                        return "deadline" if late else None
                 results = self._run_batch(pod, pod_dir, batch, field, volumes, deleting,
                                           deadline, grace)
                 if results is None:
@@ -442,6 +457,28 @@ class ProcessNode:
                         {"type": "Ready", "status": "False", "reason": "PodCompleted",
                          "lastTransitionTime": now()}]})
         return "done"
+
+    def _pull(self, pod: Dict[str, Any], c: Dict[str, Any], field: str,
+              deleting: threading.Event, deadline: Optional[float]) -> bool:
+        """False when the image can never be pulled (the container waits until the pod is
+        deleted or its deadline passes)."""
+        if not unreachable(c["image"]):
+            return True
+        attempt = 0
+        while not deleting.is_set() and not self._stop.is_set():
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            reason = "ErrImagePull" if attempt == 0 else "ImagePullBackOff"
+            message = (f'rpc error: code = Unknown desc = failed to pull and unpack image '
+                       f'"{c["image"]}": dial tcp: lookup {c["image"].split("/", 1)[0]}: '
+                       f'no such host' if attempt == 0
+                       else f'Back-off pulling image "{c["image"]}"')
+            self._patch_status(pod, {field: [_waiting(c, reason, message)]})
+            if attempt < 2:
+                self._event(pod, "Warning", "Failed", f"Error: {reason}")
+            attempt += 1
+            deleting.wait(PULL_BACKOFF)
+        return False
 
     def _run_batch(self, pod: Dict[str, Any], pod_dir: str, batch: List[Dict[str, Any]],
                    field: str, volumes: Dict[str, str], deleting: threading.Event,
