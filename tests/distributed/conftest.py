@@ -13,6 +13,22 @@ def script(name: str) -> str:
     return os.path.join(SCRIPTS, name)
 
 
+def live_at_last_step(trace):
+    """Bytes of each category allocated when the last optimizer step ends."""
+    last = max(i for i, e in enumerate(trace.events)
+               if e.op == "mark" and e.label.startswith("step"))
+    live = {}
+    for event in trace.events[:last]:
+        if event.op == "alloc":
+            live[event.id] = event
+        elif event.op == "free":
+            live.pop(event.id)
+    out = {}
+    for event in live.values():
+        out[event.category] = out.get(event.category, 0) + event.size
+    return out
+
+
 @pytest.fixture
 def trace_launch(capfd, monkeypatch):
     """Trace a launcher's command line as ``xmem estimate`` does (rank 0's environment, the

@@ -9,22 +9,7 @@ import sys
 
 import pytest
 
-from tests.distributed.conftest import script
-
-
-def _live_by_category(trace):
-    """Bytes of each category allocated when the last optimizer step ends."""
-    last = max(i for i, e in enumerate(trace.events) if e.op == "mark" and e.label.startswith("step"))
-    live = {}
-    for event in trace.events[:last]:
-        if event.op == "alloc":
-            live[event.id] = event
-        elif event.op == "free":
-            live.pop(event.id)
-    out = {}
-    for event in live.values():
-        out[event.category] = out.get(event.category, 0) + event.size
-    return out
+from tests.distributed.conftest import live_at_last_step, script
 
 
 @pytest.mark.parametrize("mode", ["fake", "profile"])
@@ -37,7 +22,7 @@ def test_ddp_bucket_bytes_equal_what_the_reducer_reports(trace_launch, tmp_path,
     assert (reducer["world_size"], reducer["rank"]) == (8, 0)
     setup = result.trace.meta["distributed"]
     assert setup["ddp_bucket_bytes"] == reducer["bucket_sizes"]
-    live = _live_by_category(result.trace)
+    live = live_at_last_step(result.trace)
     assert live["communication"] == sum(reducer["bucket_sizes"])
     assert live["gradient"] == live["parameter"]  # the gradients are a second copy
 
@@ -50,7 +35,7 @@ def test_a_smaller_bucket_cap_makes_more_buckets_of_the_same_total(trace_launch,
     buckets = json.loads(report.read_text())["bucket_sizes"]
     assert len(buckets) > 2
     assert result.trace.meta["distributed"]["ddp_bucket_bytes"] == buckets
-    assert _live_by_category(result.trace)["communication"] == sum(buckets)
+    assert live_at_last_step(result.trace)["communication"] == sum(buckets)
 
 
 def test_gradients_as_bucket_views_are_not_a_second_copy(trace_launch, tmp_path):
@@ -58,7 +43,7 @@ def test_gradients_as_bucket_views_are_not_a_second_copy(trace_launch, tmp_path)
     result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("ddp_train.py"),
                               "--bucket-view", "--report", str(report)])
     assert result.status == "ok", result.reason + result.traceback
-    live = _live_by_category(result.trace)
+    live = live_at_last_step(result.trace)
     assert "communication" not in live
     assert live["gradient"] == sum(json.loads(report.read_text())["bucket_sizes"])
 

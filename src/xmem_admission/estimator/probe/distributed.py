@@ -81,6 +81,7 @@ class FakeWorld:
 
 def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]:
     """Make every process group of the script fake; None when torch has no torch.distributed."""
+    import torch
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -124,12 +125,11 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
         if not async_op or work is None:
             return work
         # A completed future holding the reduced tensor (in place), as NCCL's work gives.
-        import torch
-
         future: Any = torch.futures.Future()
         future.set_result([tensor])
         return torch._C._distributed_c10d._create_work_from_future(future)
 
+    _patch_meshes(patches, tracker.fake)
     for module in (c10d, dist):
         patches.set(module, "init_process_group", init_process_group)
         patches.set(module, "new_group", new_group)
@@ -197,6 +197,51 @@ def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:
     patches.set(DDP, "_ddp_init_helper", init_helper)
     patches.set(DDP, "_pre_forward", pre_forward)
     patches.set(DDP, "_register_builtin_comm_hook", register_builtin)
+
+
+def _patch_meshes(patches: Any, fake: bool) -> None:
+    """Device meshes live on the host; FSDP2 puts its state on the virtual GPU.
+
+    A DTensor's device is its mesh's (C++ ``_dtensor__new__``), while its local shard really is
+    a host tensor: a "cuda" mesh would make DTensors whose storage is on another device, which
+    torch refuses. So every mesh is made a "cpu" mesh, and FSDP2 is told its device is the
+    virtual GPU (fsdp/_fully_shard/_fully_shard.py takes it from ``_get_device_from_mesh``;
+    its default mesh is on ``torch._C._get_accelerator()``, the host here): its sharded
+    parameters, all-gather and reduce-scatter buffers are made with ``device=cuda:0``, which
+    the virtual device records as GPU memory.
+    """
+    import torch
+
+    try:
+        from torch.distributed import device_mesh
+        from torch.distributed.fsdp._fully_shard import _fsdp_init, _fully_shard
+    except ImportError:  # torch < 2.4: no FSDP2
+        return
+    mesh_class = device_mesh.DeviceMesh
+    real_init = mesh_class.__init__
+
+    def init(self: Any, device_type: str, *args: Any, **kwargs: Any) -> None:
+        real_init(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+
+    def device_from_mesh(_mesh: Any) -> Any:
+        return torch.device("cuda", 0)
+
+    patches.set(mesh_class, "__init__", init)
+    if fake:
+        # A DTensor takes its device from its local shard in C++ (``_dtensor__new__``), where
+        # the virtual device's fake tensors report the GPU the script is shown: torch then
+        # refuses the shard's host storage. FSDP2 is traced in profile mode.
+        from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+        from xmem_admission.estimator.probe.virtual_cuda import NeedsRealValues
+
+        def refuse(*_args: Any, **_kwargs: Any) -> None:
+            raise NeedsRealValues("FSDP2 (fully_shard) is traced in profile mode: its DTensor "
+                                  "parameters cannot hold fake shards on the virtual GPU")
+
+        patches.set(_fsdp_param.FSDPParam, "__init__", refuse)
+    patches.set(_fsdp_init, "_get_device_from_mesh", device_from_mesh)
+    patches.set(_fully_shard, "_get_device_from_mesh", device_from_mesh)
 
 
 def _same_storage(a: Any, b: Any) -> bool:

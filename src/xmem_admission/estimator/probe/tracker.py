@@ -200,7 +200,7 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
     # -- what the rest of the probe asks ----------------------------------------------------
     def is_cuda(self, tensor: torch.Tensor) -> bool:
         try:
-            return self._storages.get(tensor.untyped_storage()) is not None
+            return self._storages.get(_local(tensor).untyped_storage()) is not None
         except (RuntimeError, NotImplementedError):
             return False
 
@@ -209,7 +209,7 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         if tensor is None:
             return
         try:
-            block = self._storages.get(tensor.untyped_storage())
+            block = self._storages.get(_local(tensor).untyped_storage())
         except (RuntimeError, NotImplementedError):
             return
         if block is None or block.category == category.value:
@@ -652,6 +652,13 @@ _current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: Non
 def _op_name(func: Any) -> str:
     """``aten.nll_loss_forward`` for an OpOverload (its packet's name)."""
     return f"aten.{getattr(func, '__name__', str(func)).split('.')[0]}"
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds the memory: a DTensor's local shard (FSDP2's sharded parameters and
+    gradients are DTensors, wrapper subclasses without storage of their own)."""
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
 
 
 def _dense(t: torch.Tensor) -> bool:
