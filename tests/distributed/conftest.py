@@ -47,3 +47,19 @@ def trace_launch(capfd, monkeypatch):
         return result, capfd.readouterr()
 
     return run
+
+
+def peak_after_setup(trace):
+    """The peak bytes of live blocks from the first forward pass on (the model built and
+    sharded), unrounded: what torch's memory trackers count over the training steps."""
+    live, current, peak, started = {}, 0, 0, False
+    for event in trace.events:
+        if event.op == "alloc":
+            started = started or event.phase == "forward"
+            live[event.id] = event.size
+            current += event.size
+        elif event.op == "free":
+            current -= live.pop(event.id)
+        if started:
+            peak = max(peak, current)
+    return peak

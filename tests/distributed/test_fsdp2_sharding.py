@@ -1,5 +1,6 @@
-"""FSDP2 jobs are traced as rank 0 of their world: each rank holds 1/N of the parameters, as
-torch's own FSDP2 memory tracker (the independent oracle) counts them on the same model."""
+"""FSDP2 jobs are traced as rank 0 of their world: torch's own FSDP2 memory tracker (the
+independent oracle), run over the same GPT-style model with the same fake process group, counts
+the same per-rank peak of live tensors and the same 1/N of the parameters."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.distributed.conftest import live_at_last_step, script
+from tests.distributed.conftest import live_at_last_step, peak_after_setup, script
 
 
 def _oracle(world):
@@ -21,7 +22,7 @@ def _oracle(world):
 
 
 @pytest.mark.parametrize("world", [2, 8, 64])
-def test_fsdp2_sharded_parameters_match_torchs_fsdp2_tracker(trace_launch, world):
+def test_fsdp2_rank_0_peak_matches_torchs_fsdp2_tracker(trace_launch, world):
     result, _ = trace_launch(["torchrun", "--nproc-per-node", str(world),
                               script("fsdp2_gpt.py"), "--portable"], mode="profile")
     assert result.status == "ok", result.reason + result.traceback
@@ -29,6 +30,9 @@ def test_fsdp2_sharded_parameters_match_torchs_fsdp2_tracker(trace_launch, world
     oracle = _oracle(world)
     live = live_at_last_step(result.trace)
     assert live["parameter"] == oracle["last_peak_by_kind"]["SHARDED_PARAM"]
+    assert live["optimizer_state"] <= oracle["last_peak_by_kind"]["OPT"]
+    ours = peak_after_setup(result.trace)
+    assert abs(ours - oracle["peak_bytes"]) <= 0.01 * oracle["peak_bytes"], (ours, oracle)
 
 
 def test_fsdp2_is_traced_in_profile_mode_with_the_reason(trace_launch):

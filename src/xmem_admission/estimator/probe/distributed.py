@@ -130,6 +130,17 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
         return torch._C._distributed_c10d._create_work_from_future(future)
 
     _patch_meshes(patches, tracker.fake)
+    real_resize = torch.UntypedStorage.resize_
+
+    def resize_(storage: Any, size: int) -> Any:
+        # FSDP frees and regrows its unsharded parameters this way (fsdp/_fully_shard/
+        # _fsdp_common.py and fsdp/_common_utils.py: ``storage.resize_(0)``), which the
+        # dispatcher never sees: tell the tracker.
+        out = real_resize(storage, size)
+        tracker.storage_resized(storage)
+        return out
+
+    patches.set(torch.UntypedStorage, "resize_", resize_)
     for module in (c10d, dist):
         patches.set(module, "init_process_group", init_process_group)
         patches.set(module, "new_group", new_group)

@@ -538,13 +538,13 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             if not isinstance(t, torch.Tensor):
                 continue
             try:
-                st = t.untyped_storage()
+                st = _local(t).untyped_storage()
             except (RuntimeError, NotImplementedError):
                 continue
             known = st in self._storages
             if known:
                 block = self._storages[st]
-                if block is not None and st.nbytes() != block.nbytes:
+                if block is not None and st.nbytes() != max(block.nbytes, 0):
                     self._resized(st, block)
                 continue
             if cuda is None:
@@ -564,7 +564,7 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         storages = self._storages
         for t in inputs:
             try:
-                if storages.get(t.untyped_storage()) is not None:
+                if storages.get(_local(t).untyped_storage()) is not None:
                     return True
             except (RuntimeError, NotImplementedError):
                 continue
@@ -603,7 +603,19 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
     def _resized(self, st: Any, block: _Block) -> None:
         # resize_ on a CUDA storage allocates a new block and frees the old one.
         self._on_free(block)
-        self._new_block(st)
+        if st.nbytes() > 0:
+            self._new_block(st)
+
+    def storage_resized(self, st: Any) -> None:
+        """``UntypedStorage.resize_`` outside the dispatcher (FSDP's ``free_storage`` of an
+        unsharded parameter, resize to 0, and its regrowth before the next all-gather): the
+        block is freed, and a regrown storage is a new block."""
+        try:
+            block = self._storages.get(st)
+        except (RuntimeError, NotImplementedError):
+            return
+        if block is not None and st.nbytes() != max(block.nbytes, 0):
+            self._resized(st, block)
 
     def _on_free(self, block: _Block) -> None:
         if block.nbytes < 0:
