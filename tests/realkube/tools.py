@@ -16,9 +16,14 @@ class ToolsMissing(RuntimeError):
 
 
 def versions() -> Dict[str, str]:
-    """scripts/kube-versions.env as a dict (KEY=VALUE lines, comments ignored)."""
+    """scripts/kube-versions.env as a dict."""
+    return read_env(VERSIONS_FILE)
+
+
+def read_env(path: Path) -> Dict[str, str]:
+    """A versions file as a dict (KEY=VALUE lines, comments ignored)."""
     out: Dict[str, str] = {}
-    for line in VERSIONS_FILE.read_text().splitlines():
+    for line in path.read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#") and "=" in line:
             key, _, value = line.partition("=")
