@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from xmem_admission.contract.errors import LaunchError
 
@@ -191,13 +191,17 @@ def _program(rest: List[str], module_flag: bool, no_python: bool) -> Tuple[str, 
     return tuple(rest)
 
 
-def parse(argv: Sequence[str], gpus_per_node: Optional[int] = None) -> Optional[Launch]:
+def parse(argv: Sequence[str], gpus_per_node: Optional[int] = None,
+          environ: Optional[Mapping[str, str]] = None) -> Optional[Launch]:
     """The launch ``argv`` describes, or None when it is not a launcher's command line.
 
     ``gpus_per_node`` answers ``--nproc-per-node gpu`` and an ``accelerate launch
     --multi_gpu`` without ``--num_processes`` (both mean one process per GPU); without it they
-    raise ``LaunchError``.
+    raise ``LaunchError``. torchrun's options default to ``PET_NNODES`` / ``PET_NPROC_PER_NODE``
+    from ``environ`` (torch/distributed/argparse_util.py, ``env``: ``PET_`` + the option's
+    name), as a PyTorchJob's pods are given them.
     """
+    environ = os.environ if environ is None else environ
     found = launcher_of(argv)
     if found is None:
         return None
@@ -206,8 +210,10 @@ def parse(argv: Sequence[str], gpus_per_node: Optional[int] = None) -> Optional[
         return Launch(launcher, tuple(args), 1, 1)
     if launcher is Launcher.TORCHRUN:
         options, rest = _options(args, _TORCHRUN_FLAGS)
-        nnodes = _count("--nnodes", options.get("--nnodes", "1"), gpus_per_node)
-        nproc = _count("--nproc-per-node", options.get("--nproc-per-node", "1"), gpus_per_node)
+        nnodes = _count("--nnodes", options.get("--nnodes", environ.get("PET_NNODES", "1")),
+                        gpus_per_node)
+        nproc = _count("--nproc-per-node", options.get(
+            "--nproc-per-node", environ.get("PET_NPROC_PER_NODE", "1")), gpus_per_node)
         program = _program(rest, "--module" in options or "-m" in options,
                            "--no-python" in options)
         return Launch(launcher, program, nnodes, nproc)

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Mapping
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.kube.client import Obj
 from xmem_admission.cluster.policy.model import Settings
+from xmem_admission.cluster.integrations.base import for_kind
 from xmem_admission.contract import probe_env
 
 PROBE_DIR = "/xmem/probe"
@@ -67,11 +68,12 @@ def _volume(volume: Mapping[str, Any]) -> Any:
     return out
 
 
-def _env(container: Mapping[str, Any], gme: Obj, settings: Settings) -> List[Dict[str, Any]]:
+def _env(container: Mapping[str, Any], gme: Obj, settings: Settings,
+         world: Mapping[str, str]) -> List[Dict[str, Any]]:
     env: List[Dict[str, Any]] = []
     user_path = None
     for item in container.get("env") or []:
-        if item.get("name") in OURS:
+        if item.get("name") in OURS or item.get("name") in world:
             continue
         if item.get("name") == "PYTHONPATH":
             user_path = item
@@ -86,6 +88,8 @@ def _env(container: Mapping[str, Any], gme: Obj, settings: Settings) -> List[Dic
         value = str(user_path.get("value", ""))
         python_path = f"{PROBE_DIR}:{value}" if value else PROBE_DIR
     estimation = settings.estimation
+    # A distributed workload's rank 0 (a PyTorchJob's master): the probe traces that rank.
+    env += [{"name": name, "value": value} for name, value in world.items()]
     env += [
         {"name": "PYTHONPATH", "value": python_path},
         {"name": probe_env.ON, "value": probe_env.ON_VALUE},
@@ -97,6 +101,12 @@ def _env(container: Mapping[str, Any], gme: Obj, settings: Settings) -> List[Dic
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
     ]
     return env
+
+
+def _rank0_environment(workload: Obj) -> Dict[str, str]:
+    group, _, version = str(workload.get("apiVersion") or "").rpartition("/")
+    integration = for_kind(group, version, str(workload.get("kind") or ""))
+    return integration.rank0_environment(workload) if integration is not None else {}
 
 
 def _user(context: Any) -> Dict[str, Any]:
@@ -158,7 +168,7 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
     main: Dict[str, Any] = {
         "name": container.get("name") or "train",
         "image": container["image"],
-        "env": _env(container, gme, settings),
+        "env": _env(container, gme, settings, _rank0_environment(workload)),
         "resources": {"limits": dict(limits), "requests": dict(limits)},
         "volumeMounts": mounts,
         "terminationMessagePath": RESULT_PATH,

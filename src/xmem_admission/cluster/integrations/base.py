@@ -110,6 +110,13 @@ class Integration(abc.ABC):
         first = refs[0]
         return first if isinstance(first, dict) else None
 
+    def rank0_environment(self, obj: Mapping[str, Any]) -> Dict[str, str]:
+        """The distributed environment the workload's controller gives its rank-0 process,
+        which the estimation pod traces (one process, no GPU). Empty for kinds whose
+        processes get none from their controller (a Job's torchrun command carries its world
+        on its command line, read by the probe)."""
+        return {}
+
     def workload_ref(self, obj: Mapping[str, Any], namespace: str) -> WorkloadRef:
         meta = obj.get("metadata") or {}
         name = meta.get("name") or meta.get("generateName") or ""
