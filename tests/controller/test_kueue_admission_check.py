@@ -13,7 +13,9 @@ from typing import Any, Dict, Iterator, List
 
 import pytest
 
-from tests.controller.support import REPO, Harness, policy_spec, training_job, wait
+from tests.controller.support import CRDS, code_map, hold, policy_spec, training_job
+from tests.fakekube.apiserver import wait_for as wait
+from tests.fakekube.cluster import PROBE_IMAGE, Cluster
 from tests.support.estimates import record_dict
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import records
@@ -23,29 +25,69 @@ from xmem_admission.cluster.controller.admission_checks import (
     WORKLOAD,
 )
 from xmem_admission.cluster.controller.gme_store import KubeStore
+from xmem_admission.cluster.controller.manager import Controller
+from xmem_admission.cluster.kube.client import Kube
 from xmem_admission.cluster.policy import fingerprint
+from xmem_admission.cluster.policy.model import Policy
+from xmem_admission.cluster.policy.sources import StaticPolicySource
 from xmem_admission.cluster.policy.store import EstimateRecord
 
-KUEUE_CRDS = [REPO / "tests/data/crds/kueue.x-k8s.io_admissionchecks.yaml",
-              REPO / "tests/data/crds/kueue.x-k8s.io_workloads.yaml"]
+REPO = Path(__file__).resolve().parents[2]
+KUEUE_CRDS = [str(REPO / "tests/data/crds/kueue.x-k8s.io_admissionchecks.yaml"),
+              str(REPO / "tests/data/crds/kueue.x-k8s.io_workloads.yaml")]
 CHECK = "xmem-gpu-memory"
 
 
+class StandIn:
+    """The stand-in cluster with Kueue's CRDs and our AdmissionCheck; controllers in-process."""
+
+    def __init__(self, root: Path) -> None:
+        self.cluster = Cluster(str(root), crds=CRDS + KUEUE_CRDS).start()
+        self.server = self.cluster.server
+        self.use(policy_spec(integration="kueue"))
+        self.server.create(code_map())
+        self.server.create({"apiVersion": ADMISSION_CHECK.api_version, "kind": "AdmissionCheck",
+                            "metadata": {"name": CHECK},
+                            "spec": {"controllerName": CONTROLLER_NAME}})
+        self.controllers: List[Controller] = []
+
+    def use(self, spec: Dict[str, Any]) -> None:
+        self.policy = Policy.from_spec(spec)
+
+    def kube(self) -> Kube:
+        return Kube(self.server.api_client(), backoff=0.05)
+
+    def controller(self) -> Controller:
+        controller = Controller(self.kube(), StaticPolicySource(self.policy), PROBE_IMAGE,
+                                resync_seconds=0.5, sync_timeout=10, deadline_slack=2.0,
+                                identity=f"test-{len(self.controllers)}",
+                                kueue_check=CONTROLLER_NAME)
+        self.controllers.append(controller)
+        return controller.start()
+
+    def submit(self, obj: Dict[str, Any]) -> Dict[str, Any]:
+        """Through the real webhook's mutation (in-process), then the API."""
+        return self.server.create(hold(obj, self.policy))
+
+    def estimation_pods(self) -> List[Dict[str, Any]]:
+        return self.server.list("v1", "Pod", "default", "app.kubernetes.io/component=estimation")
+
+    def close(self) -> None:
+        for controller in self.controllers:
+            controller.stop()
+        self.cluster.stop()
+
+
 @pytest.fixture()
-def kueue(tmp_path: Path) -> Iterator[Harness]:
-    running = Harness(tmp_path, spec=policy_spec(integration="kueue"))
+def kueue(tmp_path: Path) -> Iterator[StandIn]:
+    running = StandIn(tmp_path)
     try:
-        for path in KUEUE_CRDS:
-            running.server.apply_file(str(path))
-        running.server.create({"apiVersion": ADMISSION_CHECK.api_version, "kind": "AdmissionCheck",
-                               "metadata": {"name": CHECK},
-                               "spec": {"controllerName": CONTROLLER_NAME}})
         yield running
     finally:
         running.close()
 
 
-def queued_job(harness: Harness, name: str, **job: Any) -> Dict[str, Any]:
+def queued_job(harness: StandIn, name: str, **job: Any) -> Dict[str, Any]:
     """A Job submitted to a Kueue LocalQueue, through the webhook, suspended as Kueue's own
     webhook leaves it, and the Workload Kueue makes for it with our check Pending."""
     obj = training_job(name, **job)
@@ -66,7 +108,7 @@ def queued_job(harness: Harness, name: str, **job: Any) -> Dict[str, Any]:
     return created
 
 
-def check_state(harness: Harness, name: str, settled: bool = True) -> Dict[str, Any]:
+def check_state(harness: StandIn, name: str, settled: bool = True) -> Dict[str, Any]:
     def state() -> Any:
         wl = harness.server.get(WORKLOAD.api_version, "Workload", f"job-{name}-1a2b3", "default")
         found = ((wl.get("status") or {}).get("admissionChecks") or [{}])[0]
@@ -79,7 +121,7 @@ def test_the_controller_marks_its_admission_check_active_and_leaves_others_alone
     kueue.server.create({"apiVersion": ADMISSION_CHECK.api_version, "kind": "AdmissionCheck",
                          "metadata": {"name": "provisioning"},
                          "spec": {"controllerName": "kueue.x-k8s.io/provisioning-request"}})
-    kueue.controller(kueue_check=CONTROLLER_NAME)
+    kueue.controller()
 
     def active() -> Any:
         check = kueue.server.get(ADMISSION_CHECK.api_version, "AdmissionCheck", CHECK)
@@ -91,7 +133,7 @@ def test_the_controller_marks_its_admission_check_active_and_leaves_others_alone
 
 
 def test_a_queued_job_is_estimated_and_its_check_made_ready_with_the_sizing(kueue):
-    kueue.controller(kueue_check=CONTROLLER_NAME)
+    kueue.controller()
     queued_job(kueue, "train")
     state = check_state(kueue, "train")
     assert state["state"] == "Ready", state
@@ -103,15 +145,15 @@ def test_a_queued_job_is_estimated_and_its_check_made_ready_with_the_sizing(kueu
     request = int(update["annotations"][labels.REQUEST_BYTES])
     assert update["annotations"][labels.GPU_MODEL] in ("A100-80GB", "H100-80GB")
     assert 0 < int(update["annotations"][labels.ESTIMATE_BYTES]) <= request
-    (gme,) = kueue.gmes()
+    (gme,) = kueue.server.list("xmem.io/v1alpha1", "GPUMemoryEstimate", "default")
     assert records.phase(gme) == records.SUCCEEDED
-    job = kueue.job("train")
+    job = kueue.server.get("batch/v1", "Job", "train", "default")
     assert job["spec"]["suspend"] is True  # only Kueue unsuspends it
     assert labels.HELD_REASON not in (job["metadata"].get("annotations") or {})
 
 
 def test_a_repeat_job_is_ready_at_once_without_a_second_estimation(kueue):
-    kueue.controller(kueue_check=CONTROLLER_NAME)
+    kueue.controller()
     queued_job(kueue, "first")
     assert check_state(kueue, "first")["state"] == "Ready"
     pods = len(kueue.estimation_pods())
@@ -121,7 +163,7 @@ def test_a_repeat_job_is_ready_at_once_without_a_second_estimation(kueue):
     assert len(kueue.estimation_pods()) == pods
 
 
-def _recorded(harness: Harness, name: str, totals: Dict[str, float]) -> None:
+def _recorded(harness: StandIn, name: str, totals: Dict[str, float]) -> None:
     """An estimate already recorded for the Job ``name`` will be (as a finished run leaves it)."""
     obj = training_job(name)
     fp = fingerprint.of_templates([obj["spec"]["template"]], ("A100-80GB", "H100-80GB"))
@@ -134,7 +176,7 @@ def test_an_estimate_that_fits_no_gpu_is_rejected_with_the_reason_where_the_poli
         kueue):
     kueue.use(policy_spec(integration="kueue", enforcement="Enforce"))
     _recorded(kueue, "huge", {"A100-80GB": 300.0, "H100-80GB": 300.0})
-    kueue.controller(kueue_check=CONTROLLER_NAME)
+    kueue.controller()
     queued_job(kueue, "huge")
     state = check_state(kueue, "huge")
     assert state["state"] == "Rejected", state
@@ -150,7 +192,7 @@ def test_a_failed_estimation_follows_the_policys_failure_action_with_the_reason(
     if action == "Default":
         failure["defaultRequest"] = "20Gi"
     kueue.use(policy_spec(integration="kueue", onEstimationFailure=failure))
-    kueue.controller(kueue_check=CONTROLLER_NAME)
+    kueue.controller()
     queued_job(kueue, "broken", script="fails_before_step.py", args=())
     found = check_state(kueue, "broken")
     assert found["state"] == state, found
