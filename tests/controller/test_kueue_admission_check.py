@@ -202,3 +202,31 @@ def test_a_failed_estimation_follows_the_policys_failure_action_with_the_reason(
     assert any(a.get(labels.REQUEST_BYTES) == str(20 << 30) for a in annotations) is sized
     if state == "Retry":
         assert found["requeueAfterSeconds"] > 0
+
+
+def test_a_workload_of_a_kind_xmem_does_not_size_is_ready_at_once_saying_so(kueue):
+    """Kueue's plain-pod integration: the Workload is owned by a Pod Kueue keeps gated."""
+    kueue.controller()
+    pod = kueue.server.create({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "solo", "namespace": "default"},
+        "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}],
+                 "containers": [{"name": "main", "image": "busybox:1.36"}]}})
+    workload = kueue.server.create({
+        "apiVersion": WORKLOAD.api_version, "kind": "Workload",
+        "metadata": {"name": "pod-solo-1a2b3", "namespace": "default",
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "solo",
+                                          "uid": pod["metadata"]["uid"], "controller": True}]},
+        "spec": {"queueName": "gpu-queue", "podSets": [{"name": "main", "count": 1,
+                                                        "template": {"spec": {}}}]}})
+    kueue.kube().replace_status(WORKLOAD, dict(workload, status={"admissionChecks": [
+        {"name": CHECK, "state": "Pending", "message": "",
+         "lastTransitionTime": records.stamp()}]}))
+
+    def state() -> Any:
+        wl = kueue.server.get(WORKLOAD.api_version, "Workload", "pod-solo-1a2b3", "default")
+        found = wl["status"]["admissionChecks"][0]
+        return found if found["state"] != "Pending" else None
+    found = wait(state, 30, "the check to settle")
+    assert found["state"] == "Ready" and "does not size Pod" in found["message"]
+    assert "podSetUpdates" not in found
+    assert kueue.estimation_pods() == []

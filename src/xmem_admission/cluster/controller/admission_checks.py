@@ -91,6 +91,12 @@ def our_states(wl: Obj, checks: Informer, controller_name: str) -> List[Dict[str
             and is_ours(checks.get("", str(s.get("name", ""))), controller_name)]
 
 
+def pending(wl: Obj, checks: Optional[Informer], controller_name: str) -> bool:
+    """Whether one of our checks waits on this Workload (what a resync looks at again)."""
+    return checks is not None and any(s.get("state") == PENDING
+                                      for s in our_states(wl, checks, controller_name))
+
+
 def owner_of(ctx: Context, wl: Obj) -> Tuple[Optional[Workload], Optional[Obj], str]:
     """The job a Workload stands for: (its kind's handle, the object, '' ) when it is in the
     cache; (None, None, why) when it is of a kind we do not size or not there (yet)."""

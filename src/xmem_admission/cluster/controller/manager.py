@@ -248,8 +248,13 @@ class Controller:
                 ages.setdefault(kind, []).append(
                     (now - workloads.held_since(obj)).total_seconds())
         self.metrics.set_held(ages, tuple(self.ctx.workloads))
-        for check in self.admission_checks.items() if self.admission_checks is not None else []:
-            self._on_check("SYNC", check)
+        if self.admission_checks is not None and self.kueue_workloads is not None:
+            for check in self.admission_checks.items():
+                self.queue.add(("check", check["metadata"]["name"]))
+            pending = self.kueue_workloads.find(lambda wl: admission_checks.pending(
+                wl, self.admission_checks, self.kueue_check or ""))
+            for wl in pending:
+                self._on_kueue("SYNC", wl)
         counts: Dict[str, int] = {}
         for gme in self.ctx.estimates.items():
             m = gme["metadata"]
