@@ -187,6 +187,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="micro-batches per optimizer step")
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps to run")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parallel", choices=("none", "ddp", "fsdp2"), default="none",
+                        help="data parallelism under torchrun: DistributedDataParallel, or FSDP2 "
+                        "(fully_shard on each block, then on the model)")
     args = parser.parse_args(argv)
 
     if args.kv_heads is None:
@@ -206,13 +209,32 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+def distribute(model: nn.Module, parallel: str, device: str) -> nn.Module:
+    """DDP or FSDP2 over the process group torchrun describes (NCCL on GPUs)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    if parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    model = GPT(args).to(device)
+    model: nn.Module = GPT(args).to(device)
     model.train()
+    if args.parallel != "none":
+        model = distribute(model, args.parallel, device)
     print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
     optimizer = OPTIMIZERS[args.optimizer](model.parameters(), lr=args.lr)
 

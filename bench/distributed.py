@@ -1,0 +1,100 @@
+"""Per-GPU memory of one GPT-style 1.3B model trained single-process, with DDP x8, and with
+FSDP2 x8 and x64, with and without activation checkpointing: ``xmem estimate`` on
+``examples/train_gpt.py`` under torchrun (rank 0 traced in one process), next to the model-state
+arithmetic others use (the ZeRO paper's, which DeepSpeed's ``estimate_zero*_model_states_mem_needs``
+helpers implement). Prints a markdown table and a breakdown per row.
+
+    .venv/bin/python bench/distributed.py [--rows single,ddp8,fsdp8,fsdp64] [--checkpoint both|on|off]
+
+FSDP2 is traced in profile mode (real execution on the host: fake mode cannot hold its DTensor
+shards), which needs the host memory and compute of one rank: slow for 1.3B on a small machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any, Dict, List, Tuple
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+
+from xmem_admission.estimator.estimate import BREAKDOWN_KEYS, estimate  # noqa: E402
+
+# GPT-style 1.3B (GPT-3 XL shapes: 24 layers, d_model 2048, 16 heads; GPT-2 vocabulary; SwiGLU
+# MLP of the same width and an untied head, 1.44B parameters);
+# fp32 AdamW; one sequence of 512 tokens per rank (the profile-mode rows must run on a CPU).
+MODEL = ["--layers", "24", "--hidden", "2048", "--heads", "16",
+         "--vocab", "50257", "--seq-len", "512", "--batch-size", "1", "--optimizer", "adamw"]
+ROWS: Dict[str, Tuple[str, int]] = {"single": ("none", 1), "ddp8": ("ddp", 8),
+                                    "fsdp8": ("fsdp2", 8), "fsdp64": ("fsdp2", 64)}
+GPU = "H100-80GB"
+
+
+def parameters() -> int:
+    """Ψ, counted from the model's shapes (examples/train_gpt.py: embedding, blocks, norm, head)."""
+    layers, hidden, inter, vocab = 24, 2048, 5632, 50257  # inter: llama_intermediate(2048)
+    attention = 4 * hidden * hidden  # q, k, v, o without bias
+    mlp = 3 * hidden * inter  # SwiGLU: gate, up, down
+    norms = 2 * hidden
+    return vocab * hidden * 2 + layers * (attention + mlp + norms) + hidden
+
+
+def analytic(parallel: str, world: int, psi: int) -> int:
+    """Model states per GPU by the ZeRO paper's arithmetic (Rajbhandari et al., SC'20, section
+    3.1/5): fp32 Adam keeps 4 bytes of parameters, 4 of gradients and 8 of moments per parameter
+    (16Ψ); DDP (stage 0) keeps all of them on every GPU, full sharding (stage 3, FSDP's
+    FULL_SHARD) 16Ψ/N. DeepSpeed's estimators add the largest layer's gathered parameters for
+    stage 3; activations, buffers and NCCL are outside this arithmetic."""
+    states = 16 * psi
+    return states if parallel in ("none", "ddp") else states // world
+
+
+def run(row: str, checkpoint: bool) -> Dict[str, Any]:
+    parallel, world = ROWS[row]
+    script = [os.path.join(ROOT, "examples/train_gpt.py"), *MODEL, "--parallel", parallel]
+    if checkpoint:
+        script.append("--grad-ckpt")
+    command = (["python", *script] if world == 1 else
+               ["torchrun", "--nproc-per-node", str(world), *script])
+    started = time.perf_counter()
+    est, _ = estimate(command, [GPU], mode="auto", steps=2, timeout=3600.0)
+    gpu = est.gpus[0]
+    return {"row": row, "checkpoint": checkpoint, "mode": est.mode, "total": gpu.total_bytes,
+            "breakdown": gpu.breakdown, "seconds": time.perf_counter() - started,
+            "rss": est.probe_peak_rss_bytes,
+            "analytic": analytic(parallel, world, parameters())}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="single,ddp8,fsdp8,fsdp64")
+    parser.add_argument("--checkpoint", choices=("both", "on", "off"), default="both")
+    args = parser.parse_args()
+    flags = {"both": (False, True), "on": (True,), "off": (False,)}[args.checkpoint]
+    results: List[Dict[str, Any]] = []
+    for row in args.rows.split(","):
+        for flag in flags:
+            result = run(row, flag)
+            results.append(result)
+            print(f"{row} checkpoint={flag}: {result['total'] / 2**30:.2f} GiB ({result['mode']}, "
+                  f"{result['seconds']:.0f} s, probe RSS {int(result['rss']) / 2**30:.2f} GiB)",
+                  flush=True)
+    gib = 2**30
+    print(f"\nΨ = {parameters():,} parameters; {GPU}; per-GPU GiB\n")
+    print("| job | AC | mode | estimate | model states (16Ψ or 16Ψ/N) | "
+          + " | ".join(BREAKDOWN_KEYS) + " |")
+    print("|" + " --- |" * (5 + len(BREAKDOWN_KEYS)))
+    for r in results:
+        parts = r["breakdown"]
+        assert isinstance(parts, dict)
+        print(f"| {r['row']} | {'yes' if r['checkpoint'] else 'no'} | {r['mode']} | "
+              f"{int(r['total']) / gib:.2f} | {int(r['analytic']) / gib:.2f} | "
+              + " | ".join(f"{parts[k] / gib:.2f}" for k in BREAKDOWN_KEYS) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
