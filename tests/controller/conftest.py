@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from tests.controller.support import Harness
+from tests.realkube.cluster import Cluster
+
+_counter = itertools.count()
 
 
 @pytest.fixture()
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    running = Harness(tmp_path)
+def harness(cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Harness]:
+    stem = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[5:40].strip("-")
+    running = Harness(cluster, f"c{next(_counter)}-{stem}", tmp_path)
     try:
         yield running
     finally:

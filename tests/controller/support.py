@@ -1,15 +1,20 @@
-"""The controller tests' cluster: stand-in API server and node, the real webhook, workloads.
+"""The controller tests' cluster: the real control plane, the real webhook's mutation, workloads.
 
-``Harness`` starts a stand-in cluster with the project's CRDs, a ConfigMap holding the example
-and test training scripts (mounted at /app in the workloads, as a user would ship code), and
-makes held workloads the way a cluster does: the Job goes through the real webhook's mutation
-(``Webhook.review``, in-process) and is then created through the API. Controllers run
-in-process (``controller()``) or as ``xmem controller`` processes (``spawn()``).
+``Harness`` gives each test a namespace of its own on the session's real control plane
+(kube-apiserver, controller-manager, the project's process node that runs estimation pods as
+processes; the chart's CRDs), a ConfigMap holding the example and test training scripts (mounted
+at /app in the workloads, as a user would ship code), and makes held workloads the way a cluster
+does: the Job goes through the real webhook's mutation (``Webhook.review``, in-process) and is
+then created through the API. Everything the test and its controllers send goes through a fault
+proxy (``harness.proxy``: injected 409/429/5xx answers, request observers) with a cluster-admin
+service account's token. Controllers run in-process (``controller()``) or as ``xmem controller``
+processes (``spawn()``).
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import os
 import subprocess
@@ -19,8 +24,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import jsonpatch
 
-from tests.fakekube.apiserver import wait_for as wait  # noqa: F401 - tests poll with it
-from tests.fakekube.cluster import PROBE_IMAGE, Cluster
+from tests.realkube.cluster import PROBE_IMAGE
+from tests.realkube.cluster import Cluster as RealCluster
+from tests.realkube.controlplane import wait_for as wait  # noqa: F401 - tests poll with it
+from tests.realkube.faultproxy import FaultProxy
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.admission.webhook import Endpoint, Webhook
 from xmem_admission.cluster.controller.manager import Controller
@@ -35,7 +42,7 @@ CRDS = [str(REPO / "helm/xmem-admission/crds/gpumemoryestimates.xmem.io.yaml"),
         str(REPO / "tests/data/crds/kubeflow.org_pytorchjobs.yaml")]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
-UNPULLABLE = "registry.example/team/train:does-not-exist"
+UNPULLABLE = "registry.invalid/team/train:does-not-exist"  # RFC 6761: never resolves
 TINY_GPT = ["--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "100",
             "--seq-len", "32", "--batch-size", "2"]
 GPUS = ("A100-80GB", "H100-80GB")
@@ -118,22 +125,48 @@ def hold(obj: Dict[str, Any], policy: Policy) -> Dict[str, Any]:
     return jsonpatch.apply_patch(obj, ops)
 
 
+HARNESS_NAMESPACE = "xmem-harness"  # where the tests' own admin service account lives
+
+
 class Harness:
     """See the module docstring."""
 
-    def __init__(self, root: Path, spec: Optional[Dict[str, Any]] = None, **cluster: Any) -> None:
+    def __init__(self, cluster: RealCluster, namespace: str, root: Path,
+                 spec: Optional[Dict[str, Any]] = None) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
         self.root = root
-        self.cluster = Cluster(str(root), crds=CRDS, unpullable=[UNPULLABLE], **cluster).start()
-        self.server = self.cluster.server
+        cluster.ensure_namespace(namespace)
+        wait(lambda: cluster.get("v1", "ServiceAccount", "default", namespace), 30,
+             f"the default service account of {namespace}")
+        self.proxy = FaultProxy(cluster.plane.port,
+                                str(cluster.plane._authority().cert_file)).start()
+        self.kubeconfig = str(_admin_kubeconfig(cluster, self.proxy.url))
         self.use(spec or policy_spec())
-        self.server.create(code_map())
+        cluster.apply(code_map(namespace))
         self.controllers: List[Controller] = []
         self.processes: List[subprocess.Popen] = []
 
-    # --- controllers ------------------------------------------------------------------------
+    # --- the API, as the tests' admin, through the fault proxy --------------------------------
+
+    def api_client(self) -> Any:
+        return self.cluster.plane.api_client(Path(self.kubeconfig))
 
     def kube(self) -> Kube:
-        return Kube(self.server.api_client(), backoff=0.05)
+        return Kube(self.api_client(), backoff=0.05)
+
+    def get(self, api_version: str, kind: str, name: str,
+            namespace: Optional[str] = "") -> Optional[Dict[str, Any]]:
+        """The object, or None; namespaced kinds default to the test's namespace."""
+        return self.cluster.get(api_version, kind, name,
+                                self.namespace if namespace == "" else namespace)
+
+    def create(self, obj: Dict[str, Any]) -> Dict[str, Any]:
+        resource = self.cluster.resource(obj["apiVersion"], obj["kind"])
+        namespace = obj["metadata"].get("namespace") if resource.namespaced else None
+        return dict(resource.create(body=obj, namespace=namespace).to_dict())
+
+    # --- controllers ------------------------------------------------------------------------
 
     def controller(self, start: bool = True, **options: Any) -> Controller:
         settings = dict(resync_seconds=0.5, sync_timeout=10, deadline_slack=2.0,
@@ -155,24 +188,26 @@ class Harness:
         path = self.root / "policy.yaml"
         path.write_text(yaml.safe_dump({"apiVersion": "xmem.io/v1alpha1",
                                         "kind": "GPUAdmissionPolicy",
-                                        "metadata": {"name": "default"}, "spec": self.spec}))
+                                        "metadata": {"name": self.namespace},
+                                        "spec": self.spec}))
         return str(path)
 
     def spawn(self, *extra: str, identity: str = "replica",
               cluster_policy: bool = False) -> subprocess.Popen:
         """``xmem controller`` as its own process, against this cluster; its policy from a file,
-        or (``cluster_policy``) from the cluster's GPUAdmissionPolicy ``default``."""
+        or (``cluster_policy``) from the cluster's GPUAdmissionPolicy named after the test's
+        namespace. Its Lease is in the test's namespace unless ``extra`` says otherwise."""
         if cluster_policy:
-            self.server.create({"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
-                                "metadata": {"name": "default"}, "spec": self.spec})
-            source = ["--policy-name", "default"]
+            self.cluster.apply({"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
+                                "metadata": {"name": self.namespace}, "spec": self.spec})
+            source = ["--policy-name", self.namespace]
         else:
             source = ["--policy", self.policy_file()]
         argv = [sys.executable, "-m", "xmem_admission.cli", "controller",
-                "--kubeconfig", self.cluster.kubeconfig, *source,
+                "--kubeconfig", self.kubeconfig, *source,
                 "--probe-image", PROBE_IMAGE, "--metrics-port", "0", "--host", "127.0.0.1",
                 "--identity", identity, "--resync-seconds", "0.5", "--workloads", "Job",
-                *extra]
+                "--lease-name", "xmem", "--lease-namespace", self.namespace, *extra]
         log = open(self.root / f"{identity}.log", "ab")  # noqa: SIM115 - owned by the child
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
@@ -187,29 +222,34 @@ class Harness:
     # --- workloads --------------------------------------------------------------------------
 
     def submit(self, obj: Dict[str, Any]) -> Dict[str, Any]:
-        return self.server.create(hold(obj, self.policy))
+        """Create the workload as the webhook leaves it (held), in the test's namespace."""
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["namespace"] = self.namespace
+        return self.create(hold(obj, self.policy))
 
-    def job(self, name: str, namespace: str = "default") -> Dict[str, Any]:
-        return self.server.get("batch/v1", "Job", name, namespace)
+    def job(self, name: str) -> Dict[str, Any]:
+        found = self.get("batch/v1", "Job", name)
+        assert found is not None, f"job {self.namespace}/{name} is gone"
+        return found
 
     def wait_released(self, name: str, timeout: float = 90.0) -> Dict[str, Any]:
         def released() -> Optional[Dict[str, Any]]:
             job = self.job(name)
             held = labels.HELD_REASON in (job["metadata"].get("annotations") or {})
             return None if held else job
-        return self.server.wait_for(released, timeout, f"job {name} to be released")
+        return wait(released, timeout, f"job {name} to be released")
 
-    def gmes(self, namespace: str = "default") -> List[Dict[str, Any]]:
-        return self.server.list("xmem.io/v1alpha1", "GPUMemoryEstimate", namespace)
+    def gmes(self) -> List[Dict[str, Any]]:
+        return self.cluster.list("xmem.io/v1alpha1", "GPUMemoryEstimate", self.namespace)
 
-    def estimation_pods(self, namespace: str = "default") -> List[Dict[str, Any]]:
-        return self.server.list("v1", "Pod", namespace,
-                                "app.kubernetes.io/component=estimation")
+    def estimation_pods(self) -> List[Dict[str, Any]]:
+        return self.cluster.list("v1", "Pod", self.namespace,
+                                 "app.kubernetes.io/component=estimation")
 
-    def events(self, name: str, namespace: str = "default") -> List[Dict[str, Any]]:
-        return [e for e in self.server.list("v1", "Event", namespace)
+    def events(self, name: str) -> List[Dict[str, Any]]:
+        return [e for e in self.cluster.list("v1", "Event", self.namespace)
                 if e["involvedObject"]["name"] == name
-                and e.get("source", {}).get("component") == "xmem-controller"]
+                and (e.get("source") or {}).get("component") == "xmem-controller"]
 
     def close(self) -> None:
         for controller in self.controllers:
@@ -218,7 +258,26 @@ class Harness:
             if process.poll() is None:
                 process.kill()
             process.wait(timeout=10)
-        self.cluster.stop()
+        self.proxy.stop()
+        self.cluster.delete("xmem.io/v1alpha1", "GPUAdmissionPolicy", self.namespace)
+        # Gone before the next test: its controllers watch every namespace, and what is left of
+        # this one (held workloads, estimates) would be theirs to reconcile.
+        self.cluster.delete("v1", "Namespace", self.namespace)
+        wait(lambda: self.cluster.get("v1", "Namespace", self.namespace) is None, 120,
+             f"namespace {self.namespace} to be deleted")
+
+
+def _admin_kubeconfig(cluster: RealCluster, server: str) -> Path:
+    """A token kubeconfig (a token passes the plain-HTTP fault proxy; a client certificate
+    would not) for a service account bound to cluster-admin."""
+    cluster.ensure_namespace(HARNESS_NAMESPACE)
+    cluster.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": "xmem-harness-admin"},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": "cluster-admin"},
+                   "subjects": [{"kind": "ServiceAccount", "name": "admin",
+                                 "namespace": HARNESS_NAMESPACE}]})
+    return cluster.plane.service_account_kubeconfig(HARNESS_NAMESPACE, "admin", server=server)
 
 
 def template_annotations(job: Dict[str, Any]) -> Dict[str, str]:

@@ -1,7 +1,8 @@
 """The API answering 409, 429 and 5xx never loses or doubles anything.
 
-Faults are injected in the stand-in API server on the exact requests the controller makes; the
-outcome is read from the API: one estimate, one estimation pod, the Job released once, one Event.
+Faults are injected by the fault proxy in front of the real API server, on the exact requests the
+controller makes; the outcome is read from the API: one estimate, one estimation pod, the Job
+released once, one Event.
 """
 
 from __future__ import annotations
@@ -29,18 +30,17 @@ def _released_once(harness: Harness, name: str) -> dict:
 
 def test_a_storm_of_409_429_and_5xx_answers_still_gives_one_estimate_one_pod_one_release(
         harness):
-    faults = harness.server.faults
+    proxy = harness.proxy
     injected = {
-        "list jobs 500": faults.add(500, method="GET", path="/jobs$", times=3),
-        "create estimate 429 + Retry-After": faults.add(
-            429, method="POST", path="/gpumemoryestimates$", times=2, retry_after=1),
-        "create pod 429": faults.add(429, method="POST", path="/pods$", times=2),
-        "create pod 500 after it landed": faults.add(500, method="POST", path="/pods$",
-                                                     when="after"),
-        "status 503 beyond the client's retries": faults.add(
-            503, method="PUT", path="/gpumemoryestimates/.*/status$", times=8),
-        "release 409": faults.add(409, method="PUT", path="/jobs/train$", times=2,
-                                  message="the object has been modified"),
+        "list jobs 500": proxy.inject("GET", "/jobs$", 500, times=3),
+        "create estimate 429 + Retry-After": proxy.inject(
+            "POST", "/gpumemoryestimates$", 429, times=2, retry_after=1),
+        "create pod 429": proxy.inject("POST", "/pods$", 429, times=2),
+        "create pod 500 after it landed": proxy.inject("POST", "/pods$", 500, when="after"),
+        "status 503 beyond the client's retries": proxy.inject(
+            "PUT", "/gpumemoryestimates/.*/status$", 503, times=8),
+        "release 409": proxy.inject("PUT", "/jobs/train$", 409, times=2,
+                                    message="the object has been modified"),
     }
     controller = harness.controller(sync_timeout=20)
     harness.submit(training_job("train"))
@@ -60,12 +60,12 @@ def test_a_stale_cache_write_is_a_real_409_and_writes_nothing(harness):
         assert informer.synced.wait(10)
     harness.submit(training_job("train"))
     informer = controller.ctx.workloads["Job"].informer
-    stale = wait(lambda: informer.get("default", "train"), 10, "the job in the cache")
+    stale = wait(lambda: informer.get(harness.namespace, "train"), 10, "the job in the cache")
     informer.stop()  # the cache stops following: what it holds goes stale
-    harness.kube().batch.patch_namespaced_job("train", "default",
+    harness.kube().batch.patch_namespaced_job("train", harness.namespace,
                                               {"metadata": {"labels": {"team": "ml"}}})
     try:
-        workloads.reconcile(controller.ctx, "Job", "default", "train")
+        workloads.reconcile(controller.ctx, "Job", harness.namespace, "train")
         raise AssertionError("a write from a stale resourceVersion succeeded")
     except KubeApiError as exc:
         assert exc.conflict

@@ -19,10 +19,10 @@ from xmem_admission.cluster.policy.store import EstimateRecord
 FP = "0123456789abcdef0123456789abcdef"
 
 
-def _record(fp: str = FP, total: int = 10 << 30) -> EstimateRecord:
+def _record(namespace: str, fp: str = FP, total: int = 10 << 30) -> EstimateRecord:
     return EstimateRecord.from_dict({
         "fingerprint": fp, "created": "2026-01-31T12:00:00Z",
-        "workload": {"namespace": "default", "kind": "Job", "name": "train"},
+        "workload": {"namespace": namespace, "kind": "Job", "name": "train"},
         "gpus": [{"gpu": "A100-80GB", "capacity_bytes": 84970559242, "peak_reserved_bytes": total,
                   "total_bytes": total, "recommended_request_bytes": total, "fits": True,
                   "mig_profile": "1g.20gb"}]})
@@ -31,8 +31,8 @@ def _record(fp: str = FP, total: int = 10 << 30) -> EstimateRecord:
 def test_put_records_a_succeeded_estimate_that_get_then_answers(harness):
     store = KubeStore(harness.kube()).start()
     try:
-        store.put(_record())
-        assert store.get(FP, "default") == _record()
+        store.put(_record(harness.namespace))
+        assert store.get(FP, harness.namespace) == _record(harness.namespace)
         [gme] = harness.gmes()
         assert gme["metadata"]["name"] == records.name_for(FP)
         assert gme["status"]["phase"] == "Succeeded"
@@ -46,14 +46,14 @@ def test_only_succeeded_estimates_are_served_and_deleted_ones_go(harness):
     kube = harness.kube()
     try:
         job = harness.submit(training_job("train"))
-        pending = kube.create(GME, "default", records.new(job, FP, ["A100-80GB"], "img"))
-        assert store.get(FP, "default") is None
-        record = _record()
-        kube.replace_status(GME, dict(pending, status=records.from_record(record, "default")["status"]))
-        wait(lambda: store.get(FP, "default"), 10, "the succeeded estimate in the store")
-        kube.custom.delete_namespaced_custom_object("xmem.io", "v1alpha1", "default",
+        pending = kube.create(GME, harness.namespace, records.new(job, FP, ["A100-80GB"], "img"))
+        assert store.get(FP, harness.namespace) is None
+        record = _record(harness.namespace)
+        kube.replace_status(GME, dict(pending, status=records.from_record(record, harness.namespace)["status"]))
+        wait(lambda: store.get(FP, harness.namespace), 10, "the succeeded estimate in the store")
+        kube.custom.delete_namespaced_custom_object("xmem.io", "v1alpha1", harness.namespace,
                                                     "gpumemoryestimates", records.name_for(FP))
-        wait(lambda: store.get(FP, "default") is None, 10, "the deleted estimate to leave the store")
+        wait(lambda: store.get(FP, harness.namespace) is None, 10, "the deleted estimate to leave the store")
     finally:
         store.stop()
 
@@ -64,12 +64,12 @@ def test_the_webhook_sizes_a_job_at_once_from_an_estimate_the_controller_recorde
     fp = held["metadata"]["annotations"][labels.FINGERPRINT]
     store = KubeStore(harness.kube()).start()
     try:
-        store.put(_record(fp, total=6 << 30))
+        store.put(_record(harness.namespace, fp, total=6 << 30))
         webhook = Webhook(StaticPolicySource(harness.policy), store)
         review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
             "uid": "u", "kind": {"group": "batch", "version": "v1", "kind": "Job"},
             "resource": {"group": "batch", "version": "v1", "resource": "jobs"},
-            "name": "again", "namespace": "default", "operation": "CREATE",
+            "name": "again", "namespace": harness.namespace, "operation": "CREATE",
             "userInfo": {"username": "alice"}, "object": job}}
         answer = json.loads(webhook.review(json.dumps(review).encode(), Endpoint.MUTATE))
         ops = json.loads(base64.b64decode(answer["response"]["patch"]))

@@ -18,10 +18,10 @@ def test_estimation_pods_beyond_the_namespace_cap_wait_their_turn(harness: Harne
     at_creation: List[int] = []
 
     def observe(method: str, path: str, code: int) -> None:
-        if method == "POST" and path == "/api/v1/namespaces/default/pods" and code == 201:
+        if method == "POST" and path == f"/api/v1/namespaces/{harness.namespace}/pods" and code == 201:
             at_creation.append(_running(harness))
 
-    harness.server.on_request(observe)
+    harness.proxy.on_request(observe)
     harness.controller()
     for index, name in enumerate(("first", "second")):
         harness.submit(training_job(name, args=[*TINY_GPT, "--seed", str(index)]))

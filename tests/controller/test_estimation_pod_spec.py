@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Dict
 
 import kubernetes_validate
@@ -142,12 +143,35 @@ def _hostile_job() -> Dict[str, Any]:
     return job
 
 
-def test_the_estimation_pod_passes_pod_security_restricted_init_container_included():
-    from tests.fakekube.podsecurity import violations
+def test_the_estimation_pod_passes_pod_security_restricted_init_container_included(cluster):
+    """The real API server's Pod Security admission, in a namespace enforcing ``restricted``,
+    judges both (dry run): the hostile workload's pod is refused, its estimation pod is not."""
+    from kubernetes import client
 
-    assert violations("restricted", _hostile_job()["spec"]["template"]) != []  # the workload fails
-    pod = _build(_hostile_job())
-    assert violations("restricted", pod) == []
+    namespace = "pod-security-restricted"
+    cluster.ensure_namespace(namespace, {"pod-security.kubernetes.io/enforce": "restricted"})
+    cluster.apply({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                   "metadata": {"name": "gvisor"}, "handler": "runsc"})
+    cluster.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+                   "metadata": {"name": "trainer", "namespace": namespace}})
+    core = client.CoreV1Api(cluster.api)
+    try:
+        hostile = _hostile_job()["spec"]["template"]
+        workload = {"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "workload", **hostile.get("metadata", {})},
+                    "spec": hostile["spec"]}
+        with pytest.raises(client.ApiException) as refused:
+            core.create_namespaced_pod(namespace, workload, dry_run="All")
+        assert refused.value.status == 403
+        assert 'violates PodSecurity "restricted:latest"' in \
+            json.loads(refused.value.body)["message"]
+        pod = _build(_hostile_job())
+        pod["metadata"].pop("ownerReferences", None)  # its estimate does not exist here
+        pod["metadata"]["namespace"] = namespace
+        created = core.create_namespaced_pod(namespace, pod, dry_run="All")
+        assert created.metadata.name == pod["metadata"]["name"]
+    finally:
+        cluster.delete("v1", "Namespace", namespace)
     [init] = pod["spec"]["initContainers"]
     assert init["securityContext"]["runAsNonRoot"] is True
     assert init["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}

@@ -1,7 +1,8 @@
 """Every way an estimation can go wrong ends with the workload released or held by policy.
 
-A full controller runs (workers, resync); the stand-in node runs the estimation pods for real,
-with the probe, on scripts that fail the way users' scripts fail.
+A full controller runs (workers, resync) against the real control plane; the process node runs
+the estimation pods for real, with the probe, on scripts that fail the way users' scripts fail
+(and an image from an unreachable registry fails to pull).
 """
 
 from __future__ import annotations
@@ -109,8 +110,8 @@ def test_a_workload_deleted_while_estimating_takes_its_estimate_and_pod_with_it(
                   if (p.get("status") or {}).get("phase") == "Running"], 30, "the pod to run")
     from kubernetes import client
 
-    client.BatchV1Api(harness.server.api_client()).delete_namespaced_job(
-        "train", "default", propagation_policy="Background")
+    client.BatchV1Api(harness.api_client()).delete_namespaced_job(
+        "train", harness.namespace, propagation_policy="Background")
     wait(lambda: not harness.gmes() and not harness.estimation_pods(), 30,
          "the estimate and its pod to be collected")
 
@@ -126,13 +127,13 @@ def test_a_workload_edited_while_held_is_estimated_again_as_edited(harness):
     container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     container["command"] = ["python", "/app/train_gpt.py"]
     container["args"] = list(TINY_GPT)
-    client.CustomObjectsApi(harness.server.api_client()).patch_namespaced_custom_object(
-        "kubeflow.org", "v1", "default", "pytorchjobs", "ddp",
+    client.CustomObjectsApi(harness.api_client()).patch_namespaced_custom_object(
+        "kubeflow.org", "v1", harness.namespace, "pytorchjobs", "ddp",
         {"spec": {"pytorchReplicaSpecs": {"Master": {"template": {"spec": {
             "containers": [container]}}}}}})
 
     def released() -> dict:
-        obj = harness.server.get("kubeflow.org/v1", "PyTorchJob", "ddp", "default")
+        obj = harness.get("kubeflow.org/v1", "PyTorchJob", "ddp")
         return obj if labels.HELD_REASON not in obj["metadata"]["annotations"] else None
 
     obj = wait(released, 90, "the edited PyTorchJob to be released")
@@ -151,8 +152,8 @@ def test_a_job_unsuspended_by_someone_else_is_let_go_with_an_event(harness):
     wait(harness.estimation_pods, 30, "the estimation pod")
     from kubernetes import client
 
-    client.BatchV1Api(harness.server.api_client()).patch_namespaced_job(
-        "train", "default", {"spec": {"suspend": False}})
+    client.BatchV1Api(harness.api_client()).patch_namespaced_job(
+        "train", harness.namespace, {"spec": {"suspend": False}})
     harness.wait_released("train")
     wait(lambda: any(e["reason"] == "ReleasedElsewhere" for e in harness.events("train")), 10,
          "the ReleasedElsewhere event")
@@ -162,7 +163,7 @@ def test_an_estimate_that_fits_no_gpu_of_the_policy_is_a_failure_with_the_misfit
     job = harness.submit(training_job("train"))
     fp = job["metadata"]["annotations"][labels.FINGERPRINT]
     kube = harness.kube()
-    created = kube.create(GME, "default", records.new(job, fp, ["A100-80GB", "H100-80GB"], "x"))
+    created = kube.create(GME, harness.namespace, records.new(job, fp, ["A100-80GB", "H100-80GB"], "x"))
     huge = 200 << 30
     kube.replace_status(GME, dict(created, status={
         "phase": "Succeeded", "attempt": 1, "completionTime": records.stamp(),

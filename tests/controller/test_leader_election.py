@@ -1,7 +1,7 @@
 """Leader election with a coordination.k8s.io Lease: one replica reconciles, a standby takes over.
 
-The electors talk to the stand-in API server through the official client; the Lease object is
-read back from the API after each step.
+The electors talk to the real API server through the official client; the Lease object is read
+back from the API after each step.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ FAST = dict(lease_duration=1.5, renew_deadline=1.0, retry_period=0.2)
 
 
 def _lease(harness) -> dict:
-    return harness.server.get("coordination.k8s.io/v1", "Lease", "xmem", "default")
+    return harness.get("coordination.k8s.io/v1", "Lease", "xmem")
 
 
 def _elector(harness, identity: str) -> LeaderElector:
-    return LeaderElector(harness.kube(), "default", "xmem", identity, **FAST)
+    return LeaderElector(harness.kube(), harness.namespace, "xmem", identity, **FAST)
 
 
 def test_the_first_candidate_takes_the_lease_and_the_second_stands_by(harness):
@@ -81,19 +81,19 @@ def test_a_leader_that_shuts_down_cleanly_hands_over_at_once(harness):
 
 
 def test_two_replicas_one_killed_mid_estimation_the_other_finishes(harness):
-    timing = ["--lease-name", "xmem", "--lease-namespace", "default", "--lease-duration", "2",
-              "--renew-deadline", "1.5", "--retry-period", "0.3"]
+    timing = ["--lease-name", "xmem", "--lease-namespace", harness.namespace,
+              "--lease-duration", "2", "--renew-deadline", "1.5", "--retry-period", "0.3"]
     replicas = {name: harness.spawn(*timing, identity=name) for name in ("one", "two")}
     leader = wait(lambda: _holder(harness), 30, "a leader")
     killed = threading.Event()
 
     def kill_leader_after_pod(verb: str, path: str, code: int) -> None:
-        if verb == "POST" and code < 300 and re.search(r"/namespaces/default/pods$", path) \
+        if verb == "POST" and code < 300 and re.search(rf"/namespaces/{harness.namespace}/pods$", path) \
                 and not killed.is_set():
             os.kill(replicas[leader].pid, signal.SIGKILL)
             killed.set()
 
-    harness.server.on_request(kill_leader_after_pod)
+    harness.proxy.on_request(kill_leader_after_pod)
     harness.submit(training_job("train"))
     wait(killed.is_set, 60, "the leader to create the estimation pod")
     standby = "two" if leader == "one" else "one"

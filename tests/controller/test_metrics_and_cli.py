@@ -59,7 +59,7 @@ def test_held_workloads_and_their_age_are_published_while_they_wait(harness):
     for informer in controller.informers():
         informer.start()
         assert informer.synced.wait(10)
-    wait(lambda: controller.ctx.workloads["Job"].informer.get("default", "waiting"), 10, "cache")
+    wait(lambda: controller.ctx.workloads["Job"].informer.get(harness.namespace, "waiting"), 10, "cache")
     controller.resync()
     text = __import__("prometheus_client").generate_latest(controller.metrics.registry).decode()
     assert metric(text, "xmem_controller_held_workloads", kind="Job") == 1
@@ -83,7 +83,7 @@ def test_bad_input_is_one_clear_line_and_exit_status_2(argv, complaint, capsys, 
 
 def test_a_renew_deadline_not_shorter_than_the_lease_is_refused(harness, capsys):
     code = cli.main(["controller", "--probe-image", "img", "--kubeconfig",
-                     harness.cluster.kubeconfig, "--lease-duration", "1", "--renew-deadline", "2",
+                     harness.kubeconfig, "--lease-duration", "1", "--renew-deadline", "2",
                      "--metrics-port", "0"])
     assert code == 2
     assert "renew_deadline must be shorter than lease_duration" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """Each reconcile step on its own: one call, then the API objects it must have written.
 
 The controller's caches run (its informers), its workers do not: the test calls the workload and
-estimation reconcilers by hand, the stand-in node runs the estimation pod for real (the probe on
+estimation reconcilers by hand, the process node on the real control plane runs the estimation pod for real (the probe on
 the example GPT script), and every assertion reads the API.
 """
 
@@ -29,18 +29,19 @@ def caches(harness: Harness) -> Controller:
     return controller
 
 
-def _fresh(controller: Controller, kind: str, name: str, want: Any) -> Dict[str, Any]:
+def _fresh(controller: Controller, namespace: str, kind: str, name: str,
+           want: Any) -> Dict[str, Any]:
     """Wait until the cache shows what the API has (the watch delivers asynchronously)."""
     informer = controller.ctx.estimates if kind == "gme" else controller.ctx.pods if kind == "pod" \
         else controller.ctx.workloads["Job"].informer
     return wait(lambda: (lambda o: o if o is not None and want(o) else None)(
-        informer.get("default", name)), 30, f"{kind} {name} in the cache")
+        informer.get(namespace, name)), 30, f"{kind} {name} in the cache")
 
 
 def test_a_held_workload_gets_an_estimate_object_it_owns_and_is_marked_estimating(harness, caches):
     job = harness.submit(training_job("train"))
-    _fresh(caches, "job", "train", lambda o: True)
-    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    _fresh(caches, harness.namespace, "job", "train", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", harness.namespace, "train")
     [gme] = harness.gmes()
     fp = job["metadata"]["annotations"][labels.FINGERPRINT]
     assert gme["metadata"]["name"] == records.name_for(fp)
@@ -53,13 +54,13 @@ def test_a_held_workload_gets_an_estimate_object_it_owns_and_is_marked_estimatin
 
 def test_the_estimate_step_creates_one_pod_and_records_it_running(harness, caches):
     harness.submit(training_job("train"))
-    _fresh(caches, "job", "train", lambda o: True)
-    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    _fresh(caches, harness.namespace, "job", "train", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", harness.namespace, "train")
     [gme] = harness.gmes()
     name = gme["metadata"]["name"]
-    _fresh(caches, "gme", name, lambda o: True)
-    estimation_pods.reconcile(caches.ctx, "default", name)
-    estimation_pods.reconcile(caches.ctx, "default", name)  # again: no second pod
+    _fresh(caches, harness.namespace, "gme", name, lambda o: True)
+    estimation_pods.reconcile(caches.ctx, harness.namespace, name)
+    estimation_pods.reconcile(caches.ctx, harness.namespace, name)  # again: no second pod
     [pod] = harness.estimation_pods()
     assert pod["metadata"]["name"] == f"{name}-1"
     assert pod["metadata"]["ownerReferences"][0]["uid"] == gme["metadata"]["uid"]
@@ -69,23 +70,23 @@ def test_the_estimate_step_creates_one_pod_and_records_it_running(harness, cache
 
 def test_a_finished_pod_is_recorded_and_the_release_step_annotates_and_unsuspends(harness, caches):
     harness.submit(training_job("train"))
-    _fresh(caches, "job", "train", lambda o: True)
-    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    _fresh(caches, harness.namespace, "job", "train", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", harness.namespace, "train")
     name = harness.gmes()[0]["metadata"]["name"]
-    _fresh(caches, "gme", name, lambda o: True)
-    estimation_pods.reconcile(caches.ctx, "default", name)
-    _fresh(caches, "pod", f"{name}-1",
+    _fresh(caches, harness.namespace, "gme", name, lambda o: True)
+    estimation_pods.reconcile(caches.ctx, harness.namespace, name)
+    _fresh(caches, harness.namespace, "pod", f"{name}-1",
            lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
-    estimation_pods.reconcile(caches.ctx, "default", name)
+    estimation_pods.reconcile(caches.ctx, harness.namespace, name)
     status = harness.gmes()[0]["status"]
     assert status["phase"] == "Succeeded", status
     assert [e["gpu"] for e in status["estimates"]] == ["A100-80GB", "H100-80GB"]
     assert status["gpu"] == "A100-80GB" and status["estimate"].endswith("Gi")
     assert status["requestBytes"] >= status["estimateBytes"] > 0
-    _fresh(caches, "gme", name, lambda o: records.phase(o) == "Succeeded")
-    _fresh(caches, "job", "train", lambda o: o["metadata"]["annotations"][labels.HELD_REASON]
+    _fresh(caches, harness.namespace, "gme", name, lambda o: records.phase(o) == "Succeeded")
+    _fresh(caches, harness.namespace, "job", "train", lambda o: o["metadata"]["annotations"][labels.HELD_REASON]
            == "Estimating")
-    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    workloads.reconcile(caches.ctx, "Job", harness.namespace, "train")
     released = harness.job("train")
     assert released["spec"]["suspend"] is False
     assert not set(labels.HELD_ANNOTATIONS) & set(released["metadata"]["annotations"])
@@ -101,10 +102,10 @@ def test_a_finished_pod_is_recorded_and_the_release_step_annotates_and_unsuspend
 def test_a_second_workload_with_the_same_fingerprint_joins_the_estimate(harness, caches):
     first = harness.submit(training_job("first"))
     second = harness.submit(training_job("second"))
-    _fresh(caches, "job", "second", lambda o: True)
-    workloads.reconcile(caches.ctx, "Job", "default", "first")
-    _fresh(caches, "gme", harness.gmes()[0]["metadata"]["name"], lambda o: True)
-    workloads.reconcile(caches.ctx, "Job", "default", "second")
+    _fresh(caches, harness.namespace, "job", "second", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", harness.namespace, "first")
+    _fresh(caches, harness.namespace, "gme", harness.gmes()[0]["metadata"]["name"], lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", harness.namespace, "second")
     [gme] = harness.gmes()
     assert [r["uid"] for r in gme["metadata"]["ownerReferences"]] == [
         first["metadata"]["uid"], second["metadata"]["uid"]]
@@ -116,13 +117,13 @@ def test_a_failure_older_than_the_hold_starts_a_new_attempt(harness, caches):
     kube = harness.kube()
     from xmem_admission.cluster.kube.client import GME
 
-    created = kube.create(GME, "default", records.new(job, fp, ["A100-80GB", "H100-80GB"], "x"))
+    created = kube.create(GME, harness.namespace, records.new(job, fp, ["A100-80GB", "H100-80GB"], "x"))
     kube.replace_status(GME, dict(created, status={
         "phase": "Failed", "attempt": 1, "reason": "ImagePullFailed", "message": "was missing",
         "completionTime": "2020-01-01T00:00:00Z"}))
-    _fresh(caches, "gme", created["metadata"]["name"], lambda o: records.phase(o) == "Failed")
-    _fresh(caches, "job", "train", lambda o: True)
-    workloads.reconcile(caches.ctx, "Job", "default", "train")
+    _fresh(caches, harness.namespace, "gme", created["metadata"]["name"], lambda o: records.phase(o) == "Failed")
+    _fresh(caches, harness.namespace, "job", "train", lambda o: True)
+    workloads.reconcile(caches.ctx, "Job", harness.namespace, "train")
     status = harness.gmes()[0]["status"]
     assert (status["phase"], status["attempt"]) == ("Pending", 2)
     assert harness.job("train")["spec"]["suspend"] is True

@@ -146,7 +146,7 @@ class FaultProxy:
                         self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                         self.wfile.flush()
                     self.wfile.write(b"0\r\n\r\n")
-                except OSError:
+                except (OSError, http.client.HTTPException):  # either side closed the stream
                     self.close_connection = True
                 finally:
                     upstream.close()
