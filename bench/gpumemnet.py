@@ -371,9 +371,11 @@ def report(rows: Sequence[Row], sims: Dict[str, Dict[str, Any]],
                      f"{s.oom_rows:8d} {s.oom_predicted_to_fit:12d} {s.fit_predicted_oom:12d} "
                      f"{s.seconds:6.1f}")
     growing = [r.id for r in rows if sims.get(r.id, {}).get("growth_in_last_step_bytes")]
-    lines.append(f"rows whose simulated pool still grew in the last traced step: "
-                 f"{len(growing)} of {sum('peak_reserved_bytes' in sims.get(r.id, {}) for r in rows)}"
-                 + (f" ({', '.join(growing[:10])})" if growing else ""))
+    if any("growth_in_last_step_bytes" in sim for sim in sims.values()):
+        lines.append(f"rows whose simulated pool still grew in the last traced step: "
+                     f"{len(growing)} of "
+                     f"{sum('peak_reserved_bytes' in sims.get(r.id, {}) for r in rows)}"
+                     + (f" ({', '.join(growing[:10])})" if growing else ""))
     failed = [sims[r.id] for r in rows if "error" in sims.get(r.id, {})]
     if failed:
         lines.append(f"{len(failed)} row(s) failed: " + "; ".join(

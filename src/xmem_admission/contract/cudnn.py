@@ -75,9 +75,18 @@ class ConvWorkspaceRule:
     basis: ConvBasis = ConvBasis.LARGEST
 
 
-# Fitted on GPUMemNet's A100-SXM4-40GB CNN rows (bench/README.md, "cuDNN convolution
-# workspaces": the sample, the fit and the leave-one-out scores).
-RULES: Dict[Tuple[int, int], ConvWorkspaceRule] = {}
+# Ampere GA100 (compute capability 8.0: A100 40GB and 80GB): fitted by bench/fit_conv_workspace.py
+# on a 110-row stratified sample of GPUMemNet's A100-SXM4-40GB rows (94 CNN, 16 MLP for the
+# floor; `xmem bench gpumemnet --sample 110`), the grid's best rule on all of them; scored
+# leave-one-out there (bench/README.md, "cuDNN convolution workspaces"). Not fitted on the xMem
+# paper's rows: none of its CNN rows ran on a compute capability 8.0 GPU.
+_GA100_SOURCE = ("fitted on 110 GPUMemNet A100-SXM4-40GB rows (bench/fit_conv_workspace.py; "
+                 "bench/README.md, cuDNN convolution workspaces)")
+RULES: Dict[Tuple[int, int], ConvWorkspaceRule] = {
+    (8, 0): ConvWorkspaceRule({ConvCall.FORWARD: 0.2, ConvCall.BACKWARD_DATA: 1.5,
+                               ConvCall.BACKWARD_FILTER: 1.5}, 512 * MiB, _GA100_SOURCE,
+                              ConvBasis.SUM),
+}
 
 
 def rule_for(compute_capability: Tuple[int, int]) -> Optional[ConvWorkspaceRule]:
