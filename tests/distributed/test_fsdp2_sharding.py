@@ -21,10 +21,10 @@ def _oracle(world):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("world", [2, 8, 64])
-def test_fsdp2_rank_0_peak_matches_torchs_fsdp2_tracker(trace_launch, world):
+@pytest.mark.parametrize("world, mode", [(2, "fake"), (8, "fake"), (64, "fake"), (8, "profile")])
+def test_fsdp2_rank_0_peak_matches_torchs_fsdp2_tracker(trace_launch, world, mode):
     result, _ = trace_launch(["torchrun", "--nproc-per-node", str(world),
-                              script("fsdp2_gpt.py"), "--portable"], mode="profile")
+                              script("fsdp2_gpt.py"), "--portable"], mode=mode)
     assert result.status == "ok", result.reason + result.traceback
     assert result.trace.meta["distributed"]["world_size"] == world
     oracle = _oracle(world)
@@ -35,7 +35,11 @@ def test_fsdp2_rank_0_peak_matches_torchs_fsdp2_tracker(trace_launch, world):
     assert abs(ours - oracle["peak_bytes"]) <= 0.01 * oracle["peak_bytes"], (ours, oracle)
 
 
-def test_fsdp2_is_traced_in_profile_mode_with_the_reason(trace_launch):
-    result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("fsdp2_gpt.py")])
-    assert result.status == "needs_real_values"
-    assert "FSDP2 (fully_shard) is traced in profile mode" in result.reason
+def test_fsdp2_with_activation_checkpointing_keeps_less_at_its_peak(trace_launch):
+    def peak(*extra):
+        result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("fsdp2_gpt.py"),
+                                  "--layers", "6", "--seq", "256", *extra])
+        assert result.status == "ok", result.reason + result.traceback
+        return peak_after_setup(result.trace)
+
+    assert peak("--checkpoint") < peak()

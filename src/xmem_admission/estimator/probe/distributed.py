@@ -129,7 +129,7 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
         future.set_result([tensor])
         return torch._C._distributed_c10d._create_work_from_future(future)
 
-    _patch_meshes(patches, tracker.fake)
+    _patch_meshes(patches, tracker)
     real_resize = torch.UntypedStorage.resize_
 
     def resize_(storage: Any, size: int) -> Any:
@@ -210,7 +210,7 @@ def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:
     patches.set(DDP, "_register_builtin_comm_hook", register_builtin)
 
 
-def _patch_meshes(patches: Any, fake: bool) -> None:
+def _patch_meshes(patches: Any, tracker: Any) -> None:
     """Device meshes live on the host; FSDP2 puts its state on the virtual GPU.
 
     A DTensor's device is its mesh's (C++ ``_dtensor__new__``), while its local shard really is
@@ -238,21 +238,30 @@ def _patch_meshes(patches: Any, fake: bool) -> None:
         return torch.device("cuda", 0)
 
     patches.set(mesh_class, "__init__", init)
-    if fake:
-        # A DTensor takes its device from its local shard in C++ (``_dtensor__new__``), where
-        # the virtual device's fake tensors report the GPU the script is shown: torch then
-        # refuses the shard's host storage. FSDP2 is traced in profile mode.
-        from torch.distributed.fsdp._fully_shard import _fsdp_param
-
-        from xmem_admission.estimator.probe.virtual_cuda import NeedsRealValues
-
-        def refuse(*_args: Any, **_kwargs: Any) -> None:
-            raise NeedsRealValues("FSDP2 (fully_shard) is traced in profile mode: its DTensor "
-                                  "parameters cannot hold fake shards on the virtual GPU")
-
-        patches.set(_fsdp_param.FSDPParam, "__init__", refuse)
+    if tracker.fake:
+        _patch_fake_dispatch(patches, tracker)
     patches.set(_fsdp_init, "_get_device_from_mesh", device_from_mesh)
     patches.set(_fully_shard, "_get_device_from_mesh", device_from_mesh)
+
+
+def _patch_fake_dispatch(patches: Any, tracker: Any) -> None:
+    """DTensor runs its ops on the local shards in C++ (its dispatch fast path), below the
+    tracker: fake mode then computes the shard's output device from the device fake tensors
+    report to the script, the virtual GPU, and torch refuses a "cuda" tensor over host storage.
+    Inside fake mode's own dispatch, torch's code sees the real device (the tracker's
+    ``dispatch_depth``, as in ``torch_patches._patch_fake_tensor_device``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real_dispatch = FakeTensorMode.__torch_dispatch__
+
+    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker.dispatch_depth += 1
+        try:
+            return real_dispatch(self, *args, **kwargs)
+        finally:
+            tracker.dispatch_depth -= 1
+
+    patches.set(FakeTensorMode, "__torch_dispatch__", dispatch)
 
 
 def _same_storage(a: Any, b: Any) -> bool:

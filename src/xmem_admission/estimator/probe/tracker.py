@@ -296,7 +296,7 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             return dtype is not None and not dtype.is_floating_point
         if inputs:
             for t in inputs:
-                if is_fake(t):
+                if is_fake(_local(t)):
                     return False
             return True
         device = kwargs.get("device")
