@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from tests.helm.chart import NAMESPACE, RELEASE, find, one, render
 from tests.helm.test_least_privilege import CONTROLLER_SA, READ, _grants, _rules_of
-from tests.support.schemas import ROOT, validate_custom
+from tests.realkube.kueue import home as kueue_home
+from tests.support.schemas import validate_custom
 from xmem_admission.cluster.controller.admission_checks import CONTROLLER_NAME
 
-ADMISSION_CHECK_CRD = ROOT / "tests/data/crds/kueue.x-k8s.io_admissionchecks.yaml"
 ON = {"kueue": {"enabled": True}}
 
 
@@ -32,7 +32,8 @@ def test_enabled_it_renders_the_admission_check_kueue_accepts_and_tells_the_cont
     check = one(objects, "AdmissionCheck", "xmem-gpu-memory")
     assert check["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     assert check["spec"]["controllerName"] == CONTROLLER_NAME
-    validate_custom(check, ADMISSION_CHECK_CRD)
+    # Kueue's own CRD, from its module (``make tools``, scripts/build-kueue.sh).
+    validate_custom(check, kueue_home() / "crds" / "kueue.x-k8s.io_admissionchecks.yaml")
     assert _env(objects, "controller")["XMEM_KUEUE_CONTROLLER_NAME"] == CONTROLLER_NAME
     assert _env(objects, "webhook")["XMEM_KUEUE_USERS"] == \
         "system:serviceaccount:kueue-system:kueue-controller-manager"
