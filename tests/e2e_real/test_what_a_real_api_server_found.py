@@ -1,8 +1,8 @@
 """What a real API server found (issue #15), each test named after its item, on the real
 control plane: kube-apiserver v1.36 with ``OwnerReferencesPermissionEnforcement`` on (OpenShift's
 default), the controller-manager's garbage collector, and the webhook and controller running with
-the chart's service accounts and RBAC. The stand-in's versions of these regressions are in
-tests/controller/test_what_a_real_api_server_found.py and tests/admission/."""
+the chart's service accounts and RBAC. The controller-level versions of these regressions are
+in tests/controller/test_what_a_real_api_server_found.py and tests/admission/."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""The real API server behind the same small interface the stand-in offers these tests.
+"""The real API server behind the small interface these tests use.
 
-``tests/kube`` states what a client sees of an API server (concurrency, patches, watches,
-deletion, admission). Each test runs against the stand-in (``tests.fakekube``) and against the
-real control plane (``tests.realkube``): where the two answer differently, one of them is wrong.
-The real one here is a control plane of its own with only the controllers the stand-in imitates
-(garbage collector, namespaces, service accounts) and no scheduler, so a Job stays a Job.
+``tests/kube`` states what a client (the product's ``kube`` package, the official client) sees of
+an API server (concurrency, patches, watches, deletion, admission). It runs against a real
+control plane of its own with only the garbage-collector, namespace and service-account
+controllers and no scheduler, so a Job stays a Job.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
-from tests.fakekube.errors import ApiStatusError
 from tests.realkube.controlplane import ControlPlane, wait_for
 
 CONTROLLERS = ("garbage-collector-controller,namespace-controller,serviceaccount-controller,"
@@ -23,8 +21,18 @@ CONTROLLERS = ("garbage-collector-controller,namespace-controller,serviceaccount
 ROOT = Path(__file__).resolve().parents[2]
 
 
+class ApiStatusError(Exception):
+    """A refusal of ``RealServer.create``: the Status's code, reason and message."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+
+
 class RealServer:
-    """A real control plane seen through the stand-in's test interface."""
+    """A real control plane seen through the tests' small interface."""
 
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
@@ -41,7 +49,7 @@ class RealServer:
 
     def create(self, obj: Dict[str, Any], namespace: Optional[str] = None) -> Dict[str, Any]:
         """POST the object as any HTTP client could (no client-side checks); a refusal raises
-        the stand-in's ``ApiStatusError`` with the server's code, reason and message."""
+        ``ApiStatusError`` with the server's code, reason and message."""
         from kubernetes import dynamic
 
         resource = dynamic.DynamicClient(self._client).resources.get(
@@ -76,7 +84,7 @@ class RealServer:
                  30, f"{plural} to be served")
 
     def reset(self) -> None:
-        """Leave the cluster as a fresh stand-in would be: an empty ``default`` namespace, no
+        """Leave the cluster fresh: an empty ``default`` namespace, no
         webhook configurations, no custom resource definitions, no extra namespace."""
         from kubernetes import client
 
@@ -104,6 +112,22 @@ class RealServer:
                  and not core.list_namespaced_pod("default").items
                  and not extensions.list_custom_resource_definition().items
                  and len(core.list_namespace().items) == 4, 60, "a clean cluster")
+
+    def compact(self) -> None:
+        """Compact etcd's history up to its current revision (through etcd's own JSON gateway,
+        as ``etcdctl compact`` does over gRPC), so older resourceVersions are gone."""
+        import urllib.request
+
+        def post(path: str, body: Dict[str, Any]) -> Dict[str, Any]:
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{self.plane.etcd_port}{path}", json.dumps(body).encode(),
+                {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - loopback
+                result: Dict[str, Any] = json.loads(answer.read())
+                return result
+
+        revision = int(post("/v3/kv/range", {"key": "Lw=="})["header"]["revision"])  # "/"
+        post("/v3/kv/compaction", {"revision": revision, "physical": True})
 
     def close(self) -> None:
         self._client.close()

@@ -1,4 +1,4 @@
-"""Small builders for the stand-in's tests (plain dicts, as a client would send them)."""
+"""Small builders for the API-server contract tests (plain dicts, as a client sends them)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stand-in API server keeps resource versions and optimistic concurrency like a real one.
+"""The API server keeps resource versions and optimistic concurrency as the client relies on.
 
 Every test drives it with the official ``kubernetes`` client over HTTPS, so what is checked is
 what a controller sees: status codes, Status reasons, resourceVersions and server-set fields.
@@ -11,7 +11,7 @@ import threading
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.fakekube.errors import ApiStatusError
+from tests.kube.real import ApiStatusError
 from tests.kube.support import job, raw, status_of
 
 
@@ -61,7 +61,7 @@ def test_a_spec_change_bumps_generation_and_a_no_op_update_leaves_it(batch):
                                             _preload_content=False))
     same = raw(batch.replace_namespaced_job("train", "default", first, _preload_content=False))
     # kube-apiserver v1.36.3 was seen to bump the resourceVersion of an unchanged Job here;
-    # the stand-in keeps it. Only the generation is promised either way.
+    # Only the generation is promised.
     assert same["metadata"]["generation"] == 1
     same["spec"]["suspend"] = False
     changed = raw(batch.replace_namespaced_job("train", "default", same, _preload_content=False))
@@ -104,8 +104,6 @@ def test_a_suspended_job_that_never_ran_may_change_only_template_scheduling_fiel
     assert "spec.template" in status_of(caught.value)["message"]
 
 
-@pytest.mark.imitation_differs("it refuses an unknown field with 422; kube-apiserver's default "
-                               "fieldValidation is Warn: the field is dropped, with a warning")
 def test_an_unknown_field_is_dropped_by_default_not_refused(server):
     # The client refuses unknown fields itself, so send the body as any HTTP client could.
     body = job("train")
@@ -130,8 +128,6 @@ def test_objects_in_a_namespace_that_does_not_exist_are_404(batch):
     assert 'namespaces "nowhere" not found' in status_of(caught.value)["message"]
 
 
-@pytest.mark.imitation_differs("it answers 401; kube-apiserver's default --anonymous-auth "
-                               "lets the request in as system:anonymous, and RBAC says 403")
 def test_requests_without_credentials_are_anonymous_and_forbidden(server, tmp_path):
     from kubernetes import client
 

@@ -1,4 +1,4 @@
-"""Deletion on the stand-in: finalizers, preconditions, propagation, the garbage collector."""
+"""Deletion on the real API server: finalizers, preconditions, propagation, the garbage collector."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_a_delete_with_a_stale_uid_precondition_is_409(batch):
 
 def test_deleting_a_namespace_deletes_what_it_holds(server, core, batch):
     # Asynchronous on kube-apiserver (the namespace turns Terminating and the namespace
-    # controller empties it); the stand-in does it at once, which a test may not rely on.
+    # controller empties it), which a test may not rely on.
     core.create_namespace({"metadata": {"name": "ml"}})
     batch.create_namespaced_job("ml", job("train"))
     core.delete_namespace("ml")

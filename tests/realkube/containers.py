@@ -1,7 +1,6 @@
 """How a process node turns a container spec into a local process, and watches it.
 
-Used by the project's process node (``tests.realkube.node``) and the stand-in's kubelet
-(``tests.fakekube.kubelet``).
+Used by the project's process node (``tests.realkube.node``).
 
 A container here is a process group on the host, started with the environment Kubernetes would
 give it (the image's env, then ``envFrom``, then ``env`` with ``$(VAR)`` expansion and
@@ -40,7 +39,7 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Image:
-    """What the stand-in knows of an image: ENTRYPOINT, CMD, ENV and WORKDIR."""
+    """What the process node knows of an image: ENTRYPOINT, CMD, ENV and WORKDIR."""
 
     entrypoint: Tuple[str, ...] = ()
     cmd: Tuple[str, ...] = ()

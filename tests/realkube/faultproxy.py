@@ -41,7 +41,7 @@ class Fault:
     path: re.Pattern[str]
     status: int
     times: int
-    retry_after: int = 1
+    retry_after: Optional[int] = 1  # None: a 429 without Retry-After
     when: str = "before"  # "before": never reaches the server; "after": carried out, then this
     message: str = ""
     hits: int = 0
@@ -65,7 +65,8 @@ class FaultProxy:
     def url(self) -> str:
         return f"http://{LOOPBACK}:{self.port}"
 
-    def inject(self, method: str, path: str, status: int, times: int = 1, retry_after: int = 1,
+    def inject(self, method: str, path: str, status: int, times: int = 1,
+               retry_after: Optional[int] = 1,
                when: str = "before", message: str = "") -> Fault:
         fault = Fault(method.upper(), re.compile(path), status, times, retry_after, when, message)
         with self.lock:
@@ -161,7 +162,7 @@ class FaultProxy:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
-                if status == 429:
+                if status == 429 and fault.retry_after is not None:
                     self.send_header("Retry-After", str(fault.retry_after))
                 self.end_headers()
                 self.wfile.write(payload)
