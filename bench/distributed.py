@@ -6,8 +6,8 @@ helpers implement). Prints a markdown table and a breakdown per row.
 
     .venv/bin/python bench/distributed.py [--rows single,ddp8,fsdp8,fsdp64] [--checkpoint both|on|off]
 
-FSDP2 is traced in profile mode (real execution on the host: fake mode cannot hold its DTensor
-shards), which needs the host memory and compute of one rank: slow for 1.3B on a small machine.
+``--speed`` instead times the shape-only trace of Llama-2-7B shapes (bf16) as one process and
+as rank 0 of a 64-way FSDP2 job, with the probe's peak host memory.
 """
 
 from __future__ import annotations
@@ -68,11 +68,35 @@ def run(row: str, checkpoint: bool) -> Dict[str, Any]:
             "analytic": analytic(parallel, world, parameters())}
 
 
+# Llama-2-7B shapes in bf16 autocast, one sequence of 4096 tokens (examples/train_gpt.py's own
+# example), for the speed check.
+LLAMA_7B = ["--layers", "32", "--hidden", "4096", "--heads", "32", "--intermediate", "11008",
+            "--vocab", "32000", "--batch-size", "1", "--seq-len", "4096", "--amp", "bf16",
+            "--optimizer", "adamw"]
+
+
+def speed() -> None:
+    """Shape-only tracing cost of the 7B job as one process and as rank 0 of 64 FSDP2 ranks."""
+    script = [os.path.join(ROOT, "examples/train_gpt.py"), *LLAMA_7B]
+    for name, command in (
+            ("single", ["python", *script]),
+            ("fsdp2 x64 rank 0", ["torchrun", "--nproc-per-node", "8", "--nnodes", "8", *script,
+                                  "--parallel", "fsdp2"])):
+        est, _ = estimate(command, [GPU], mode="fake", steps=2, timeout=3600.0)
+        print(f"7B {name}: probe {est.probe_seconds:.1f} s, probe peak RSS "
+              f"{est.probe_peak_rss_bytes / 2**30:.2f} GiB, estimate "
+              f"{est.gpus[0].total_bytes / 2**30:.2f} GiB per GPU", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="single,ddp8,fsdp8,fsdp64")
     parser.add_argument("--checkpoint", choices=("both", "on", "off"), default="both")
+    parser.add_argument("--speed", action="store_true")
     args = parser.parse_args()
+    if args.speed:
+        speed()
+        return 0
     flags = {"both": (False, True), "on": (True,), "off": (False,)}[args.checkpoint]
     results: List[Dict[str, Any]] = []
     for row in args.rows.split(","):
