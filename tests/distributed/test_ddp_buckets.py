@@ -69,3 +69,13 @@ def test_xmem_estimate_runs_torchrun_commands_and_adds_nccl(tmp_path):
     assert gpu["breakdown"]["communication"] > 0
     assert gpu["breakdown"]["nccl"] > 0
     assert gpu["total_bytes"] == sum(gpu["breakdown"].values())
+
+
+def test_accelerate_launch_multi_gpu_is_traced_as_rank_0(trace_launch, tmp_path):
+    report = tmp_path / "ddp.json"
+    result, _ = trace_launch(["accelerate", "launch", "--multi_gpu", "--num_processes", "8",
+                              script("ddp_train.py"), "--report", str(report)])
+    assert result.status == "ok", result.reason + result.traceback
+    reducer = json.loads(report.read_text())
+    assert (reducer["world_size"], reducer["rank"]) == (8, 0)
+    assert live_at_last_step(result.trace)["communication"] == sum(reducer["bucket_sizes"])
