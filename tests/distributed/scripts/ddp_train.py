@@ -29,7 +29,7 @@ model = nn.Sequential(*[nn.Linear(args.width, args.width) for _ in range(args.la
 options = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
 ddp = DDP(model, device_ids=[local_rank], gradient_as_bucket_view=args.bucket_view, **options)
 optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-for step in range(10):
+for _step in range(10):
     batch = torch.randn(16, args.width, device="cuda")
     loss = ddp(batch).square().mean()
     optimizer.zero_grad(set_to_none=True)

@@ -33,9 +33,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping
 
 from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.integrations.base import for_kind
 from xmem_admission.cluster.kube.client import Obj
 from xmem_admission.cluster.policy.model import Settings
-from xmem_admission.cluster.integrations.base import for_kind
 from xmem_admission.contract import probe_env
 
 PROBE_DIR = "/xmem/probe"
