@@ -9,13 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Any, Dict, Iterator, List
 
 import httpx
 import orjson
 import pytest
 
-from tests.policy.test_policy_sources import StandInApiServer
 from tests.support.builders import make_job, make_pod, review
 from tests.support.harness import Answer, Certificates
 from tests.support.schemas import ROOT
@@ -117,22 +116,24 @@ def test_an_edited_policy_file_takes_effect_without_a_restart(
 
 
 def test_serve_reads_the_cluster_policy_when_no_file_is_given(
-    env: Dict[str, str], certs: Certificates, running: List[Running], tmp_path: Path
+    env: Dict[str, str], certs: Certificates, running: List[Running], cluster: Any
 ) -> None:
+    """The real API server (the session's control plane) holds the GPUAdmissionPolicy."""
     import yaml
 
-    apiserver = StandInApiServer()
+    name = "serve-command-test"
+    obj = yaml.safe_load(EXAMPLE.read_text())
+    obj["metadata"] = {"name": name}
+    cluster.apply(obj)
     try:
-        obj = yaml.safe_load(EXAMPLE.read_text())
-        obj["metadata"]["resourceVersion"] = "1"
-        apiserver.obj = obj
-        server = Running(dict(env, KUBECONFIG=str(apiserver.kubeconfig(tmp_path))))
+        server = Running(dict(env, KUBECONFIG=str(cluster.plane.admin_kubeconfig),
+                              XMEM_POLICY_NAME=name))
         running.append(server)
         answer = server.send(certs, review(make_job("j").opt_in().gpus(1).obj()))
         assert answer.patched()["spec"]["suspend"] is True
-        assert "policy GPUAdmissionPolicy/default" in server.stop().stderr
+        assert f"policy GPUAdmissionPolicy/{name}" in server.stop().stderr
     finally:
-        apiserver.close()
+        cluster.delete("xmem.io/v1alpha1", "GPUAdmissionPolicy", name)
 
 
 @pytest.mark.parametrize(
