@@ -169,7 +169,7 @@ class Harness:
     # --- controllers ------------------------------------------------------------------------
 
     def controller(self, start: bool = True, **options: Any) -> Controller:
-        settings = dict(resync_seconds=0.5, sync_timeout=10, deadline_slack=2.0,
+        settings = dict(resync_seconds=0.5, sync_timeout=60, deadline_slack=2.0,
                         identity=f"test-{len(self.controllers)}")
         settings.update(options)
         controller = Controller(self.kube(), StaticPolicySource(self.policy), PROBE_IMAGE,

@@ -42,7 +42,7 @@ def test_a_storm_of_409_429_and_5xx_answers_still_gives_one_estimate_one_pod_one
         "release 409": proxy.inject("PUT", "/jobs/train$", 409, times=2,
                                     message="the object has been modified"),
     }
-    controller = harness.controller(sync_timeout=20)
+    controller = harness.controller(sync_timeout=60)
     harness.submit(training_job("train"))
     _released_once(harness, "train")
     assert {name: f.hits for name, f in injected.items()} == {
@@ -57,7 +57,7 @@ def test_a_stale_cache_write_is_a_real_409_and_writes_nothing(harness):
     controller = harness.controller(start=False)
     for informer in controller.informers():
         informer.start()
-        assert informer.synced.wait(10)
+        assert informer.synced.wait(60), informer.error
     harness.submit(training_job("train"))
     informer = controller.ctx.workloads["Job"].informer
     stale = wait(lambda: informer.get(harness.namespace, "train"), 10, "the job in the cache")

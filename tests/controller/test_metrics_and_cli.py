@@ -58,7 +58,7 @@ def test_held_workloads_and_their_age_are_published_while_they_wait(harness):
     controller = harness.controller(start=False)
     for informer in controller.informers():
         informer.start()
-        assert informer.synced.wait(10)
+        assert informer.synced.wait(60), informer.error
     wait(lambda: controller.ctx.workloads["Job"].informer.get(harness.namespace, "waiting"), 10, "cache")
     controller.resync()
     text = __import__("prometheus_client").generate_latest(controller.metrics.registry).decode()

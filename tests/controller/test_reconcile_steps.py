@@ -24,7 +24,7 @@ def caches(harness: Harness) -> Controller:
     for informer in controller.informers():
         informer.start()
     for informer in controller.informers():
-        assert informer.synced.wait(10)
+        assert informer.synced.wait(60), informer.error
     harness.controllers.append(controller)
     return controller
 
