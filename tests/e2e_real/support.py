@@ -13,6 +13,8 @@ IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
 TINY_GPT = ["--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "100",
             "--seq-len", "32", "--batch-size", "2"]
 GPUS = ("A100-80GB", "H100-80GB")
+# Controller Lease timing for tests that watch leadership change hands (seconds).
+QUICK_LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
 
 
 def policy(name: str, backend: str = "hami", gpus: Sequence[str] = GPUS,

@@ -13,13 +13,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from tests.e2e_real.support import job, template_annotations
+from tests.e2e_real.support import QUICK_LEASE, job, template_annotations
 from tests.realkube.cluster import LEASE, NAMESPACE
 from tests.realkube.controlplane import kubeconfig, wait_for
 from tests.realkube.faultproxy import FaultProxy
 from xmem_admission.cluster import labels
-
-QUICK_LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
 
 
 def _submit(xmem, name):

@@ -16,14 +16,12 @@ import httpx
 import yaml
 from kubernetes import client
 
-from tests.e2e_real.support import job, policy, template_annotations
+from tests.e2e_real.support import QUICK_LEASE, job, policy, template_annotations
 from tests.realkube import tools
 from tests.realkube.cluster import CHART, LEASE, NAMESPACE, helm
 from tests.realkube.controlplane import wait_for
 from tests.support.harness import metric_sum
 from xmem_admission.cluster import labels
-
-QUICK_LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
 
 
 def _metrics_port(xmem: Any, name: str) -> int:
@@ -46,11 +44,9 @@ def _refusal(create: Any, what: str) -> client.ApiException:
     return wait_for(attempt, 30, what, interval=0.5)
 
 
-def _lease_holder() -> Any:
-    def read(cluster: Any) -> Optional[str]:
-        lease = cluster.get("coordination.k8s.io/v1", "Lease", LEASE, NAMESPACE)
-        return None if lease is None else (lease.get("spec") or {}).get("holderIdentity")
-    return read
+def _lease_holder(cluster: Any) -> Optional[str]:
+    lease = cluster.get("coordination.k8s.io/v1", "Lease", LEASE, NAMESPACE)
+    return None if lease is None else (lease.get("spec") or {}).get("holderIdentity")
 
 
 def test_1_a_leading_controller_survives_an_api_server_restart_and_still_releases(xmem):
@@ -61,7 +57,7 @@ def test_1_a_leading_controller_survives_an_api_server_restart_and_still_release
     xmem.serve()
     name = f"{xmem.namespace}-leader"
     controller = xmem.controller(name, *QUICK_LEASE)
-    wait_for(lambda: _lease_holder()(cluster) == name, 60, "the controller to take the Lease")
+    wait_for(lambda: _lease_holder(cluster) == name, 60, "the controller to take the Lease")
     cluster.plane.restart_apiserver()
     cluster.invalidate_discovery()
     assert controller.poll() is None, cluster.log(name)[-2000:]
@@ -70,7 +66,7 @@ def test_1_a_leading_controller_survives_an_api_server_restart_and_still_release
     released = xmem.wait_released("after-restart")
     assert int(template_annotations(released)[labels.REQUEST_BYTES]) > 0
     assert controller.poll() is None
-    assert _lease_holder()(cluster) == name
+    assert _lease_holder(cluster) == name
     log = cluster.log(name)
     assert "Traceback" not in log
     if "stepped down" in log:  # the restart outlasted the 3 s renew deadline
@@ -86,7 +82,7 @@ def test_1_a_leader_whose_lease_is_taken_stands_by_and_leads_again_when_it_expir
     xmem.serve()
     name = f"{xmem.namespace}-leader"
     controller = xmem.controller(name, *QUICK_LEASE)
-    wait_for(lambda: _lease_holder()(cluster) == name, 60, "the controller to take the Lease")
+    wait_for(lambda: _lease_holder(cluster) == name, 60, "the controller to take the Lease")
     coordination = client.CoordinationV1Api(cluster.api)
     lease = coordination.read_namespaced_lease(LEASE, NAMESPACE)
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -96,7 +92,7 @@ def test_1_a_leader_whose_lease_is_taken_stands_by_and_leads_again_when_it_expir
     wait_for(lambda: "stepped down; standing by to lead again" in cluster.log(name), 60,
              "the leader to step down")
     assert controller.poll() is None
-    wait_for(lambda: _lease_holder()(cluster) == name, 60, "the controller to lead again")
+    wait_for(lambda: _lease_holder(cluster) == name, 60, "the controller to lead again")
     client.BatchV1Api(cluster.api).create_namespaced_job(xmem.namespace,
                                                          job("after-stepping-down", xmem.namespace))
     xmem.wait_released("after-stepping-down")
