@@ -7,7 +7,7 @@ helpers implement). Prints a markdown table and a breakdown per row.
     .venv/bin/python bench/distributed.py [--rows single,ddp8,fsdp8,fsdp64] [--checkpoint both|on|off]
 
 ``--speed`` instead times the shape-only trace of Llama-2-7B shapes (bf16) as one process and
-as rank 0 of a 64-way FSDP2 job, with the probe's peak host memory.
+as rank 0 of an 8-way and a 64-way FSDP2 job, with the probe's peak host memory.
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ def speed() -> None:
     script = [os.path.join(ROOT, "examples/train_gpt.py"), *LLAMA_7B]
     for name, command in (
             ("single", ["python", *script]),
+            ("fsdp2 x8 rank 0", ["torchrun", "--nproc-per-node", "8", *script,
+                                 "--parallel", "fsdp2"]),
             ("fsdp2 x64 rank 0", ["torchrun", "--nproc-per-node", "8", "--nnodes", "8", *script,
                                   "--parallel", "fsdp2"])):
         est, _ = estimate(command, [GPU], mode="fake", steps=2, timeout=3600.0)
