@@ -27,6 +27,22 @@ def test_ddp_bucket_bytes_equal_what_the_reducer_reports(trace_launch, tmp_path,
     assert live["gradient"] == live["parameter"]  # the gradients are a second copy
 
 
+@pytest.mark.parametrize("options", [["--static-graph"],
+                                     ["--find-unused-parameters", "--unused-layer"],
+                                     ["--static-graph", "--unused-layer"]])
+def test_static_graph_and_unused_parameters_keep_the_buckets_the_reducer_reports(
+        trace_launch, tmp_path, options):
+    report = tmp_path / "ddp.json"
+    result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("ddp_train.py"),
+                              "--report", str(report), *options])
+    assert result.status == "ok", result.reason + result.traceback
+    buckets = json.loads(report.read_text())["bucket_sizes"]
+    assert result.trace.meta["distributed"]["ddp_bucket_bytes"] == buckets
+    live = live_at_last_step(result.trace)
+    # an unused layer's parameters have a place in the buckets too
+    assert live["communication"] == sum(buckets) == live["parameter"]
+
+
 def test_a_smaller_bucket_cap_makes_more_buckets_of_the_same_total(trace_launch, tmp_path):
     report = tmp_path / "ddp.json"
     result, _ = trace_launch(["torchrun", "--nproc-per-node", "2", script("ddp_train.py"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.conftest import live_at_last_step, script
+from tests.distributed.conftest import live_at_last_step, peak_after_setup, script
 
 MODEL_BYTES = 6 * (512 * 512 + 512) * 4  # fsdp1_train.py's six fp32 Linear(512, 512)
 
@@ -18,3 +18,41 @@ def test_fsdp1_keeps_its_share_of_the_model_states(trace_launch, strategy, shard
     live = live_at_last_step(result.trace)
     assert live["parameter"] == MODEL_BYTES // shards
     assert live["optimizer_state"] == 2 * MODEL_BYTES // shards  # AdamW's two moments
+
+
+UNIT_BYTES = (512 * 512 + 512) * 4  # one Linear(512, 512): an FSDP unit under --wrap-layers
+
+
+def _traced(trace_launch, *options):
+    result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("fsdp1_train.py"),
+                              "--wrap-layers", *options])
+    assert result.status == "ok", result.reason + result.traceback
+    return result.trace
+
+
+def test_shard_grad_op_keeps_the_gathered_layers_from_forward_to_backward(trace_launch):
+    full = peak_after_setup(_traced(trace_launch, "--strategy", "FULL_SHARD"))
+    grad_op = _traced(trace_launch, "--strategy", "SHARD_GRAD_OP")
+    # FULL_SHARD frees each layer's gathered parameters after its forward and gathers them
+    # again in backward, at most two at a time; SHARD_GRAD_OP keeps all six until backward.
+    assert peak_after_setup(grad_op) - full > 3 * UNIT_BYTES
+    live = live_at_last_step(grad_op)  # between steps both keep 1/8 of everything
+    assert live["parameter"] == MODEL_BYTES // 8
+    assert live["optimizer_state"] == 2 * MODEL_BYTES // 8
+
+
+def test_mixed_precision_gathers_bf16_and_keeps_fp32_shards(trace_launch):
+    fp32 = peak_after_setup(_traced(trace_launch))
+    mixed = _traced(trace_launch, "--mixed-precision")
+    assert peak_after_setup(mixed) < fp32
+    live = live_at_last_step(mixed)
+    assert live["parameter"] == MODEL_BYTES // 8
+    assert live["optimizer_state"] == 2 * MODEL_BYTES // 8
+
+
+def test_cpu_offload_is_a_gpu_job_whose_model_states_stay_on_the_host(trace_launch):
+    on_gpu = peak_after_setup(_traced(trace_launch))
+    offloaded = _traced(trace_launch, "--cpu-offload")
+    live = live_at_last_step(offloaded)
+    assert not {"parameter", "gradient", "optimizer_state"} & set(live)
+    assert 0 < peak_after_setup(offloaded) < on_gpu  # the gathered layers and activations

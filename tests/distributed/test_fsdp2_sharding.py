@@ -43,3 +43,15 @@ def test_fsdp2_with_activation_checkpointing_keeps_less_at_its_peak(trace_launch
         return peak_after_setup(result.trace)
 
     assert peak("--checkpoint") < peak()
+
+
+def test_fsdp2_cpu_offload_is_a_gpu_job_whose_shards_stay_on_the_host(trace_launch):
+    def traced(*extra):
+        result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("fsdp2_gpt.py"),
+                                  "--portable", *extra])
+        assert result.status == "ok", result.reason + result.traceback
+        return result.trace
+
+    on_gpu, offloaded = traced(), traced("--cpu-offload")
+    assert not {"parameter", "gradient", "optimizer_state"} & set(live_at_last_step(offloaded))
+    assert 0 < peak_after_setup(offloaded) < peak_after_setup(on_gpu)

@@ -20,14 +20,33 @@ parser.add_argument("--width", type=int, default=512)
 parser.add_argument("--bucket-cap-mb", type=float, default=None)
 parser.add_argument("--bucket-view", action="store_true")
 parser.add_argument("--report", default="")
+parser.add_argument("--static-graph", action="store_true")
+parser.add_argument("--find-unused-parameters", action="store_true")
+parser.add_argument("--unused-layer", action="store_true",
+                    help="a layer the forward pass never uses (what find_unused_parameters is for)")
 args = parser.parse_args()
 
 dist.init_process_group(backend="nccl")
 local_rank = int(os.environ["LOCAL_RANK"])
 torch.cuda.set_device(local_rank)
-model = nn.Sequential(*[nn.Linear(args.width, args.width) for _ in range(args.layers)]).cuda()
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(args.width, args.width)
+                                      for _ in range(args.layers)])
+        self.unused = nn.Linear(args.width, args.width) if args.unused_layer else None
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+model = Model().cuda()
 options = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
-ddp = DDP(model, device_ids=[local_rank], gradient_as_bucket_view=args.bucket_view, **options)
+ddp = DDP(model, device_ids=[local_rank], gradient_as_bucket_view=args.bucket_view,
+          static_graph=args.static_graph, find_unused_parameters=args.find_unused_parameters,
+          **options)
 optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
 for _step in range(10):
     batch = torch.randn(16, args.width, device="cuda")

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--layers", type=int, default=4)
@@ -24,6 +24,8 @@ parser.add_argument("--seq", type=int, default=128)
 parser.add_argument("--batch", type=int, default=4)
 parser.add_argument("--checkpoint", action="store_true")
 parser.add_argument("--reshard-after-forward", type=int, default=1)
+parser.add_argument("--cpu-offload", action="store_true",
+                    help="fully_shard(offload_policy=CPUOffloadPolicy()): shards on the host")
 # Device-neutral choices, so the host oracle (fsdp2_oracle.py) runs the same ops as the traced
 # GPU job: attention written out (no SDPA kernel choice), the optimizer's per-tensor loop.
 parser.add_argument("--portable", action="store_true")
@@ -77,9 +79,12 @@ class GPT(nn.Module):
 
 def build(args, device):
     model = GPT(args).to(device)
+    options = {"reshard_after_forward": bool(args.reshard_after_forward)}
+    if getattr(args, "cpu_offload", False):
+        options["offload_policy"] = CPUOffloadPolicy()
     for block in model.blocks:
-        fully_shard(block, reshard_after_forward=bool(args.reshard_after_forward))
-    fully_shard(model, reshard_after_forward=bool(args.reshard_after_forward))
+        fully_shard(block, **options)
+    fully_shard(model, **options)
     return model
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 import traceback
 import weakref
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 MODES = ("fake", "profile")
 
@@ -198,6 +198,12 @@ class _StepHooks:
         stepped = [p for p in params if isinstance(p, self.torch.Tensor)]
         if not stepped:
             return
+        offloaded = self._offloaded_ids()
+        if offloaded and all(id(p) in offloaded for p in stepped):
+            if self.tracker.forward_allocations > 0:
+                return  # FSDP keeps them on the host by design and computes on the GPU
+            raise NotAGPUJob(self._host_message(stepped, call, False))
+        stepped = [p for p in stepped if id(p) not in offloaded]
         on_gpu = [self.tracker.is_cuda(p) for p in stepped]
         module_ids = {id(p) for m in list(self._modules) for p in m.parameters(recurse=False)}
         host = [p for p, cuda in zip(stepped, on_gpu) if not cuda and id(p) in module_ids]
@@ -205,6 +211,24 @@ class _StepHooks:
         if any(on_gpu) and not (host and gpu_activations):
             return
         raise NotAGPUJob(self._host_message(host or stepped, call, any(on_gpu)))
+
+    def _offloaded_ids(self) -> Set[int]:
+        """Parameters FSDP keeps on the host on purpose (CPU offload): it copies each shard to the
+        GPU to gather it, and the optimizer steps it on the host. FSDP1:
+        ``FullyShardedDataParallel(cpu_offload=CPUOffload(offload_params=True))`` (its flat
+        parameters); FSDP2: ``fully_shard(offload_policy=CPUOffloadPolicy())`` (its sharded
+        parameters)."""
+        ids: Set[int] = set()
+        for module in list(self._modules):
+            if getattr(getattr(module, "cpu_offload", None), "offload_params", False):
+                # its flat parameters are registered on the module it wraps
+                ids.update(id(p) for p in module.parameters())
+            state = getattr(module, "_get_fsdp_state", None)
+            group = getattr(state(), "_fsdp_param_group", None) if callable(state) else None
+            if group is not None and type(getattr(group, "offload_policy", None)).__name__ \
+                    == "CPUOffloadPolicy":
+                ids.update(id(fp.sharded_param) for fp in getattr(group, "fsdp_params", ()))
+        return ids
 
     def _host_message(self, host: List[Any], call: str, some_on_gpu: bool) -> str:
         from xmem_admission.estimator.probe.torch_patches import APPLY_SITES
