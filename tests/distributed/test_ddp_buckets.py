@@ -43,6 +43,22 @@ def test_static_graph_and_unused_parameters_keep_the_buckets_the_reducer_reports
     assert live["communication"] == sum(buckets) == live["parameter"]
 
 
+def test_fp16_compression_holds_a_half_size_copy_of_each_bucket_while_it_is_reduced(
+        trace_launch, tmp_path):
+    report = tmp_path / "ddp.json"
+    result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("ddp_train.py"),
+                              "--report", str(report), "--fp16-compress"])
+    assert result.status == "ok", result.reason + result.traceback
+    buckets = json.loads(report.read_text())["bucket_sizes"]
+    events = result.trace.events
+    copies = [e for e in events if e.op == "alloc" and e.category == "communication"
+              and e.size in {b // 2 for b in buckets}]
+    assert sorted(e.size for e in copies[-len(buckets):]) == sorted(b // 2 for b in buckets)
+    freed = {e.id for e in events if e.op == "free"}
+    assert all(e.id in freed for e in copies)  # transient: gone once the bucket is reduced
+    assert live_at_last_step(result.trace)["communication"] == sum(buckets)
+
+
 def test_a_smaller_bucket_cap_makes_more_buckets_of_the_same_total(trace_launch, tmp_path):
     report = tmp_path / "ddp.json"
     result, _ = trace_launch(["torchrun", "--nproc-per-node", "2", script("ddp_train.py"),

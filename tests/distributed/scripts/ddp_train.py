@@ -21,6 +21,8 @@ parser.add_argument("--bucket-cap-mb", type=float, default=None)
 parser.add_argument("--bucket-view", action="store_true")
 parser.add_argument("--report", default="")
 parser.add_argument("--static-graph", action="store_true")
+parser.add_argument("--fp16-compress", action="store_true",
+                    help="DDP's built-in FP16_COMPRESS communication hook")
 parser.add_argument("--find-unused-parameters", action="store_true")
 parser.add_argument("--unused-layer", action="store_true",
                     help="a layer the forward pass never uses (what find_unused_parameters is for)")
@@ -47,6 +49,8 @@ options = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_ca
 ddp = DDP(model, device_ids=[local_rank], gradient_as_bucket_view=args.bucket_view,
           static_graph=args.static_graph, find_unused_parameters=args.find_unused_parameters,
           **options)
+if args.fp16_compress:
+    ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
 optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
 for _step in range(10):
     batch = torch.randn(16, args.width, device="cuda")

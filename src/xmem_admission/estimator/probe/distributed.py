@@ -198,12 +198,32 @@ def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:
         with device_mode.on(FLOATING_ON_GPU):
             return real_pre_forward(self, *inputs, **kwargs)
 
+    def compressed_allreduce(state: Any, bucket: Any) -> Any:
+        """What the built-in FP16_COMPRESS hook does on a GPU, memory-wise (reducer's
+        ``FP16CompressCommHook::runHook``, torch/csrc/distributed/c10d/default_comm_hooks.cpp):
+        the bucket is copied to float16 (``buffer.to(kHalf)``), that copy is divided and
+        all-reduced, and copied back into the bucket when the future completes; the copy lives
+        from the hook until then."""
+        import torch
+
+        buffer = bucket.buffer()
+        compressed = buffer.to(torch.float16)
+        tracker.tag(compressed, Category.COMMUNICATION)
+        future = in_place_allreduce(state, bucket)
+        buffer.copy_(compressed)
+        del compressed
+        return future
+
+    compressed_allreduce.__annotations__ = {}
+
     def register_builtin(self: Any, comm_hook_type: Any) -> Any:
-        # A built-in hook (allreduce, fp16 compression) runs in C++ on the fake group's empty
-        # future: the in-place hook stands for it (the compressed copy of FP16_COMPRESS, half a
-        # bucket while it is reduced, is not traced).
+        # A built-in hook runs in C++ on the fake group's empty future: a Python hook that
+        # allocates what it allocates stands for it (ALLREDUCE: nothing; FP16_COMPRESS: a
+        # float16 copy of the bucket).
         self._xmem_hooked = True
-        DDP.register_comm_hook(self, None, in_place_allreduce)
+        compress = getattr(comm_hook_type, "name", "") == "FP16_COMPRESS"
+        DDP.register_comm_hook(self, None,
+                               compressed_allreduce if compress else in_place_allreduce)
 
     patches.set(DDP, "_ddp_init_helper", init_helper)
     patches.set(DDP, "_pre_forward", pre_forward)
