@@ -271,7 +271,7 @@ def _raise_for_status(result: Dict[str, Any], command: Sequence[str]) -> None:
         raise EstimateError(f"{result['reason']}: nothing to estimate (a step is a torch.optim "
                             f"optimizer's step, or in-place updates of the model's parameters "
                             f"on the GPU after a backward pass)")
-    if status == "not_on_gpu":
+    if status in ("not_on_gpu", "unsupported"):
         raise EstimateError(f"not estimated: {result['reason']}")
     if status == "needs_real_values":
         raise EstimateError(f"fake mode cannot run this script: {result['reason']}; use "

@@ -147,7 +147,34 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
         patches.set(module, "all_reduce", all_reduce)
         patches.set(module, "is_nccl_available", lambda: True)
     _patch_ddp(patches, world, device_mode)
+    _refuse_pipelines(patches)
     return world
+
+
+PIPELINE_REASON = (
+    "pipeline-parallel jobs (torch.distributed.pipelining) are not estimated: each rank builds a "
+    "different stage of the model and keeps a different number of microbatches' activations "
+    "(1F1B: the first stage the most), so one rank's trace is not every GPU's peak; give the "
+    "job a whole-GPU request")
+
+
+def _refuse_pipelines(patches: Any) -> None:
+    """Ranks of a pipeline-parallel job differ in memory; say so instead of tracing rank 0 as if
+    it stood for all of them: building a stage refuses the job (``PIPELINE_REASON``)."""
+    try:
+        from torch.distributed.pipelining import stage
+    except ImportError:  # torch < 2.4
+        return
+    base = getattr(stage, "_PipelineStageBase", None)
+    if base is None:
+        return
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        from xmem_admission.estimator.probe.runner import Refused
+
+        raise Refused(PIPELINE_REASON)
+
+    patches.set(base, "__init__", init)
 
 
 def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:

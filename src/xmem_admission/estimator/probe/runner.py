@@ -32,7 +32,12 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 MODES = ("fake", "profile")
 
 
-class NotAGPUJob(BaseException):
+class Refused(BaseException):
+    """A job the probe does not estimate, for the reason given (status ``unsupported``). A
+    BaseException, so that a script's ``except Exception`` does not swallow it."""
+
+
+class NotAGPUJob(Refused):
     """The script steps a model that is not on the virtual GPU: refuse to estimate it."""
 
 
@@ -383,6 +388,8 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         status, reason = "needs_real_values", str(exc)
     except NotAGPUJob as exc:
         status, reason = "not_on_gpu", str(exc)
+    except Refused as exc:
+        status, reason = "unsupported", str(exc)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code != 0:
