@@ -1,18 +1,20 @@
 """Fit the cuDNN convolution rule of one GPU architecture (``contract/cudnn.py``) on GPUMemNet
 rows, and score it on rows it was not fitted on.
 
-    .venv/bin/python bench/fit_conv_workspace.py RUNS.jsonl OUT.jsonl.traces
+    .venv/bin/python bench/fit_conv_workspace.py RUNS.jsonl OUT.jsonl.traces [--per-call]
 
 ``OUT.jsonl.traces`` is the folder of traces ``xmem bench gpumemnet --out OUT.jsonl`` keeps, so
-the rows' scripts do not run again. The rule has four parameters: the basis (the larger of a
-call's input and output, or input + output + weight), the workspace as a fraction of it (one
-fraction for the forward call, one for both backward calls) and the bytes a process holds from
-its first convolution on. Every rule of a grid is applied to every row (the resident bytes added
-to the simulated peak); a rule's loss on a set of rows is the 90th percentile of the relative
-error on rows that did not run out of memory, plus the share of OOM rows predicted to fit, plus
-the share of under-estimated rows beyond 15%. The rule printed is the one with the lowest loss
-on all rows; the scores printed are leave-one-out: each row answered with the rule fitted on
-the other rows (and, as in the benchmark, the device-wide floor fitted on the other MLP rows).
+the rows' scripts do not run again. The rule has three parameters: the basis (the larger of a
+call's input and output, or input + output + weight), the workspace as one fraction of it for
+every call, and the bytes a process holds from its first convolution on. ``--per-call`` searches
+the earlier four-parameter grid instead (one fraction for the forward call, one for both
+backward calls; fewer values), to compare. Every rule of a grid is applied to every row (the
+resident bytes added to the simulated peak); a rule's loss on a set of rows is the 90th
+percentile of the relative error on rows that did not run out of memory, plus the share of OOM
+rows predicted to fit, plus the share of under-estimated rows beyond 15%. The rule printed is
+the one with the lowest loss on all rows; the scores printed are leave-one-out: each row
+answered with the rule fitted on the other rows (and, as in the benchmark, the device-wide floor
+fitted on the other MLP rows).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from xmem_admission.contract import cudnn  # noqa: E402
 from xmem_admission.contract.gpus import lookup  # noqa: E402
 
 MIB = 2**20
-FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5)
+# One fraction for every call (the default grid), and the earlier per-call grid (--per-call).
+FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0)
+PER_CALL_FRACTIONS = (0.0, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5)
 RESIDENT_MIB = tuple(range(0, 1025, 32))
 UNDER_ALLOWED = 0.15
 # (basis, (forward fraction, backward fraction), resident MiB)
@@ -47,8 +51,16 @@ def rule(params: Params) -> cudnn.ConvWorkspaceRule:
                                    resident_mib * MIB, "fit candidate", basis)
 
 
-def simulate_all(rows: List[gmn.Row], traces: str) -> Dict[Params, Dict[str, Dict[str, Any]]]:
-    """Every row simulated under every pair of the grid."""
+def fraction_grid(per_call: bool) -> List[Tuple[float, float]]:
+    """(forward, backward) fractions: equal (one fraction for every call), or every pair."""
+    if per_call:
+        return [(f, b) for f in PER_CALL_FRACTIONS for b in PER_CALL_FRACTIONS]
+    return [(f, f) for f in FRACTIONS]
+
+
+def simulate_all(rows: List[gmn.Row], traces: str,
+                 fractions: List[Tuple[float, float]]) -> Dict[Params, Dict[str, Dict[str, Any]]]:
+    """Every row simulated under every fraction of the grid, for both bases."""
     from xmem_admission.estimator.allocator.simulate import simulate
     from xmem_admission.estimator.estimate import allocator_capacity
     from xmem_admission.estimator.orchestrate import for_gpu
@@ -59,7 +71,7 @@ def simulate_all(rows: List[gmn.Row], traces: str) -> Dict[Params, Dict[str, Dic
     convolutional = {r.id for r in rows if any(
         e.op == "mark" and e.label.startswith("cudnn:") for e in kept[r.id][0].events)}
     for basis in cudnn.ConvBasis:
-        for fraction in ((f, b) for f in FRACTIONS for b in FRACTIONS):
+        for fraction in fractions:
             reserved: Dict[str, Tuple[int, bool]] = {}
             for row in rows:
                 trace = kept[row.id][0]
@@ -95,6 +107,8 @@ def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs")
     parser.add_argument("traces")
+    parser.add_argument("--per-call", action="store_true",
+                        help="fit forward and backward fractions apart (the earlier grid)")
     args = parser.parse_args(argv)
     capacity = lookup(gmn.GPU_KEY).capacity_bytes
     rows = [r for r in gmn.load_runs(args.runs)
@@ -104,7 +118,7 @@ def main(argv: List[str]) -> int:
         print("need at least 3 CNN rows and MLP rows (for the floor) with kept traces",
               file=sys.stderr)
         return 2
-    grid = simulate_all(rows, args.traces)
+    grid = simulate_all(rows, args.traces, fraction_grid(args.per_call))
     answers = {p: gmn.leave_one_out(rows, sims, capacity) for p, sims in grid.items()}
     best = min(grid, key=lambda p: loss(cnn, answers[p]))
     held_out: Dict[str, Dict[str, Any]] = {r.id: answers[best][r.id] for r in rows

@@ -113,3 +113,20 @@ def test_the_probe_marks_every_convolution_with_its_shapes(probe_run, script):
         # the input batch needs no gradient: only the weight's
         "cudnn:bwd_filter x=4,3,32,32 w=8,3,3,3 y=4,8,32,32 g=1 b=4",
     ]
+
+
+def test_the_fitted_a100_rule_asks_every_call_for_the_same_share_of_its_operands():
+    fitted = cudnn.rule_for(A100.compute_capability)
+    assert fitted is not None
+    sizes = {size for _, size in conv_workspaces(FWD, fitted) + conv_workspaces(BWD, fitted)}
+    assert len(sizes) == 1 and sizes.pop() > INPUT_BYTES
+
+
+def test_the_fit_searches_one_fraction_for_every_call_unless_asked_per_call():
+    from bench import fit_conv_workspace as fit
+
+    one = fit.fraction_grid(per_call=False)
+    assert all(forward == backward for forward, backward in one)
+    assert len(one) == len(fit.FRACTIONS)
+    per_call = fit.fraction_grid(per_call=True)
+    assert (0.2, 1.5) in per_call and len(per_call) == len(fit.PER_CALL_FRACTIONS) ** 2

@@ -24,9 +24,10 @@ What PyTorch does (documented behaviour, the sources named on each line):
   the cap).
 
 What cuDNN's heuristics pick is not documented per shape, so the size is a rule per GPU
-architecture with few parameters: a fraction of the largest tensor the convolution touches (its
-input, output, or their gradients), one fraction per kind of call, fitted on measured jobs and
-scored on jobs it was not fitted on (``bench/README.md``, "cuDNN convolution workspaces").
+architecture with few parameters: a fraction of the bytes the convolution touches (the larger of
+its input and output, or input + output + weight), one fraction per kind of call (the fitted
+rule uses one for all three), fitted on measured jobs and scored on jobs it was not fitted on
+(``bench/README.md``, "cuDNN convolution workspaces").
 Architectures without a fitted rule get none (no workspace is modelled there).
 
 Standard library only (probe bundle and cluster side both read the contract).
@@ -78,13 +79,18 @@ class ConvWorkspaceRule:
 # Ampere GA100 (compute capability 8.0: A100 40GB and 80GB): fitted by bench/fit_conv_workspace.py
 # on a 110-row stratified sample of GPUMemNet's A100-SXM4-40GB rows (94 CNN, 16 MLP for the
 # floor; `xmem bench gpumemnet --sample 110`), the grid's best rule on all of them; scored
-# leave-one-out there (bench/README.md, "cuDNN convolution workspaces"). Not fitted on the xMem
-# paper's rows: none of its CNN rows ran on a compute capability 8.0 GPU.
+# leave-one-out there (bench/README.md, "cuDNN convolution workspaces"). One fraction for every
+# call: the earlier rule with a forward and a backward fraction (0.2 and 1.5, 512 MiB) scored
+# worse on rows it was not fitted on (leave-one-out p90 22.7% against 19.0%, 26% of rows under
+# against 16%) because the left-out fits jumped between distant pairs. 1.5 x (input + output +
+# weight) is a fit, not a documented size (more than one copy of every operand, as a layout
+# transform would take). Not fitted on the xMem paper's rows: none of its CNN rows ran on a
+# compute capability 8.0 GPU.
 _GA100_SOURCE = ("fitted on 110 GPUMemNet A100-SXM4-40GB rows (bench/fit_conv_workspace.py; "
                  "bench/README.md, cuDNN convolution workspaces)")
 RULES: Dict[Tuple[int, int], ConvWorkspaceRule] = {
-    (8, 0): ConvWorkspaceRule({ConvCall.FORWARD: 0.2, ConvCall.BACKWARD_DATA: 1.5,
-                               ConvCall.BACKWARD_FILTER: 1.5}, 512 * MiB, _GA100_SOURCE,
+    (8, 0): ConvWorkspaceRule({ConvCall.FORWARD: 1.5, ConvCall.BACKWARD_DATA: 1.5,
+                               ConvCall.BACKWARD_FILTER: 1.5}, 576 * MiB, _GA100_SOURCE,
                               ConvBasis.SUM),
 }
 
