@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.distributed.conftest import live_at_last_step, script
+from tests.distributed.conftest import live_at_last_step, peak_after_setup, script
 
 
 @pytest.mark.parametrize("mode", ["fake", "profile"])
@@ -57,6 +57,21 @@ def test_fp16_compression_holds_a_half_size_copy_of_each_bucket_while_it_is_redu
     freed = {e.id for e in events if e.op == "free"}
     assert all(e.id in freed for e in copies)  # transient: gone once the bucket is reduced
     assert live_at_last_step(result.trace)["communication"] == sum(buckets)
+
+
+def test_activation_checkpointing_under_ddp_keeps_one_activation_less_per_layer(
+        trace_launch, tmp_path):
+    def peak(*options):
+        result, _ = trace_launch(["torchrun", "--nproc-per-node", "8", script("ddp_train.py"),
+                                  "--report", str(tmp_path / "ddp.json"), "--batch", "2048",
+                                  *options])
+        assert result.status == "ok", result.reason + result.traceback
+        assert result.trace.meta["distributed"]["ddp_bucket_bytes"] == json.loads(
+            (tmp_path / "ddp.json").read_text())["bucket_sizes"]
+        return peak_after_setup(result.trace)
+
+    # Each layer saves its input and its GELU's input; checkpointed, only the first.
+    assert peak() - peak("--checkpoint") == 6 * 2048 * 512 * 4
 
 
 def test_a_smaller_bucket_cap_makes_more_buckets_of_the_same_total(trace_launch, tmp_path):

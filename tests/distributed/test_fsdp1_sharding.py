@@ -56,3 +56,10 @@ def test_cpu_offload_is_a_gpu_job_whose_model_states_stay_on_the_host(trace_laun
     live = live_at_last_step(offloaded)
     assert not {"parameter", "gradient", "optimizer_state"} & set(live)
     assert 0 < peak_after_setup(offloaded) < on_gpu  # the gathered layers and activations
+
+
+def test_activation_checkpointing_keeps_one_activation_less_per_block(trace_launch):
+    plain = peak_after_setup(_traced(trace_launch, "--batch", "2048"))
+    checkpointed = peak_after_setup(_traced(trace_launch, "--batch", "2048", "--checkpoint"))
+    # Each block saves its Linear's input and its GELU's input; checkpointed, only the first.
+    assert plain - checkpointed == 6 * 2048 * 512 * 4

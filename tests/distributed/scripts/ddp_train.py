@@ -20,6 +20,9 @@ parser.add_argument("--width", type=int, default=512)
 parser.add_argument("--bucket-cap-mb", type=float, default=None)
 parser.add_argument("--bucket-view", action="store_true")
 parser.add_argument("--report", default="")
+parser.add_argument("--batch", type=int, default=16)
+parser.add_argument("--checkpoint", action="store_true",
+                    help="activation checkpointing of every layer and its activation")
 parser.add_argument("--static-graph", action="store_true")
 parser.add_argument("--fp16-compress", action="store_true",
                     help="DDP's built-in FP16_COMPRESS communication hook")
@@ -33,6 +36,11 @@ local_rank = int(os.environ["LOCAL_RANK"])
 torch.cuda.set_device(local_rank)
 
 
+def block(layer, x):
+    """A layer and its activation: what activation checkpointing recomputes in backward."""
+    return nn.functional.gelu(layer(x))
+
+
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
@@ -41,7 +49,10 @@ class Model(nn.Module):
         self.unused = nn.Linear(args.width, args.width) if args.unused_layer else None
 
     def forward(self, x):
-        return self.layers(x)
+        for layer in self.layers:
+            x = (torch.utils.checkpoint.checkpoint(block, layer, x, use_reentrant=False)
+                 if args.checkpoint else block(layer, x))
+        return x
 
 
 model = Model().cuda()
@@ -53,7 +64,7 @@ if args.fp16_compress:
     ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
 optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
 for _step in range(10):
-    batch = torch.randn(16, args.width, device="cuda")
+    batch = torch.randn(args.batch, args.width, device="cuda")
     loss = ddp(batch).square().mean()
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
