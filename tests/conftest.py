@@ -9,6 +9,7 @@ first, so a missing binary there is a failure.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Iterator
 
 import pytest
@@ -26,10 +27,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
         running.stop()
         raise
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
     line = f"real control plane: {running.plane.version()} (kube-apiserver --version)"
     if reporter is not None:
-        reporter.write_line("")
-        reporter.write_line(line)
+        # Fixture output is captured (and shown only on failure): the version goes to the test
+        # log with capture suspended.
+        with capture.global_and_fixture_disabled() if capture is not None else nullcontext():
+            reporter.write_line("")
+            reporter.write_line(line)
     print(line)
     try:
         yield running
