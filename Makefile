@@ -23,9 +23,9 @@ demo: $(STAMP)
 # helm, prometheus and promtool for the chart and observability tests, cached in .tools/; the
 # real Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd,
 # kwok) built once from the Go module proxy into ~/.cache/xmem-admission/kube/<versions>/
-# (scripts/build-kube.sh, versions in scripts/kube-versions.env; about 23 CPU-minutes cold, 0.2 s warm);
+# (scripts/build-kube.sh, versions in scripts/kube-versions.env; 24 min cold on 2 cores, 0.2 s warm);
 # the Kueue controller for the Kueue tests into its own cache, ~/.cache/xmem-admission/kueue/<version>/
-# (scripts/build-kueue.sh, version in scripts/kueue-versions.env; measured 32 min cold, two shared cores).
+# (scripts/build-kueue.sh, version in scripts/kueue-versions.env; 18 min cold on 2 cores).
 tools:
 	bash scripts/install-tools.sh
 	bash scripts/build-kube.sh

@@ -24,8 +24,9 @@
 # interrupted build resumes, and are deleted when the build succeeds. .tools/kube links to the
 # cache entry. A second `make tools` while one is building waits for it (flock).
 #
-# Measured on 2 cores shared with other builds (load 9-10): 46 min cold (23 CPU-minutes: etcd and
-# kwok 14 min, kube-apiserver, controller-manager and scheduler 32 min), 0.2 s warm; 350 MB of
+# Measured on 2 cores: 1431 s cold with an empty cache (2026-12-01, beside a single-core job);
+# 46 min earlier on cores shared with other builds (load 9-10: etcd and kwok 14 min,
+# kube-apiserver, controller-manager and scheduler 32 min); 0.2 s warm; 350 MB of
 # binaries. Deleting the temporary caches (about 5 GB) takes a few minutes on a busy disk.
 set -euo pipefail
 
