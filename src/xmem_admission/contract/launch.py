@@ -54,12 +54,17 @@ _DEEPSPEED_MODULES = frozenset({"deepspeed.launcher.runner"})
 # Interpreter options that take a value (python -W ignore -m torch.distributed.run ...).
 _PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})
 
-UNSUPPORTED = {
-    Launcher.DEEPSPEED: "DeepSpeed jobs are not estimated: the probe does not trace DeepSpeed's "
-    "engine (its ZeRO partitioning and communication buffers are made by DeepSpeed's own "
-    "CUDA ops, which do not run on the CPU probe's virtual GPU); estimate the same model "
-    "with torchrun and FSDP, or give the job a whole-GPU request",
-}
+# Why DeepSpeed is refused, wherever the probe meets it: its launcher, ``accelerate launch
+# --use-deepspeed``, or ``deepspeed.initialize`` / ``deepspeed.zero.Init`` inside the script
+# (the Hugging Face Trainer's path when ``TrainingArguments(deepspeed=...)`` is set).
+DEEPSPEED_REASON = (
+    "DeepSpeed jobs are not estimated: the probe has no model of DeepSpeed's engine (ZeRO's "
+    "flat partitions and bucketed reductions, and its fused optimizers, CUDA extensions that "
+    "DeepSpeed builds at run time and that cannot run in the CPU probe); estimate the same "
+    "model with torchrun and FSDP (ZeRO-3's equivalent) or DDP, or give the job a whole-GPU "
+    "request")
+
+UNSUPPORTED = {Launcher.DEEPSPEED: DEEPSPEED_REASON}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ Python >= 3.9, torch >= 2.1 with torch.distributed; this module ships in the pro
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from xmem_admission.estimator.probe.tracker import FLOATING_ON_GPU
 from xmem_admission.estimator.trace import Category
@@ -148,6 +148,7 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
         patches.set(module, "is_nccl_available", lambda: True)
     _patch_ddp(patches, world, device_mode)
     _refuse_pipelines(patches)
+    _refuse_deepspeed(patches)
     return world
 
 
@@ -175,6 +176,64 @@ def _refuse_pipelines(patches: Any) -> None:
         raise Refused(PIPELINE_REASON)
 
     patches.set(base, "__init__", init)
+
+
+class _AfterImport:
+    """A ``sys.meta_path`` finder that runs ``then(module)`` right after module ``name`` is
+    executed, before any other code can take names from it; the module's own finder and loader
+    do the finding and loading."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then, self._finding = name, then, False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        import importlib.util
+
+        if fullname != self.name or self._finding:
+            return None
+        self._finding = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding = False
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return None
+        real_exec, then = loader.exec_module, self.then
+
+        def exec_module(module: Any) -> None:
+            real_exec(module)
+            then(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _refuse_deepspeed(patches: Any) -> None:
+    """A DeepSpeed job refused with the reason (``contract.launch.DEEPSPEED_REASON``) where its
+    engine is made, whatever started it: ``deepspeed.initialize`` (what the Hugging Face Trainer
+    and Accelerate call when a DeepSpeed config is given) and ``deepspeed.zero.Init`` (ZeRO-3's
+    partitioned construction, ``from_pretrained`` under ZeRO-3). Importing DeepSpeed alone is
+    not refused: libraries import it when it is installed."""
+    import sys
+
+    from xmem_admission.contract.launch import DEEPSPEED_REASON
+
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        from xmem_admission.estimator.probe.runner import Refused
+
+        raise Refused(DEEPSPEED_REASON)
+
+    def patch(module: Any) -> None:
+        patches.set(module, "initialize", refuse)
+        zero_init = getattr(getattr(module, "zero", None), "Init", None)
+        if zero_init is not None:
+            patches.set(zero_init, "__init__", refuse)
+
+    if "deepspeed" in sys.modules:
+        patch(sys.modules["deepspeed"])
+    else:
+        patches.set(sys, "meta_path", [_AfterImport("deepspeed", patch), *sys.meta_path])
 
 
 def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:

@@ -493,4 +493,10 @@ def main(args: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    # Run as ``python -m``, this module is ``__main__``; the probe's other modules import it by
+    # its name to raise ``Refused``, which would load a second copy with its own ``Refused``
+    # class that ``run`` does not catch (the job would die with a traceback instead of being
+    # reported as unsupported). One module under both names.
+    if __spec__ is not None:
+        sys.modules.setdefault(__spec__.name, sys.modules[__name__])
     sys.exit(main())
