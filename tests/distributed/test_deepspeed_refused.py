@@ -45,3 +45,28 @@ def test_the_same_trainer_without_a_deepspeed_config_is_estimated(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     gpu = json.loads(proc.stdout)["gpus"][0]
     assert gpu["total_bytes"] > 0 and gpu["breakdown"]["communication"] > 0
+
+
+def test_the_import_hook_patches_the_module_once_loaded_and_is_inert_after_the_run(
+        tmp_path, monkeypatch):
+    from xmem_admission.estimator.probe.distributed import _AfterImport
+    from xmem_admission.estimator.probe.torch_patches import Patches
+
+    (tmp_path / "xmem_hooked_demo.py").write_text("def initialize():\n    return 'real'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "xmem_hooked_demo", raising=False)
+    hook, patches, seen = _AfterImport("xmem_hooked_demo"), Patches(), []
+    try:
+        hook.arm(patches, lambda module: seen.append(module.initialize()))
+        added_meanwhile = object()
+        sys.meta_path.append(added_meanwhile)  # a library's own finder, added during the run
+        import xmem_hooked_demo  # noqa: F401
+
+        assert seen == ["real"]  # ran right after the module's own code
+    finally:
+        patches.restore()
+    assert added_meanwhile in sys.meta_path  # restoring the run kept it
+    sys.meta_path.remove(added_meanwhile)
+    assert hook.then is None  # disarmed: later imports are left alone
+    assert hook.find_spec("xmem_hooked_demo") is None
+    sys.meta_path.remove(hook)

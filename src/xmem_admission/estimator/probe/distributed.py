@@ -179,17 +179,29 @@ def _refuse_pipelines(patches: Any) -> None:
 
 
 class _AfterImport:
-    """A ``sys.meta_path`` finder that runs ``then(module)`` right after module ``name`` is
-    executed, before any other code can take names from it; the module's own finder and loader
-    do the finding and loading."""
+    """A ``sys.meta_path`` finder that, while armed, runs ``then(module)`` right after module
+    ``name`` is executed, before any other code can take names from it; the module's own finder
+    and loader do the finding and loading. One instance stays on ``sys.meta_path`` (inserted
+    once, so a finder a library adds meanwhile is kept); a probe run arms it through its
+    patches, and restoring them disarms it."""
 
-    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
-        self.name, self.then, self._finding = name, then, False
+    then: Optional[Callable[[Any], None]] = None  # armed when set
+
+    def __init__(self, name: str) -> None:
+        self.name, self._finding = name, False
+
+    def arm(self, patches: Any, then: Callable[[Any], None]) -> None:
+        import sys
+
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+        patches.set(self, "then", then)
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         import importlib.util
 
-        if fullname != self.name or self._finding:
+        then = self.then
+        if then is None or fullname != self.name or self._finding:
             return None
         self._finding = True
         try:
@@ -199,7 +211,7 @@ class _AfterImport:
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
             return None
-        real_exec, then = loader.exec_module, self.then
+        real_exec = loader.exec_module
 
         def exec_module(module: Any) -> None:
             real_exec(module)
@@ -207,6 +219,9 @@ class _AfterImport:
 
         loader.exec_module = exec_module
         return spec
+
+
+_DEEPSPEED_IMPORT = _AfterImport("deepspeed")
 
 
 def _refuse_deepspeed(patches: Any) -> None:
@@ -233,7 +248,7 @@ def _refuse_deepspeed(patches: Any) -> None:
     if "deepspeed" in sys.modules:
         patch(sys.modules["deepspeed"])
     else:
-        patches.set(sys, "meta_path", [_AfterImport("deepspeed", patch), *sys.meta_path])
+        _DEEPSPEED_IMPORT.arm(patches, patch)
 
 
 def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:
