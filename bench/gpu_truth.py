@@ -17,7 +17,11 @@ under ``--out``:
 - ``snapshots-N.tar``: the jobs' ``torch.cuda.memory._dump_snapshot()`` pickles, each
   xz-compressed, packed into at most ``MAX_ARCHIVES`` archives of at most ``ARCHIVE_LIMIT`` bytes
   (the device machine returns at most 8 files of 16 MiB);
-- ``jobs.log``: what each job printed (its tail).
+- ``jobs.log``: what each job printed (its tail);
+- ``conv_workspaces.jsonl``: after the matrix, with ``CONV_BUDGET_S`` of the budget kept for
+  it, the bytes each cuDNN convolution call holds beyond its outputs, shape by shape
+  (``bench/conv_workspaces.py``: the convolutions of GPUMemNet's CNN jobs, for the workspace
+  rule of issue #18).
 
 This half imports only the standard library here, and the runner only torch and NVML's binding,
 because the GPU machine has Python 3.12, torch, torchvision and nvidia-ml-py and no xmem.
@@ -78,11 +82,16 @@ STEPS = 3
 DRY_RUN_STEPS = 2
 EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 # The device machine returns at most 8 files of 16 MiB each (/work/.library/device/README.md,
-# Limits): measurements.jsonl and jobs.log take two, the archives at most six, each kept 1 MiB
-# under the limit for tar headers and slack.
-MAX_ARCHIVES = 6
+# Limits): measurements.jsonl, jobs.log and conv_workspaces.jsonl take three, the archives at
+# most five, each kept 1 MiB under the limit for tar headers and slack.
+MAX_ARCHIVES = 5
 ARCHIVE_LIMIT = 15 * 2**20
 LOG_TAIL_CHARS = 20_000  # per job, so that jobs.log stays far below 16 MiB
+CONV_SCRIPT = Path(__file__).resolve().with_name("conv_workspaces.py")
+CONV_WORKSPACES = "conv_workspaces.jsonl"
+# Seconds of the budget kept for the convolution shapes after the matrix (120 shapes, six calls
+# each; the largest shapes come last and are the ones a short budget leaves out).
+CONV_BUDGET_S = 60.0
 
 # --- Time plan -----------------------------------------------------------------------------------
 # Planning figures, not GPU facts the estimator uses; each run records every job's real wall_s.
@@ -398,7 +407,7 @@ def read_snapshot(archive: Path, member: str) -> bytes:
 
 def _preflight(dry_run: bool) -> Dict[str, Any]:
     """Check the machine can measure before spending GPU time; returns what NVML says."""
-    for path in (RUNNER, ROOT / GPT_SCRIPT, ROOT / CNN_SCRIPT):
+    for path in (RUNNER, ROOT / GPT_SCRIPT, ROOT / CNN_SCRIPT, CONV_SCRIPT):
         if not path.is_file():
             raise HarnessError(f"{path} is missing: run from a full checkout of the repository")
     if importlib.util.find_spec("torch") is None:
@@ -506,8 +515,10 @@ def _last_line(text: str) -> str:
 
 
 def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
-            interval: float = 0.005) -> List[Dict[str, Any]]:
-    """Run every job that fits the time budget; write measurements, archives and the log."""
+            interval: float = 0.005, conv_budget_s: float = CONV_BUDGET_S
+            ) -> List[Dict[str, Any]]:
+    """Run every job that fits the time budget less ``conv_budget_s``, then the convolution
+    shapes in what is left; write measurements, archives, the shapes' file and the log."""
     nvml = _preflight(dry_run)
     steps = DRY_RUN_STEPS if dry_run else STEPS
     out.mkdir(parents=True, exist_ok=True)
@@ -517,7 +528,8 @@ def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
               flush=True)
     packer = SnapshotPacker(out)
     rows: List[Dict[str, Any]] = []
-    deadline = time.monotonic() + budget_s
+    started = time.monotonic()
+    deadline = started + max(budget_s - conv_budget_s, 0.0)
     with tempfile.TemporaryDirectory(prefix="gpu-truth-") as tmp, \
             open(out / "jobs.log", "w") as log, open(out / MEASUREMENTS, "w") as sink:
         for index, job in enumerate(jobs, 1):
@@ -542,6 +554,9 @@ def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
             sink.flush()
             rows.append(row)
             print(f"[{index}/{len(jobs)}] {_progress(row)}", flush=True)
+        if conv_budget_s > 0:
+            measure_convs(out / CONV_WORKSPACES, log, dry_run=dry_run,
+                          budget_s=started + budget_s - time.monotonic())
     packer.close()
     if nvml:
         nvml["nvml"].nvmlShutdown()
@@ -549,6 +564,32 @@ def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
     print(f"measured {measured} of {len(jobs)} jobs into {out} "
           f"({len(packer.archives)} snapshot archive(s))", flush=True)
     return rows
+
+
+def _conv_module() -> Any:
+    """``conv_workspaces.py`` beside this file (run as a script or imported from ``bench``)."""
+    spec = importlib.util.spec_from_file_location("conv_workspaces", CONV_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure_convs(target: Path, log: Any, *, dry_run: bool, budget_s: float) -> None:
+    """``conv_workspaces.py`` over its shapes in a process of its own (a fresh allocator);
+    a dry run measures the first three on the CPU."""
+    command = [sys.executable, str(CONV_SCRIPT), "--dry-run" if dry_run else "--measure",
+               "--out", str(target), "--budget-s", str(max(budget_s - 15.0, 1.0))]
+    command += ["--limit", "3"] if dry_run else []
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                              timeout=max(budget_s, 5.0))
+        output, code = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        output = "".join(_decode(s) for s in (exc.stdout, exc.stderr))
+        code = None
+    log.write(f"===== convolution workspaces (exit {code}) =====\n{output[-LOG_TAIL_CHARS:]}\n")
+    print(f"convolution workspaces: {_last_line(output)}", flush=True)
 
 
 def _progress(row: Dict[str, Any]) -> str:
@@ -763,7 +804,17 @@ def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
         shutil.copyfile(measurements, truth.parent / MEASUREMENTS)
         for name in sorted({r["snapshot"]["archive"] for r in rows if r.get("snapshot")}):
             shutil.copyfile(measurements.parent / name, truth.parent / name)
+    convs = measurements.parent / CONV_WORKSPACES
+    if convs.is_file():
+        shapes = _conv_module()
+        table, summary["conv_workspaces"] = shapes.compare(shapes.load_rows(convs))
+        (truth.parent / "summary.json").write_text(
+            json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        if not dry_run and convs.parent.resolve() != truth.parent.resolve():
+            shutil.copyfile(convs, truth.parent / CONV_WORKSPACES)
     print(error_table(out_rows, summary))
+    if convs.is_file():
+        print("\nConvolution workspaces (bench/conv_workspaces.py):\n" + table)
     print(f"wrote {truth} and {truth.parent / 'summary.json'}")
     failed = (summary["measurement_failures"] or summary["estimate_failures"]
               or summary["replay"]["mismatched"])

@@ -61,7 +61,23 @@ def test_the_dry_run_succeeds_and_writes_measurements_truth_summary_and_log(dry_
     out, result = dry_run
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert {p.name for p in out.iterdir()} == {"measurements.jsonl", "truth.jsonl",
-                                               "summary.json", "jobs.log"}
+                                               "summary.json", "jobs.log",
+                                               "conv_workspaces.jsonl"}
+
+
+def test_the_dry_run_measures_three_convolution_shapes_on_the_cpu_and_says_none_was_on_a_gpu(
+        dry_run):
+    out, result = dry_run
+    rows = read_jsonl(out / "conv_workspaces.jsonl")
+    assert len(rows) == 3
+    for row in rows:
+        assert row["dry_run"] is True and row["shape"]["x"][0] <= 2
+        assert row["held_bytes"] == {"fwd": [None, None], "bwd_data": [None, None],
+                                     "bwd_filter": [None, None]}
+    assert "Convolution workspaces" in result.stdout
+    assert "no shape was measured on a GPU" in result.stdout
+    assert json.loads((out / "summary.json").read_text())["conv_workspaces"] == {
+        "shapes": 3, "measured": 0}
 
 
 def test_the_dry_run_trains_every_tiny_job_on_the_cpu_and_records_no_gpu_memory(dry_run):

@@ -1,0 +1,327 @@
+"""What cuDNN convolutions really ask the caching allocator for, shape by shape, on a GPU; and how
+the workspace rule of ``contract/cudnn.py`` compares (issue #18).
+
+The rule for compute capability 8.0 is a fit on whole jobs (bench/README.md, "cuDNN convolution
+workspaces"): what cuDNN's heuristics pick per shape is not documented, and the jobs' residual
+error is in those sizes. This measures them directly, one convolution at a time:
+
+**Measuring** (``--measure``; the GPU machine, torch and the standard library only): for each
+shape of ``--shapes`` (JSON lines ``{"x": [N, C, H, W], "w": [K, C/g, R, S], "y": [N, K, P, Q],
+"g": G, "b": element bytes, "row": where it came from}``), runs the forward call, the gradient of
+the input and the gradient of the weight (``aten.convolution`` and ``aten.convolution_backward``
+with one output each, what autograd runs, ConvShared.cpp), each twice, with cuDNN's defaults
+(``benchmark`` off, TF32 allowed for fp32), and records the bytes the call held beyond what it
+returned: ``max_memory_allocated() - memory_allocated()`` after the call, with the peak reset
+before it (the caching allocator's own counters; the workspace is allocated and freed inside the
+call, Conv_v8.cpp ``run_conv_plan``). Stride and padding are the smallest that turn ``x`` into
+``y`` (dilation 1). A shape that does not fit is recorded as such. Writes one JSON line per
+shape to ``--out`` and stops starting shapes when ``--budget-s`` is spent. ``--dry-run`` runs the
+same code on the CPU (no cuDNN: every figure is null), with the batch cut to 2.
+
+**Comparing** (``--compare FILE``; here, with the project's environment): prints, for each call,
+the measured bytes as a multiple of the rule's basis (input + output + weight, or the larger of
+input and output) and, where the measured GPU's architecture has a rule, how often the rule's
+size is below the measured one.
+
+**Shapes** (``--make-shapes TRACES``): the distinct convolutions of kept GPUMemNet traces (the
+``OUT.jsonl.traces`` folder of ``xmem bench gpumemnet``: each trace's ``cudnn:fwd`` marks), a
+sample stratified by the rule's basis up to ``--max-basis-mib``; ``bench/data/conv_shapes.jsonl``
+was made this way from the 110-row sample.
+
+    .venv/bin/python bench/conv_workspaces.py --make-shapes DIR.traces --out bench/data/conv_shapes.jsonl
+    python3 bench/conv_workspaces.py --measure --shapes bench/data/conv_shapes.jsonl --out OUT.jsonl
+    .venv/bin/python bench/conv_workspaces.py --compare OUT.jsonl
+
+``bench/gpu_truth.py`` runs the measuring half after its job matrix and the comparison in its
+estimating half.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPES = ROOT / "bench" / "data" / "conv_shapes.jsonl"
+SCHEMA = "xmem-conv-workspace/1"
+CALLS = ("fwd", "bwd_data", "bwd_filter")
+MIB = 2**20
+
+
+# --- Shapes ---------------------------------------------------------------------------------------
+
+
+def _dims(text: str) -> List[int]:
+    return [int(d) for d in text.split(",") if d]
+
+
+def parse_mark(label: str) -> Optional[Dict[str, Any]]:
+    """A probe ``cudnn:`` mark (``tracker.conv_mark``) as a shape, or None for other marks."""
+    head, _, rest = label.partition(" ")
+    if not head.startswith("cudnn:"):
+        return None
+    fields = dict(part.split("=", 1) for part in rest.split() if "=" in part)
+    if not all(k in fields for k in ("x", "w", "y")):
+        return None
+    return {"x": _dims(fields["x"]), "w": _dims(fields["w"]), "y": _dims(fields["y"]),
+            "g": int(fields.get("g", "1")), "b": int(fields.get("b", "4"))}
+
+
+def operand_bytes(shape: Dict[str, Any]) -> Tuple[int, int, int]:
+    """Bytes of the input, output and weight of a shape."""
+    size = int(shape["b"])
+    return (math.prod(shape["x"]) * size, math.prod(shape["y"]) * size,
+            math.prod(shape["w"]) * size)
+
+
+def make_shapes(traces: Path, count: int, max_basis: int, seed: int = 0) -> List[Dict[str, Any]]:
+    """Distinct forward convolutions of the traces (``torchsummary``'s batch-of-2 pass left
+    out), ``count`` of them spread evenly over the basis (input + output + weight) up to
+    ``max_basis`` bytes."""
+    seen: Dict[str, Dict[str, Any]] = {}
+    for path in sorted(traces.glob("*.json")):
+        events = json.loads(path.read_text())["trace"]["events"]
+        for event in events:
+            if event[0] != "mark" or not event[1].startswith("cudnn:fwd "):
+                continue
+            shape = parse_mark(event[1])
+            if shape is None or shape["x"][0] <= 2:
+                continue
+            key = event[1][len("cudnn:fwd "):]
+            if key not in seen and sum(operand_bytes(shape)) <= max_basis:
+                seen[key] = dict(shape, row=path.stem)
+    ranked = sorted(seen.values(), key=lambda s: (sum(operand_bytes(s)), json.dumps(s)))
+    if len(ranked) <= count:
+        return ranked
+    rng = random.Random(seed)
+    step = len(ranked) / count
+    return [ranked[min(len(ranked) - 1, int(i * step + rng.random() * step))]
+            for i in range(count)]
+
+
+def load_shapes(path: Path) -> List[Dict[str, Any]]:
+    shapes = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        shape = json.loads(line)
+        for key in ("x", "w", "y"):
+            if not (isinstance(shape.get(key), list) and len(shape[key]) == 4
+                    and all(isinstance(d, int) and d > 0 for d in shape[key])):
+                raise ValueError(f"{path}:{number}: {key!r} must be four positive integers")
+        if shape.get("b") not in (2, 4):
+            raise ValueError(f"{path}:{number}: 'b' must be 2 (bf16) or 4 (fp32)")
+        shapes.append(shape)
+    return shapes
+
+
+def geometry(shape: Dict[str, Any]) -> Tuple[List[int], List[int]]:
+    """The smallest stride, then padding, that make ``y`` from ``x`` with kernel ``w`` (dilation
+    1): out = (in + 2 * pad - kernel) // stride + 1 per spatial dimension."""
+    stride, padding = [], []
+    for size, kernel, out in zip(shape["x"][2:], shape["w"][2:], shape["y"][2:]):
+        found = next(((s, p) for s in range(1, max(size, kernel) + 1) for p in range(kernel)
+                      if (size + 2 * p - kernel) // s + 1 == out), None)
+        if found is None:
+            raise ValueError(f"no stride and padding turn {shape['x']} into {shape['y']} "
+                             f"with kernel {shape['w']}")
+        stride.append(found[0])
+        padding.append(found[1])
+    return stride, padding
+
+
+# --- Measuring (the GPU machine: torch and the standard library only) ----------------------------
+
+
+def measure_shape(torch: Any, shape: Dict[str, Any], device: str) -> Dict[str, Any]:
+    """The transient bytes of each call, first and second run; None on the CPU."""
+    cuda = device == "cuda"
+    dtype = torch.float32 if shape["b"] == 4 else torch.bfloat16
+    stride, padding = geometry(shape)
+    x = torch.randn(shape["x"], device=device, dtype=dtype)
+    w = torch.randn(shape["w"], device=device, dtype=dtype)
+    common = (stride, padding, [1, 1], False, [0, 0], shape["g"])
+
+    def held(call: Any) -> Tuple[Any, Optional[int]]:
+        if not cuda:
+            return call(), None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        out = call()
+        torch.cuda.synchronize()
+        return out, int(torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
+
+    result: Dict[str, Any] = {}
+    y = None
+    for _ in range(2):
+        y, size = held(lambda: torch.ops.aten.convolution(x, w, None, *common))
+        result.setdefault("fwd", []).append(size)
+    if list(y.shape) != shape["y"]:
+        raise ValueError(f"output {list(y.shape)} is not the shape's {shape['y']}")
+    grad = torch.randn_like(y)
+    del y
+    for call, mask in (("bwd_data", [True, False, False]), ("bwd_filter", [False, True, False])):
+        def backward(mask: List[bool] = mask) -> Any:
+            return torch.ops.aten.convolution_backward(grad, x, w, None, *common, mask)
+
+        for _ in range(2):
+            out, size = held(backward)
+            del out
+            result.setdefault(call, []).append(size)
+    return result
+
+
+def measure(shapes: Sequence[Dict[str, Any]], out: Path, *, budget_s: float,
+            dry_run: bool) -> int:
+    """Measure every shape that the budget allows; returns how many were measured."""
+    import torch
+
+    device = "cpu" if dry_run else "cuda"
+    if not dry_run and not torch.cuda.is_available():
+        raise SystemExit("conv_workspaces: --measure needs a CUDA GPU (--dry-run runs on the CPU)")
+    header: Dict[str, Any] = {
+        "schema": SCHEMA, "dry_run": dry_run, "torch_version": torch.__version__,
+        "cudnn_version": torch.backends.cudnn.version() if not dry_run else None,
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        "allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "wscap_dbg": os.environ.get("CUDNN_CONV_WSCAP_DBG"),
+    }
+    if not dry_run:
+        props = torch.cuda.get_device_properties(0)
+        header.update(gpu_name=props.name, compute_capability=[props.major, props.minor],
+                      gpu_total_memory_bytes=int(props.total_memory))
+    deadline, done = time.monotonic() + budget_s, 0
+    with open(out, "w") as sink:
+        for index, shape in enumerate(shapes):
+            if time.monotonic() > deadline:
+                print(f"conv_workspaces: budget spent after {done} of {len(shapes)} shapes",
+                      flush=True)
+                break
+            if dry_run:
+                shape = dict(shape, x=[min(2, shape["x"][0])] + shape["x"][1:],
+                             y=[min(2, shape["y"][0])] + shape["y"][1:])
+            row: Dict[str, Any] = dict(header, index=index, shape=shape)
+            started = time.perf_counter()
+            try:
+                row["held_bytes"] = measure_shape(torch, shape, device)
+            except torch.OutOfMemoryError:
+                row["oom"] = True
+            except (RuntimeError, ValueError) as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            if not dry_run:
+                torch.cuda.empty_cache()
+            row["seconds"] = round(time.perf_counter() - started, 4)
+            sink.write(json.dumps(row, sort_keys=True) + "\n")
+            sink.flush()
+            done += 1
+    print(f"conv_workspaces: {done} of {len(shapes)} shapes into {out}", flush=True)
+    return done
+
+
+# --- Comparing (here) ----------------------------------------------------------------------------
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def compare(rows: Iterable[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
+    """The markdown table of measured bytes against the rule's basis and size, and the summary."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from xmem_admission.contract import cudnn
+
+    rows = [r for r in rows if r.get("held_bytes")]
+    measured = [r for r in rows if r["held_bytes"]["fwd"][-1] is not None]
+    if not measured:
+        return "no shape was measured on a GPU (a dry run, or every shape failed)", {
+            "shapes": len(rows), "measured": 0}
+    capability = tuple(measured[0].get("compute_capability") or ())
+    rule = cudnn.rule_for(capability) if len(capability) == 2 else None  # type: ignore[arg-type]
+    lines = [f"{measured[0].get('gpu_name')} (compute capability "
+             f"{'.'.join(map(str, capability))}), cuDNN {measured[0].get('cudnn_version')}, "
+             f"{len(measured)} shapes; steady figures (the second run of each call)", "",
+             "| call | median bytes / (in+out+w) | p90 | max | shapes holding nothing "
+             "| rule's size below measured |", "| --- | --- | --- | --- | --- | --- |"]
+    summary: Dict[str, Any] = {"shapes": len(rows), "measured": len(measured),
+                               "gpu_name": measured[0].get("gpu_name"),
+                               "compute_capability": list(capability), "calls": {}}
+    for call in CALLS:
+        ratios, zero, under = [], 0, 0
+        for row in measured:
+            size = row["held_bytes"][call][-1]
+            x, y, w = operand_bytes(row["shape"])
+            ratios.append(size / (x + y + w))
+            zero += size == 0
+            if rule is not None:
+                under += cudnn.workspace_bytes(rule, cudnn.ConvCall(call), x, y, w) < size
+        share = f"{under / len(measured):.0%}" if rule is not None else "no rule"
+        lines.append(f"| {call} | {statistics.median(ratios):.3f} | "
+                     f"{_quantile(ratios, 0.9):.3f} | {max(ratios):.3f} | "
+                     f"{zero} of {len(measured)} | {share} |")
+        summary["calls"][call] = {"median_ratio": statistics.median(ratios),
+                                  "p90_ratio": _quantile(ratios, 0.9), "max_ratio": max(ratios),
+                                  "zero": zero, "rule_under": under if rule else None}
+    first_differs = sum(any(r["held_bytes"][c][0] != r["held_bytes"][c][-1] for c in CALLS)
+                        for r in measured)
+    lines.append("")
+    lines.append(f"first run differs from the second in {first_differs} of {len(measured)} "
+                 f"shapes; rule: " + ("none for this architecture" if rule is None else
+                                      f"{rule.basis.value} x {dict(rule.fraction)}"))
+    summary["first_run_differs"] = first_differs
+    return "\n".join(lines), summary
+
+
+def load_rows(path: Path) -> List[Dict[str, Any]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows or any(r.get("schema") != SCHEMA for r in rows):
+        raise ValueError(f"{path}: not a {SCHEMA} file")
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="conv_workspaces.py",
+                                     description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--measure", action="store_true", help="measure on this machine's GPU")
+    mode.add_argument("--dry-run", action="store_true", help="the measuring code on the CPU")
+    mode.add_argument("--compare", type=Path, metavar="FILE", help="compare measured shapes")
+    mode.add_argument("--make-shapes", type=Path, metavar="TRACES",
+                      help="sample shapes from kept GPUMemNet traces")
+    parser.add_argument("--shapes", type=Path, default=SHAPES)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--budget-s", type=float, default=60.0)
+    parser.add_argument("--count", type=int, default=120)
+    parser.add_argument("--max-basis-mib", type=int, default=4096)
+    parser.add_argument("--limit", type=int, help="measure only the first N shapes")
+    args = parser.parse_args(argv)
+    try:
+        if args.compare:
+            table, _ = compare(load_rows(args.compare))
+            print(table)
+            return 0
+        if args.out is None:
+            parser.error("--out is required")
+        if args.make_shapes:
+            shapes = make_shapes(args.make_shapes, args.count, args.max_basis_mib * MIB)
+            args.out.write_text("".join(json.dumps(s, sort_keys=True) + "\n" for s in shapes))
+            print(f"{len(shapes)} shapes into {args.out}")
+            return 0
+        shapes = load_shapes(args.shapes)[:args.limit]
+        measure(shapes, args.out, budget_s=args.budget_s, dry_run=args.dry_run)
+        return 0
+    except (OSError, ValueError) as exc:
+        print(f"conv_workspaces: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
