@@ -8,14 +8,15 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
+# The last install is DeepSpeed, for the tests that show DeepSpeed jobs are refused
+# (tests/distributed): an sdist whose build imports torch, so it is built against the venv's
+# torch, into a folder of its own that only those tests put on the path (nothing else sees
+# DeepSpeed installed).
 $(STAMP): pyproject.toml requirements/constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -qq --upgrade pip
 	$(PY) -m pip install -qq -c requirements/constraints.txt -e '.[dev]'
-	# DeepSpeed, for the tests that show DeepSpeed jobs are refused (tests/distributed): an
-	# sdist whose build imports torch, so it is built against the venv's torch, into a folder of
-	# its own that only those tests put on the path (nothing else sees DeepSpeed installed).
-	$(PY) -m pip install -qq --no-build-isolation --no-deps -c requirements/constraints.txt \
+	$(PY) -m pip install -qq --upgrade --no-build-isolation --no-deps -c requirements/constraints.txt \
 		--target $(VENV)/deepspeed deepspeed einops hjson msgpack ninja py-cpuinfo
 	touch $(STAMP)
 
