@@ -22,14 +22,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Protocol, Sequence, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from bench import gpumemnet as gmn  # noqa: E402
-from bench.paper.benchmark import quantile  # noqa: E402
+from bench.paper.benchmark import kept_trace, quantile  # noqa: E402
 from xmem_admission.contract import cudnn  # noqa: E402
 from xmem_admission.contract.gpus import lookup  # noqa: E402
 
@@ -58,39 +58,61 @@ def fraction_grid(per_call: bool) -> List[Tuple[float, float]]:
     return [(f, f) for f in FRACTIONS]
 
 
-def simulate_all(rows: List[gmn.Row], traces: str,
-                 fractions: List[Tuple[float, float]]) -> Dict[Params, Dict[str, Dict[str, Any]]]:
-    """Every row simulated under every fraction of the grid, for both bases."""
+def simulate_grid(kept: Dict[str, Tuple[Any, Any]], fractions: List[Tuple[float, float]]
+                  ) -> Dict[Params, Dict[str, Tuple[int, bool]]]:
+    """Every kept trace (row id -> (trace, GPU)) simulated on its GPU under every rule of the
+    grid (both bases, every fraction, every resident size): row id -> (peak reserved, simulated
+    OOM)."""
     from xmem_admission.estimator.allocator.simulate import simulate
     from xmem_admission.estimator.estimate import allocator_capacity
     from xmem_admission.estimator.orchestrate import for_gpu
 
-    gpu = lookup(gmn.GPU_KEY)
-    kept = {r.id: gmn.kept_trace(r.id, traces) for r in rows}
-    out: Dict[Params, Dict[str, Dict[str, Any]]] = {}
-    convolutional = {r.id for r in rows if any(
-        e.op == "mark" and e.label.startswith("cudnn:") for e in kept[r.id][0].events)}
+    out: Dict[Params, Dict[str, Tuple[int, bool]]] = {}
+    convolutional = {ident for ident, (trace, _) in kept.items() if any(
+        e.op == "mark" and e.label.startswith(cudnn.TRANSIENT_PREFIX) for e in trace.events)}
     for basis in cudnn.ConvBasis:
         for fraction in fractions:
             reserved: Dict[str, Tuple[int, bool]] = {}
-            for row in rows:
-                trace = kept[row.id][0]
+            for ident, (trace, gpu) in kept.items():
                 sim = simulate(for_gpu(trace, gpu, {}, conv_rule=rule((basis, fraction, 0))),
                                capacity_bytes=allocator_capacity(gpu))
-                reserved[row.id] = (sim.peak_reserved_bytes, sim.oom is not None)
+                reserved[ident] = (sim.peak_reserved_bytes, sim.oom is not None)
             # The resident bytes are one block held from the first convolution on: added to
             # the peak here rather than simulated again for each value (what differs is only
             # where a job within that many bytes of the capacity would have hit it).
             for resident in RESIDENT_MIB:
-                out[(basis, fraction, resident)] = {row.id: {
-                    "id": row.id, "peak_reserved_bytes": reserved[row.id][0]
-                    + (resident * MIB if row.id in convolutional else 0),
-                    "simulated_oom": reserved[row.id][1], "seconds": kept[row.id][1],
-                    "mode": kept[row.id][2]} for row in rows}
+                out[(basis, fraction, resident)] = {
+                    ident: (peak + (resident * MIB if ident in convolutional else 0), oom)
+                    for ident, (peak, oom) in reserved.items()}
     return out
 
 
-def loss(rows: List[gmn.Row], answers: Dict[str, Dict[str, Any]]) -> float:
+def simulate_all(rows: List[gmn.Row], traces: str,
+                 fractions: List[Tuple[float, float]]) -> Dict[Params, Dict[str, Dict[str, Any]]]:
+    """Every row simulated under every rule of the grid, as ``gmn.leave_one_out`` reads it."""
+    gpu = lookup(gmn.GPU_KEY)
+    kept = {r.id: k for r in rows if (k := kept_trace(r.id, traces)) is not None}
+    grid = simulate_grid({ident: (k[0], gpu) for ident, k in kept.items()}, fractions)
+    return {params: {ident: {"id": ident, "peak_reserved_bytes": peak, "simulated_oom": oom,
+                             "seconds": kept[ident][1], "mode": kept[ident][2]}
+                     for ident, (peak, oom) in sims.items()} for params, sims in grid.items()}
+
+
+class Measured(Protocol):
+    """A measured row of either yardstick, as the loss reads it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def oom(self) -> bool: ...
+
+    @property
+    def measured(self) -> int: ...
+
+
+def loss(rows: Sequence[Measured], answers: Dict[str, Dict[str, Any]],
+         under_allowed: float = UNDER_ALLOWED) -> float:
     errors = [abs(answers[r.id]["estimate_bytes"] - r.measured) / r.measured
               for r in rows if not r.oom]
     ooms = [r for r in rows if r.oom]
@@ -99,7 +121,7 @@ def loss(rows: List[gmn.Row], answers: Dict[str, Dict[str, Any]]) -> float:
     # An under-estimate is an OOM on a shared GPU: past 15% of the rows, each counts as much as
     # a tenth of a percentage point of p90 per row share (the paper bench's overhead is fitted
     # to the same 15%).
-    excess_under = max(0.0, under / max(1, len(errors)) - UNDER_ALLOWED)
+    excess_under = max(0.0, under / max(1, len(errors)) - under_allowed)
     return float(quantile(errors, 0.9) + (missed / len(ooms) if ooms else 0.0) + excess_under)
 
 

@@ -22,6 +22,7 @@ import json
 import math
 import sys
 from collections import defaultdict
+from typing import Sequence
 
 from bench.paper.benchmark import quantile
 from xmem_admission.contract import gpus
@@ -29,6 +30,13 @@ from xmem_admission.contract import gpus
 MiB = 1 << 20
 # At most this share of a GPU's measured jobs may need more than the estimate.
 UNDER_SHARE = 0.15
+
+
+def fitted_overhead(residuals: Sequence[float]) -> int:
+    """The overhead under which at most ``UNDER_SHARE`` of the residuals (measured minus
+    simulated peak reserved) lie above it: their 85th percentile, clamped at zero and rounded
+    up to a whole MiB."""
+    return max(0, math.ceil(quantile(list(residuals), 1 - UNDER_SHARE) / MiB)) * MiB
 
 
 def main() -> None:
@@ -54,7 +62,7 @@ def main() -> None:
             residuals[row["gpu_name"]].append(row["measured_peak_bytes"] - reserved)
     for gpu, values in sorted(residuals.items()):
         q = quantile(values, 1 - UNDER_SHARE)
-        fitted = max(0, math.ceil(q / MiB)) * MiB
+        fitted = fitted_overhead(values)
         print(f"{gpu}: n={len(values)} residual p{round(100 * (1 - UNDER_SHARE))} "
               f"{q / MiB:.1f} MiB (median {quantile(values, 0.5) / MiB:.1f}) -> "
               f"runtime_overhead_bytes = {fitted} ({fitted // MiB} MiB)")

@@ -19,7 +19,6 @@ row if there is no MLP row), and every row is scored with the floor fitted on th
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import statistics
@@ -31,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from bench.paper.benchmark import json_objects, quantile
+from bench.paper.benchmark import MeasuredRow, json_objects, keep_trace, kept_trace, quantile
 from xmem_admission.contract.errors import BenchError, EstimateError, RunsFileError
 
 GPU_KEY = "A100-40GB"  # the runs' GPU (the data's README: inferred from UUID, logs and OOM level)
@@ -40,18 +39,7 @@ DEFAULT_STEPS = 3
 _MIB = 2**20
 
 
-@dataclass
-class Row:
-    data: Dict[str, Any]
-
-    @property
-    def id(self) -> str:
-        return str(self.data["id"])
-
-    @property
-    def family(self) -> str:
-        return str(self.data["family"])
-
+class Row(MeasuredRow):
     @property
     def architecture(self) -> str:
         return str((self.data.get("arch") or {}).get("architecture") or "?")
@@ -59,10 +47,6 @@ class Row:
     @property
     def oom(self) -> bool:
         return self.data.get("oom") is True or self.data["status"] == "oom"
-
-    @property
-    def measured(self) -> int:
-        return int(self.data["measured_peak_bytes"])
 
     @property
     def commit(self) -> str:
@@ -219,26 +203,14 @@ def estimate_row(row: Row, checkouts: Checkouts, mode: str, steps: int,
                           stream=log, progress=None, cwd=folder)
     seconds = round(time.perf_counter() - started, 3)
     if traces is not None:
-        os.makedirs(traces, exist_ok=True)
-        with open(os.path.join(traces, f"{row.id}.json"), "w", encoding="utf-8") as fh:
-            json.dump({"mode": est.mode, "seconds": seconds, "trace": trace.to_dict()}, fh)
+        keep_trace(traces, row.id, trace, seconds, est.mode)
     return _simulated(row.id, trace, seconds, est.mode)
-
-
-def kept_trace(row_id: str, traces: str) -> Tuple[Any, float, str]:
-    """(trace, seconds, mode) of the trace an earlier run kept for a row."""
-    from xmem_admission.estimator.trace import Trace
-
-    with open(os.path.join(traces, f"{row_id}.json"), encoding="utf-8") as fh:
-        kept = json.load(fh)
-    return Trace.from_dict(kept["trace"]), float(kept["seconds"]), str(kept["mode"])
 
 
 def resimulate(row_id: str, traces: str) -> Optional[Dict[str, Any]]:
     """A row's figures from the trace an earlier run kept (None when there is none)."""
-    if not os.path.exists(os.path.join(traces, f"{row_id}.json")):
-        return None
-    return _simulated(row_id, *kept_trace(row_id, traces))
+    kept = kept_trace(row_id, traces)
+    return None if kept is None else _simulated(row_id, *kept)
 
 
 def run_rows(rows: Sequence[Row], checkouts: Checkouts, mode: str, steps: int, jobs: int,

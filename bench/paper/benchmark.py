@@ -31,13 +31,28 @@ _REQUIRED = {"id": str, "family": str, "model": str, "optimizer": str, "batch_si
 
 
 @dataclass
-class Row:
+class MeasuredRow:
+    """A measured job of a yardstick's runs file (both yardsticks' rows)."""
+
     data: Dict[str, Any]
 
     @property
     def id(self) -> str:
-        ident: str = self.data["id"]
-        return ident
+        return str(self.data["id"])
+
+    @property
+    def family(self) -> str:
+        return str(self.data["family"])
+
+    @property
+    def measured(self) -> int:
+        return int(self.data["measured_peak_bytes"])
+
+
+class Row(MeasuredRow):
+    @property
+    def oom(self) -> bool:
+        return bool(self.data["measured_oom"])
 
     def command(self) -> List[str]:
         argv = [sys.executable, JOBS_SCRIPT, "--model", self.data["model"],
@@ -102,33 +117,82 @@ def load_runs(path: str) -> List[Row]:
     return rows
 
 
-def estimate_row(row: Row, mode: str, log: Optional[IO[str]]) -> Dict[str, Any]:
-    """Run one row through ``xmem estimate``'s path; returns the output line's object."""
-    from xmem_admission.contract.gpus import lookup
-    from xmem_admission.estimator.estimate import estimate
+def keep_trace(traces: str, row_id: str, trace: Any, seconds: float, mode: str) -> None:
+    """Keep a row's trace in the folder ``traces`` (``OUT.jsonl.traces``), for ``--resume`` and
+    the fitting scripts to simulate again without running the row's script."""
+    os.makedirs(traces, exist_ok=True)
+    with open(os.path.join(traces, f"{row_id}.json"), "w", encoding="utf-8") as fh:
+        json.dump({"mode": mode, "seconds": seconds, "trace": trace.to_dict()}, fh)
 
-    gpu = lookup(row.data["gpu_name"])
-    started = time.perf_counter()
-    est, _trace = estimate(row.command(), [gpu.key], mode=mode,
-                           steps=int(row.data.get("optimizer_steps") or 4), margin=0.0,
-                           stream=log, progress=None)
-    result = est.gpus[0]
+
+def kept_trace(row_id: str, traces: str) -> Optional[Tuple[Any, float, str]]:
+    """(trace, seconds, mode) of the trace an earlier run kept for a row; None when none was."""
+    from xmem_admission.estimator.trace import Trace
+
+    path = os.path.join(traces, f"{row_id}.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        kept = json.load(fh)
+    return Trace.from_dict(kept["trace"]), float(kept["seconds"]), str(kept["mode"])
+
+
+def _answer(row: Row, result: Any, runtime_overhead_bytes: int, seconds: float,
+            mode: str) -> Dict[str, Any]:
     # measured_peak_bytes excludes the CUDA context (sampled after CUDA init): so do we.
-    estimate_bytes = result.peak_reserved_bytes + gpu.runtime_overhead_bytes
+    estimate_bytes = result.peak_reserved_bytes + runtime_overhead_bytes
     return {"id": row.id, "estimate_bytes": estimate_bytes, "predicted_oom": not result.fits,
-            "seconds": round(time.perf_counter() - started, 3), "mode": est.mode,
+            "seconds": seconds, "mode": mode,
             "peak_allocated_bytes": result.peak_allocated_bytes,
             "peak_reserved_bytes": result.peak_reserved_bytes,
             "breakdown": result.breakdown, "oom": result.oom}
 
 
+def estimate_row(row: Row, mode: str, log: Optional[IO[str]],
+                 traces: Optional[str] = None) -> Dict[str, Any]:
+    """Run one row through ``xmem estimate``'s path; returns the output line's object. The
+    trace is kept in ``traces`` (a folder) when given."""
+    from xmem_admission.contract.gpus import lookup
+    from xmem_admission.estimator.estimate import estimate
+
+    gpu = lookup(row.data["gpu_name"])
+    started = time.perf_counter()
+    est, trace = estimate(row.command(), [gpu.key], mode=mode,
+                          steps=int(row.data.get("optimizer_steps") or 4), margin=0.0,
+                          stream=log, progress=None)
+    seconds = round(time.perf_counter() - started, 3)
+    if traces is not None:
+        keep_trace(traces, row.id, trace, seconds, est.mode)
+    return _answer(row, est.gpus[0], gpu.runtime_overhead_bytes, seconds, est.mode)
+
+
+def resimulate(row: Row, traces: str) -> Optional[Dict[str, Any]]:
+    """A row's output line from the trace an earlier run kept (None when there is none):
+    simulated again with today's orchestration, cuDNN rules and catalogue."""
+    from xmem_admission.contract.gpus import lookup
+    from xmem_admission.estimator.estimate import estimate_trace
+
+    kept = kept_trace(row.id, traces)
+    if kept is None:
+        return None
+    trace, seconds, mode = kept
+    gpu = lookup(row.data["gpu_name"])
+    result = estimate_trace(trace, [gpu], margin=0.0)[0]
+    return _answer(row, result, gpu.runtime_overhead_bytes, seconds, mode)
+
+
 def run_rows(rows: Sequence[Row], mode: str, jobs: int, log: IO[str],
-             progress: Optional[IO[str]] = None) -> List[Dict[str, Any]]:
+             progress: Optional[IO[str]] = None, traces: Optional[str] = None,
+             resume: bool = False) -> List[Dict[str, Any]]:
+    """Estimate every row, keeping its trace in ``traces`` when given (with ``resume``, the
+    rows whose trace is kept are simulated again instead of run)."""
     def one(row: Row) -> Dict[str, Any]:
-        try:
-            out = estimate_row(row, mode, log)
-        except EstimateError as exc:
-            out = {"id": row.id, "error": str(exc).splitlines()[0]}
+        out = resimulate(row, traces) if resume and traces is not None else None
+        if out is None:
+            try:
+                out = estimate_row(row, mode, log, traces)
+            except EstimateError as exc:
+                out = {"id": row.id, "error": str(exc).splitlines()[0]}
         if progress is not None:
             shown = (f"{out['estimate_bytes'] / 2**30:7.2f} GiB vs measured "
                      f"{row.data['measured_peak_bytes'] / 2**30:7.2f} GiB"

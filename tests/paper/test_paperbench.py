@@ -63,7 +63,7 @@ def test_statistics_count_errors_on_rows_that_fit_and_oom_agreement_on_all():
     assert s.seconds == pytest.approx(2.5)
 
 
-def test_one_real_row_runs_through_the_estimator_and_writes_its_line(tmp_path):
+def test_one_real_row_runs_through_the_estimator_writes_its_line_and_keeps_its_trace(tmp_path):
     runs = write(tmp_path, [row(id="MobeNetV3Small_SGD_8@NVIDIA-GeForce-RTX-3060",
                                 model="MobeNetV3Small", measured_peak_bytes=200 << 20)])
     out = tmp_path / "out.jsonl"
@@ -76,6 +76,18 @@ def test_one_real_row_runs_through_the_estimator_and_writes_its_line(tmp_path):
     assert line["predicted_oom"] is False and line["seconds"] > 0
     assert line["estimate_bytes"] >= line["peak_reserved_bytes"] > 0
     assert "xmem-admission (ours)" in proc.stdout and "xmem " in proc.stdout
+    # The row's trace is kept beside the output, and --resume simulates it again instead of
+    # running the job (a job that could not run: its model does not exist).
+    assert (tmp_path / "out.jsonl.traces" / f"{line['id']}.json").is_file()
+    runs = write(tmp_path, [row(id=line["id"], model="NoSuchModel",
+                                measured_peak_bytes=200 << 20)])
+    again = subprocess.run([sys.executable, "-m", "xmem_admission.cli", "bench", "paper",
+                            "--runs", runs, "--out", str(out), "--resume"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    resumed = json.loads(out.read_text())
+    assert {k: resumed[k] for k in ("estimate_bytes", "peak_reserved_bytes", "seconds")} == \
+        {k: line[k] for k in ("estimate_bytes", "peak_reserved_bytes", "seconds")}
 
 
 def test_explain_prints_the_breakdown_next_to_the_measurement(tmp_path):

@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
         description="Rebuild each job of a runs file (the xMem paper artifact's format, e.g. "
         "the yardstick's runs.jsonl), estimate it with the same path as `xmem "
         "estimate` for the row's GPU, write one JSON line per row and print the comparison "
-        "with the estimators recorded in the file.")
+        "with the estimators recorded in the file. Each row's trace is kept in OUT.traces/.")
     paper.add_argument("--runs", required=True, metavar="FILE.jsonl", help="the runs file")
     paper.add_argument("--out", required=True, metavar="OUT.jsonl",
                        help="where to write one JSON line per row")
@@ -35,6 +35,9 @@ def register(sub: Any) -> None:
                        help="only rows whose id contains SUBSTRING")
     paper.add_argument("--explain", metavar="ID", default=None,
                        help="estimate one row and print its breakdown next to the measurement")
+    paper.add_argument("--resume", action="store_true",
+                       help="simulate again from the traces an earlier run kept in OUT.traces/ "
+                       "instead of running those rows' jobs")
     paper.set_defaults(func=run_paper)
     gmn = kinds.add_parser(
         "gpumemnet", help="run GPUMemNet's measured A100 jobs and score the estimates",
@@ -99,7 +102,8 @@ def run_paper(args: argparse.Namespace) -> int:
             raise RunsFileError(f"no row id contains {args.only!r}")
     with open(os.devnull, "w") as devnull:
         results = paperbench.run_rows(rows, args.mode, args.jobs, log=devnull,
-                                      progress=sys.stderr)
+                                      progress=sys.stderr, traces=args.out + ".traces",
+                                      resume=args.resume)
     with open(args.out, "w", encoding="utf-8") as fh:
         for result in results:
             fh.write(json.dumps({k: result[k] for k in ("id", "estimate_bytes", "predicted_oom",
