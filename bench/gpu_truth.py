@@ -293,17 +293,14 @@ MATRIX: Tuple[Job, ...] = (
             note="estimate within 0.3 GiB of the capacity"),
 )
 
-# Tiny jobs for --dry-run: every code path of the harness (plain fp32, autocast, accumulation, a
-# job environment carrying an allocator option) in a few seconds of CPU each. Both are GPT jobs:
-# the harness treats every script alike, and the CNN example's torchvision import alone would
-# double the dry run's time. Activation checkpointing is left out: `xmem estimate` in fake mode
-# fails on train_gpt.py --grad-ckpt (CheckpointError: saved-tensor counts differ on
-# recomputation), an estimator bug that the GPU matrix's checkpointed jobs will show as estimate
-# failures until it is fixed.
+# Tiny jobs for --dry-run: every code path of the harness (plain fp32, autocast, accumulation,
+# activation checkpointing, a job environment carrying an allocator option) in a few seconds of
+# CPU each. Both are GPT jobs: the harness treats every script alike, and the CNN example's
+# torchvision import alone would double the dry run's time.
 _TINY = GptShape(2, 64, 4, 128)
 DRY_RUN_MATRIX: Tuple[Job, ...] = (
     gpt_job(_TINY, 2, seq=32, family="tiny-gpt"),
-    gpt_job(_TINY, 2, seq=32, amp="bf16", accum=2, env=EXPANDABLE, family="tiny-gpt",
+    gpt_job(_TINY, 2, seq=32, amp="bf16", accum=2, ckpt=True, env=EXPANDABLE, family="tiny-gpt",
             suffix="-expandable"),
 )
 
