@@ -29,7 +29,7 @@ Python >= 3.9, torch >= 2.1 with torch.distributed; this module ships in the pro
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from xmem_admission.estimator.probe.tracker import FLOATING_ON_GPU
 from xmem_admission.estimator.trace import Category
@@ -421,12 +421,19 @@ def _patch_foreach_sharding(patches: Any) -> None:
 _FOREACH_PREFIXES = ("aten::_foreach_", "aten::_amp_foreach_", "aten::_fused_")
 
 
-def _first_of_each(keys: List[Any]) -> Optional[List[int]]:
-    """For each position, the index among the distinct keys (in first-seen order) of its key;
-    None when every key is distinct (nothing to share)."""
+def _first_of_each(keys: List[Any]) -> Optional[Tuple[List[int], List[int]]]:
+    """For each position, the index among the distinct keys (in first-seen order) of its key,
+    and the position where each distinct key is first seen; None when every key is distinct
+    (nothing to share)."""
     seen: Dict[Any, int] = {}
-    where = [seen.setdefault(key, len(seen)) for key in keys]
-    return None if len(seen) == len(keys) else where
+    firsts: List[int] = []
+    where = []
+    for position, key in enumerate(keys):
+        if key not in seen:
+            seen[key] = len(firsts)
+            firsts.append(position)
+        where.append(seen[key])
+    return None if len(firsts) == len(keys) else (where, firsts)
 
 
 def _patch_foreach_dedupe(patches: Any, sharding_prop: Any, strided_shard: type) -> None:
@@ -476,11 +483,10 @@ def _patch_foreach_dedupe(patches: Any, sharding_prop: Any, strided_shard: type)
             return real_expand(mesh, op_schema, info, out_meta)
         keys = [tuple(child_key(op_schema.args_schema[i].children[n]) for i in lists)
                 + ((out_meta[n],) if out_meta is not None else ()) for n in range(count)]
-        where = _first_of_each(keys)
-        if where is None:
+        shared = _first_of_each(keys)
+        if shared is None:
             return real_expand(mesh, op_schema, info, out_meta)
-        firsts = sorted({w: n for n, w in reversed(list(enumerate(where)))}.items())
-        picks = [n for _w, n in firsts]
+        where, picks = shared
         args = tuple(TupleStrategy([a.children[n] for n in picks])
                      if isinstance(a, TupleStrategy) else a for a in op_schema.args_schema)
         distinct = OpSchema(op_schema.op, args, op_schema.kwargs_schema,
@@ -513,11 +519,10 @@ def _patch_foreach_dedupe(patches: Any, sharding_prop: Any, strided_shard: type)
             return real_meta(self, op_schema)
         keys = [tuple(element_key(a, n, count) for a in op_schema.args_schema)
                 for n in range(count)]
-        where = _first_of_each(keys)
-        if where is None:
+        shared = _first_of_each(keys)
+        if shared is None:
             return real_meta(self, op_schema)
-        picks = sorted({w: n for n, w in reversed(list(enumerate(where)))}.items())
-        index = [n for _w, n in picks]
+        where, index = shared
         args = tuple(type(a)(a[n] for n in index)
                      if isinstance(a, (list, tuple)) and len(a) == count else a
                      for a in op_schema.args_schema)
