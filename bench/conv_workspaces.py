@@ -229,14 +229,12 @@ def measure(shapes: Sequence[Dict[str, Any]], out: Path, *, budget_s: float,
 # --- Comparing (here) ----------------------------------------------------------------------------
 
 
-def _quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def compare(rows: Iterable[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
     """The markdown table of measured bytes against the rule's basis and size, and the summary."""
-    sys.path.insert(0, str(ROOT / "src"))
+    for path in (str(ROOT), str(ROOT / "src")):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    from bench.paper.benchmark import quantile
     from xmem_admission.contract import cudnn
 
     rows = [r for r in rows if r.get("held_bytes")]
@@ -265,10 +263,10 @@ def compare(rows: Iterable[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
                 under += cudnn.workspace_bytes(rule, cudnn.ConvCall(call), x, y, w) < size
         share = f"{under / len(measured):.0%}" if rule is not None else "no rule"
         lines.append(f"| {call} | {statistics.median(ratios):.3f} | "
-                     f"{_quantile(ratios, 0.9):.3f} | {max(ratios):.3f} | "
+                     f"{quantile(ratios, 0.9):.3f} | {max(ratios):.3f} | "
                      f"{zero} of {len(measured)} | {share} |")
         summary["calls"][call] = {"median_ratio": statistics.median(ratios),
-                                  "p90_ratio": _quantile(ratios, 0.9), "max_ratio": max(ratios),
+                                  "p90_ratio": quantile(ratios, 0.9), "max_ratio": max(ratios),
                                   "zero": zero, "rule_under": under if rule else None}
     first_differs = sum(any(r["held_bytes"][c][0] != r["held_bytes"][c][-1] for c in CALLS)
                         for r in measured)

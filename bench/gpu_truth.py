@@ -796,18 +796,16 @@ def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
         for out in out_rows:
             fh.write(json.dumps(out, sort_keys=True) + "\n")
     summary = summarise(out_rows)
+    convs = measurements.parent / CONV_WORKSPACES
+    if convs.is_file():
+        shapes = _conv_module()
+        table, summary["conv_workspaces"] = shapes.compare(shapes.load_rows(convs))
     (truth.parent / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     if not dry_run and measurements.parent.resolve() != truth.parent.resolve():
         shutil.copyfile(measurements, truth.parent / MEASUREMENTS)
         for name in sorted({r["snapshot"]["archive"] for r in rows if r.get("snapshot")}):
             shutil.copyfile(measurements.parent / name, truth.parent / name)
-    convs = measurements.parent / CONV_WORKSPACES
-    if convs.is_file():
-        shapes = _conv_module()
-        table, summary["conv_workspaces"] = shapes.compare(shapes.load_rows(convs))
-        (truth.parent / "summary.json").write_text(
-            json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        if not dry_run and convs.parent.resolve() != truth.parent.resolve():
+        if convs.is_file():
             shutil.copyfile(convs, truth.parent / CONV_WORKSPACES)
     print(error_table(out_rows, summary))
     if convs.is_file():
