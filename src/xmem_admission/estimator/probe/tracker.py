@@ -26,7 +26,11 @@ import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    is_traceable_wrapper_subclass,
+)
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -248,10 +252,20 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         return int(base)
 
     def shadow(self, tensor: torch.Tensor) -> Optional[torch.Tensor]:
-        """The real value behind ``tensor`` when it is known (always, outside fake mode)."""
-        if not self.fake or not is_fake(tensor):
+        """The real value behind ``tensor`` when it is known (always, outside fake mode).
+
+        A wrapper subclass over fake tensors (FSDP2's and DTensor's sharded values) has none of
+        its own: its op runs as ops on its inner tensors, which carry their values themselves.
+        Taking the wrapper for its own value would run every op on it a second time."""
+        if not self.fake:
             return tensor
-        return self._shadows.get(tensor)
+        if is_fake(tensor):
+            return self._shadows.get(tensor)
+        if is_traceable_wrapper_subclass(tensor):
+            names, _ = tensor.__tensor_flatten__()
+            if any(is_fake(getattr(tensor, name)) for name in names):
+                return None
+        return tensor
 
     # -- the dispatcher hook ----------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: Args = (),
