@@ -30,3 +30,22 @@ def test_a_profiler_range_is_passed_through_without_being_weighed(monkeypatch):
     # The factory inside the range is weighed as any op is; the range's enter and exit are not.
     assert weighed == ["aten.ones.default"]
     assert trace.events == []
+
+
+def test_a_profiler_range_never_reaches_the_fake_mode_below_the_tracker(monkeypatch):
+    seen = []
+    real_dispatch = FakeTensorMode.dispatch
+
+    def dispatch(self, func, *rest, **kwargs):
+        seen.append(str(func))
+        return real_dispatch(self, func, *rest, **kwargs)
+
+    monkeypatch.setattr(FakeTensorMode, "dispatch", dispatch)
+    mode = FakeTensorMode()
+    tracker = AllocationTracker(Trace(), fake=True, fake_mode=mode)
+    with mode, tracker:
+        with torch.autograd.profiler.record_function("FSDP::post_backward_reduce"):
+            grads = torch.empty(8192, 4096)  # over HOST_FACTORY_NUMEL: shape-only, fake
+    assert grads.shape == (8192, 4096)
+    assert [name for name in seen if name.startswith("aten.")]  # the factory inside reached it
+    assert not [name for name in seen if name.startswith("profiler.")]
