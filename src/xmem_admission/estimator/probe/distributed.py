@@ -171,7 +171,7 @@ def _refuse_pipelines(patches: Any) -> None:
         return
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
-        from xmem_admission.estimator.probe.runner import Refused
+        from xmem_admission.estimator.probe.outcomes import Refused
 
         raise Refused(PIPELINE_REASON)
 
@@ -235,7 +235,7 @@ def _refuse_deepspeed(patches: Any) -> None:
     from xmem_admission.contract.launch import DEEPSPEED_REASON
 
     def refuse(*_args: Any, **_kwargs: Any) -> None:
-        from xmem_admission.estimator.probe.runner import Refused
+        from xmem_admission.estimator.probe.outcomes import Refused
 
         raise Refused(DEEPSPEED_REASON)
 

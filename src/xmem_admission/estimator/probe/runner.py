@@ -29,20 +29,9 @@ import traceback
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Set
 
+from xmem_admission.estimator.probe.outcomes import NotAGPUJob, Refused, StopProbe
+
 MODES = ("fake", "profile")
-
-
-class Refused(BaseException):
-    """A job the probe does not estimate, for the reason given (status ``unsupported``). A
-    BaseException, so that a script's ``except Exception`` does not swallow it."""
-
-
-class NotAGPUJob(Refused):
-    """The script steps a model that is not on the virtual GPU: refuse to estimate it."""
-
-
-class StopProbe(BaseException):
-    """Raised from the optimizer hook after the last recorded step; ends the script cleanly."""
 
 
 class ProbeResult:
@@ -493,10 +482,9 @@ def main(args: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run as ``python -m``, this module is ``__main__``; the probe's other modules import it by
-    # its name to raise ``Refused``, which would load a second copy with its own ``Refused``
-    # class that ``run`` does not catch (the job would die with a traceback instead of being
-    # reported as unsupported). One module under both names.
+    # Run as ``python -m``, this module is ``__main__``; a module that imports it by its name
+    # (a script importing the probe, the site hook) would load a second copy with its own
+    # process state (``_RUNNING``, the fork hook). One module under both names.
     if __spec__ is not None:
         sys.modules.setdefault(__spec__.name, sys.modules[__name__])
     sys.exit(main())
