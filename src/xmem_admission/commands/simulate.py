@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, Optional
 
 GiB = 1 << 30
 
@@ -39,6 +39,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--alloc-conf", default="", metavar="STR",
                         help="PYTORCH_CUDA_ALLOC_CONF to simulate, e.g. "
                         "'expandable_segments:True' (default: PyTorch's defaults)")
+    parser.add_argument("--torch", default=None, metavar="VERSION",
+                        help="the torch release whose allocator to simulate, e.g. 2.6 or "
+                        "2.6.0a0+ecf3bae40a (default: the trace's meta.torch, else the newest "
+                        "release xmem knows); decides which --alloc-conf options exist and how "
+                        "they parse")
     parser.add_argument("--capacity-bytes", type=_capacity, default=None, metavar="N",
                         help="bytes the allocator may reserve before cudaMalloc fails "
                         "(default: unlimited)")
@@ -47,13 +52,34 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def trace_torch(meta: Any, override: Optional[str] = None) -> Optional[str]:
+    """The torch version whose allocator a trace is simulated with.
+
+    ``override`` (``--torch``) wins; else the trace's ``meta["torch"]`` (the probe records
+    ``torch.__version__``); else None, the newest release the simulator knows. A ``meta.torch``
+    that is not a string is an error, not a silent default.
+    """
+    if override is not None:
+        return override
+    value = meta.get("torch") if isinstance(meta, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        from xmem_admission.contract.errors import TraceError
+
+        raise TraceError(f"the trace's meta.torch must be a version string, got {value!r}")
+    return value
+
+
 def run(args: Any) -> int:
     from xmem_admission.estimator.allocator.alloc_conf import parse_alloc_conf
     from xmem_admission.estimator.allocator.simulate import simulate
     from xmem_admission.estimator.trace import Trace
 
-    config = parse_alloc_conf(args.alloc_conf)
     trace = Trace.load(args.trace)
+    torch = trace_torch(trace.meta, args.torch)
+    # The traced torch's rules: its options, its parsing (torch_releases.py).
+    config = parse_alloc_conf(args.alloc_conf, torch)
     result = simulate(trace, config, capacity_bytes=args.capacity_bytes)
     if args.json:
         out = result.to_dict()
@@ -61,6 +87,9 @@ def run(args: Any) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(f"trace: {args.trace} ({len(trace.events)} events, {result.num_events} replayed)")
+        release = config.torch_release
+        print(f"allocator of torch {release[0]}.{release[1]}"
+              + (f" (traced with torch {torch})" if isinstance(torch, str) else ""))
         print(f"peak allocated: {result.peak_allocated_bytes} bytes "
               f"({result.peak_allocated_bytes / GiB:.3f} GiB)")
         print(f"peak reserved:  {result.peak_reserved_bytes} bytes "

@@ -10,6 +10,10 @@ string is a typo, and an admission decision should not rest on a guess about wha
 
 Keys that configure pinned host memory, locking or IPC are accepted and ignored, as PyTorch's
 device allocator ignores them. Standard library only (probe bundle, Python >= 3.9).
+
+The traced torch decides the rules (``parse_alloc_conf(text, version)``, ``version`` a
+``(major, minor)`` tuple or a torch version string); ``torch_releases.py`` holds what each
+release from 2.2 to 2.15 accepts, where the evidence for every difference comes from.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from xmem_admission.contract.errors import AllocConfError
+from xmem_admission.estimator.allocator import torch_releases
+from xmem_admission.estimator.allocator.torch_releases import LATEST, Release, release_of
 
 MiB = 1024 * 1024
 
@@ -35,10 +41,6 @@ ROUNDUP_INTERVALS = 16
 UNLIMITED = (1 << 64) - 1
 # parseLargeSegmentSize: the value must be > kMinLargeAlloc / kMB = 10 (MiB).
 _MIN_LARGE_SEGMENT_MB = 10
-
-# The PyTorch release whose rules are the default; older releases differ in two places that an
-# explicit ``version`` selects (see parse_alloc_conf).
-LATEST = (2, 11)
 
 # Keys PyTorch's CUDA config accepts that do not change device-memory placement
 # (CUDAAllocatorConfig::getKeys and AcceleratorAllocatorConfig::getKeys, 2.11): pinned host
@@ -57,6 +59,10 @@ IGNORED_KEYS = frozenset({
     "throw_on_cudamalloc_oom",
     "expandable_segments_reserve",
     "expandable_segments_reserve_by_class",
+    # AcceleratorAllocatorConfig keys of 2.13+ for pinned host memory (2.13.0 wheel,
+    # libc10.so: the key set after "large_segment_size_mb"); CUDA's parser skips them.
+    "pinned_max_round_threshold_mb",
+    "pinned_max_cached_size_mb",
 })
 
 # Of those, the ones PyTorch parses with ConfigTokenizer::toBool ("True"/"False" only).
@@ -108,6 +114,9 @@ class AllocatorConfig:
     per_process_memory_fraction: Optional[float] = None
     backend: Backend = Backend.NATIVE
     source: str = ""
+    # The torch release whose allocator this configures (major, minor); the rules that differ
+    # between releases are listed in torch_releases.py.
+    torch_release: Release = LATEST
 
     def __post_init__(self) -> None:
         if len(self.roundup_power2_divisions) != ROUNDUP_INTERVALS:
@@ -131,6 +140,7 @@ class AllocatorConfig:
             "large_segment_size": self.large_segment_size,
             "per_process_memory_fraction": self.per_process_memory_fraction,
             "backend": self.backend.value,
+            "torch_release": f"{self.torch_release[0]}.{self.torch_release[1]}",
         }
 
 
@@ -154,9 +164,10 @@ def tokenize(text: str) -> List[str]:
 class _Parser:
     """One pass over the tokens, mirroring ``parseArgs`` of the 2.9+ config classes."""
 
-    def __init__(self, text: str, version: Tuple[int, int]):
+    def __init__(self, text: str, version: Release):
         self.text = text
         self.version = version
+        self.release_text = torch_releases.text(version)
         self.tokens = tokenize(text)
         self.values: Dict[str, Any] = {}
 
@@ -205,7 +216,11 @@ class _Parser:
                                      f"(token {i + 1} of {self.text!r})")
             if key not in _PLACEMENT_KEYS and key not in IGNORED_KEYS:
                 known = ", ".join(sorted(set(_PLACEMENT_KEYS) | IGNORED_KEYS))
-                raise AllocConfError(f"unrecognized option {key!r} (known: {known})")
+                raise AllocConfError(
+                    f"{torch_releases.unknown_key_message(self.version, key)}; "
+                    f"known: {known}")
+            if not torch_releases.has_key(self.version, key):
+                raise AllocConfError(torch_releases.unknown_key_message(self.version, key))
             # A repeated key is applied again (last one wins), as in PyTorch.
             self.expect(i + 1, ":", key)
             i = self.parse_value(key, i + 2)
@@ -224,15 +239,21 @@ class _Parser:
             # (kLargeBuffer / kMB = 20 before 2.11). The check uses the segment size parsed
             # so far, so order in the string matters, as in PyTorch.
             floor_mb = self.values.get("large_segment_size", DEFAULT_LARGE_SEGMENT_SIZE) // MiB
-            if mb < floor_mb:
+            if self.version < torch_releases.SHARED_PARSER:
+                # Up to 2.9 CUDAAllocatorConfig.cpp checks ``val1 > kLargeBuffer / mb``: 20
+                # itself is refused ("too small, must be > " in libc10_cuda.so 2.2.2-2.9.1).
+                if mb <= floor_mb:
+                    raise AllocConfError(
+                        f"{key} {mb} is too small, must be > {floor_mb} in torch "
+                        f"{self.release_text} (torch would raise RuntimeError: CachingAllocator "
+                        f"option {key} too small, must be > {floor_mb}; from torch 2.10 "
+                        f"{floor_mb} is allowed)")
+            elif mb < floor_mb:
                 raise AllocConfError(f"{key} {mb} is too small, must be >= {floor_mb}")
             target = "max_split_size" if key == "max_split_size_mb" else \
                 "max_non_split_rounding_size"
             self.values[target] = min(mb, UNLIMITED // MiB) * MiB
         elif key == "large_segment_size_mb":
-            if self.version < (2, 11):
-                raise AllocConfError(f"unrecognized option {key!r} (PyTorch "
-                                     f"{self.version[0]}.{self.version[1]} has no such key)")
             mb = self.whole(i, key)
             if mb <= _MIN_LARGE_SEGMENT_MB:
                 raise AllocConfError(f"{key} must be > {_MIN_LARGE_SEGMENT_MB}, got {mb}")
@@ -241,7 +262,13 @@ class _Parser:
             value = self.real(i, key)
             # parseGarbageCollectionThreshold: open interval (0.0, 1.0).
             if not 0.0 < value < 1.0:
-                raise AllocConfError(f"{key} must be in (0.0, 1.0), got {value}")
+                if self.version >= torch_releases.SHARED_PARSER:  # AllocatorConfig.cpp
+                    said = "garbage_collect_threshold is invalid, set it in (0.0, 1.0)"
+                else:  # CUDAAllocatorConfig.cpp up to 2.9: two checks, two messages
+                    said = "garbage_collect_threshold too " + \
+                        ("small" if value <= 0.0 else "big") + ", set it 0.0~1.0"
+                raise AllocConfError(f"{key} must be in (0.0, 1.0), got {value} (torch "
+                                     f"{self.release_text} would raise RuntimeError: {said})")
             self.values["garbage_collection_threshold"] = value
         elif key == "per_process_memory_fraction":
             value = self.real(i, key)
@@ -307,14 +334,23 @@ class _Parser:
             boundary_tok = tok
             self.expect(i + 1, ":", f"{key} entry {boundary_tok}")
             value = self.whole(i + 2, f"{key} entry {boundary_tok}")
+            if value == 0 and self.version < torch_releases.LIST_ZERO_DIVISIONS:
+                # 2.2 and 2.3 check isPowerOf2_64(val2) for list entries too; "or 0 to disable
+                # roundup" first appears in 2.4.1's libc10_cuda.so.
+                raise AllocConfError(
+                    f"{key}: divisions must be a power of 2 in torch {self.release_text}, got "
+                    f"0 for {boundary_tok!r} (torch would raise RuntimeError: For roundups, "
+                    f"the divisons has to be power of 2; 0 disables rounding from torch 2.4)")
             if value != 0 and not _is_power_of_two(value):
                 raise AllocConfError(f"{key}: divisions must be a power of 2 or 0, "
                                      f"got {value} for {boundary_tok!r}")
             if boundary_tok == ">":
                 # '>' fills every interval after the last one named: from last_index + 1 in
-                # 2.9+ (AllocatorConfig.cpp), from last_index itself before (2.8
-                # CUDAAllocatorConfig.cpp), which overwrote the last named entry.
-                start = last_index + 1 if self.version >= (2, 9) else last_index
+                # c10/core/AllocatorConfig.cpp, which parses CUDA's settings from 2.10; from
+                # last_index itself in CUDAAllocatorConfig.cpp, CUDA's own parser up to and
+                # including 2.9, which overwrote the last named entry (torch_releases.py).
+                start = last_index + 1 if self.version >= torch_releases.SHARED_PARSER \
+                    else last_index
                 for j in range(start, ROUNDUP_INTERVALS):
                     divisions[j] = value
             else:
@@ -344,19 +380,34 @@ def _is_power_of_two(value: int) -> bool:
     return value > 0 and value & (value - 1) == 0
 
 
-def parse_alloc_conf(text: str, version: Sequence[int] = LATEST) -> AllocatorConfig:
-    """Parse a ``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF`` string.
+def parse_alloc_conf(text: str, version: Union[Sequence[int], str, None] = LATEST
+                     ) -> AllocatorConfig:
+    """Parse a ``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF`` string as that torch would.
 
-    ``version`` (major, minor) selects the PyTorch release whose rules apply where releases
-    differ: before 2.9 a ``>`` entry in the list form of ``roundup_power2_divisions`` also
-    overwrote the last named interval; before 2.11 ``large_segment_size_mb`` did not exist.
-    Raises ``AllocConfError`` naming the offending key or token.
+    ``version`` is the traced torch: a ``(major, minor)`` tuple, a ``TorchVersion`` or a version
+    string as torch reports it (``"2.6.0a0+ecf3bae40a"``); None or omitted means the newest
+    release recorded (2.15). Where releases differ (torch_releases.py): which keys exist (a key
+    the release does not have is reported with the error that torch raises and the release that
+    introduced it), the ``max_split_size_mb`` floor (> 20 up to 2.9, >= 20 from 2.10), a 0 in
+    the list form of ``roundup_power2_divisions`` (2.4+), and where ``>`` starts filling
+    (2.10+: after the last named interval; before: at it). The result carries the release in
+    ``torch_release``. Raises ``AllocConfError`` naming the offending key or token.
     """
     if not isinstance(text, str):
         raise AllocConfError(f"allocator settings must be a string, got {type(text).__name__}")
-    ver = (int(version[0]), int(version[1]))
-    values = _Parser(text, ver).parse()
-    return AllocatorConfig(source=text, **values)
+    release = release_of(version)
+    values = _Parser(text, release).parse()
+    return AllocatorConfig(source=text, torch_release=release, **values)
+
+
+def config_from_env(env: Mapping[str, str], version: Union[Sequence[int], str, None] = LATEST
+                    ) -> AllocatorConfig:
+    """The settings torch of ``version`` takes from the environment ``env``.
+
+    Reads the variable that release reads (``PYTORCH_CUDA_ALLOC_CONF``; from 2.10 also
+    ``PYTORCH_ALLOC_CONF`` when the first is unset) and parses it by that release's rules.
+    """
+    return parse_alloc_conf(torch_releases.alloc_conf_text(env, version), version)
 
 
 def config_from_snapshot_settings(settings: Any) -> AllocatorConfig:

@@ -20,6 +20,12 @@ addresses, so that a replay places every block where the GPU's allocator placed 
 Not modelled: CUDA graphs' private pools, ``record_stream`` (cross-stream uses), IPC, the
 ``cudaMallocAsync`` backend, free-memory callbacks (only CUDA IPC registers one).
 
+Torch releases: the rules above hold unchanged for every torch from 2.2 to 2.15 under the same
+effective settings; what differs by release is which settings exist and how they are parsed,
+which ``parse_alloc_conf(text, version)`` applies (``config.torch_release`` records the
+release). The evidence, and the one known difference not modelled (a per-process memory
+fraction of exactly 1.0 before 2.10), are in ``torch_releases.py``.
+
 The hot path is written for speed (``__slots__``, sorted integer keys with ``bisect``, no
 per-event dicts). A free block's key is ``size << 48 | address``, so ``bisect_left`` on
 ``size << 48`` is exactly ``lower_bound`` on (size, address). Standard library only.
