@@ -11,12 +11,15 @@ else (import-linter keeps the same wall in the source tree; this check also cove
 built from a modified copy).
 
 The estimation pod's init container runs this with the controller's image and an emptyDir as
-``DIR``; the training container then gets ``PYTHONPATH=DIR``. Standard library only.
+``DIR``; the training container then gets ``PYTHONPATH=DIR``. ``xmem estimate`` traces with the
+same bundle (``cached()``: built once per content into the user's cache folder), so a local
+estimate and an estimation pod run the same code beside the user's torch. Standard library only.
 """
 
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import shutil
 import sys
@@ -146,6 +149,66 @@ def build(target: str, source: Optional[str] = None) -> List[str]:
     except OSError as exc:
         raise BundleError(f"cannot write the probe bundle to {target}: {exc}") from None
     return names
+
+
+CACHE_ENV = "XMEM_BUNDLE_CACHE"  # where ``cached()`` keeps bundles (default: the user's cache)
+
+
+def cache_root() -> str:
+    """``$XMEM_BUNDLE_CACHE``, else ``$XDG_CACHE_HOME/xmem-admission/bundle`` (``~/.cache``)."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return os.path.abspath(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xmem-admission", "bundle")
+
+
+def content_key(source: Optional[str] = None) -> str:
+    """The package version and a digest of everything a bundle built from ``source`` holds (the
+    bundled files' paths and bytes, and ``sitecustomize.py``): two sources with the same key
+    build the same bundle."""
+    from xmem_admission import __version__
+    from xmem_admission.estimator.probe.sitehook import SITECUSTOMIZE
+
+    source = source or package_dir()
+    digest = hashlib.sha256()
+    for relpath in _files(source):
+        with open(os.path.join(source, relpath), "rb") as handle:
+            data = handle.read()
+        digest.update(f"{relpath}\0{len(data)}\0".encode())
+        digest.update(data)
+    digest.update(SITECUSTOMIZE.encode())
+    return f"{__version__}-{digest.hexdigest()[:16]}"
+
+
+def cached(root: Optional[str] = None, source: Optional[str] = None) -> str:
+    """The bundle of this package, built on first use into ``root/KEY`` (``cache_root()``,
+    ``content_key()``) and reused while the package's content stays the same; returns its
+    folder. A bundle appears whole or not at all (built in a temporary folder and renamed into
+    place), so concurrent first runs race harmlessly: the first rename wins."""
+    root = root or cache_root()
+    final = os.path.join(root, content_key(source))
+    if os.path.isfile(os.path.join(final, "sitecustomize.py")):
+        return final
+    try:
+        os.makedirs(root, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".build-", dir=root)
+    except OSError as exc:
+        raise BundleError(f"cannot create the probe bundle cache {root}: {exc} (set "
+                          f"{CACHE_ENV} to a writable folder)") from None
+    try:
+        build(staging, source)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not os.path.isfile(os.path.join(final, "sitecustomize.py")):
+                raise
+    except OSError as exc:
+        raise BundleError(f"cannot write the probe bundle to {final}: {exc}") from None
+    finally:
+        if os.path.isdir(staging):
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -18,9 +18,18 @@ def register(sub: Any) -> None:
         "its allocations for a few optimizer steps, replay them through a simulation of "
         "PyTorch's CUDA caching allocator for each GPU model, and print the peak memory the "
         "job needs there. Exit status 0 when the job fits at least one GPU model, "
-        f"{EXIT_FITS_NONE} when it fits none, 2 on errors.",
-        epilog="example: xmem estimate --gpu A100-80GB,H100-80GB -- python "
-        "examples/train_gpt.py --layers 12 --hidden 768 --heads 12",
+        f"{EXIT_FITS_NONE} when it fits none, 2 on errors. The script is traced with the "
+        "interpreter the command names and that interpreter's torch, the probe bundle first on "
+        "its PYTHONPATH as in an estimation pod: a path (-- /venv/bin/python train.py) or "
+        "--python PATH is that interpreter; a bare `python` (or python3) is the interpreter "
+        "xmem runs under; a launcher (torchrun, accelerate launch) is not started: the chosen "
+        "interpreter traces its rank 0, and a launcher given by its path (-- "
+        "/venv/bin/torchrun ...) picks the interpreter of its #! line.",
+        epilog="examples: xmem estimate --gpu A100-80GB,H100-80GB -- python "
+        "examples/train_gpt.py --layers 12 --hidden 768 --heads 12; "
+        "xmem estimate -- /path/to/venv/bin/python train.py; "
+        "xmem estimate --python /path/to/venv/bin/python -- torchrun --nproc-per-node 8 "
+        "train.py",
     )
     parser.add_argument("--gpu", default=None,
                         help="GPU models, comma-separated (short names like A100-80GB or CUDA "
@@ -43,18 +52,26 @@ def register(sub: Any) -> None:
                         help="PYTORCH_CUDA_ALLOC_CONF to simulate (default: the environment's)")
     parser.add_argument("--margin", type=float, default=5.0,
                         help="safety margin in percent added to the request (default 5)")
+    parser.add_argument("--python", metavar="PATH", default=None,
+                        help="the interpreter that traces the script, with its torch (a bare "
+                        "name is looked up on PATH); default: the one named by path after --, "
+                        "else the one xmem runs under")
     parser.add_argument("--timeout", type=float, default=900.0,
                         help="seconds the script may take to make its steps (default 900)")
-    parser.add_argument("command", nargs=argparse.REMAINDER,
-                        help="-- python SCRIPT.py [ARGS...] or -- python -m MODULE [ARGS...]")
+    # Not dest "command": that is the subcommand's name, which the CLI's error line starts with.
+    parser.add_argument("training_command", metavar="command", nargs=argparse.REMAINDER,
+                        help="-- python SCRIPT.py [ARGS...], -- python -m MODULE [ARGS...], "
+                        "-- /path/to/venv/bin/python SCRIPT.py [ARGS...] or -- torchrun "
+                        "[OPTIONS] SCRIPT.py [ARGS...]")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from xmem_admission import bundle
     from xmem_admission.contract.errors import EstimateError
     from xmem_admission.estimator.estimate import DEFAULT_GPUS, estimate
 
-    command: List[str] = list(args.command)
+    command: List[str] = list(args.training_command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -62,10 +79,12 @@ def run(args: argparse.Namespace) -> int:
     if args.margin < 0:
         raise EstimateError("--margin must not be negative")
     names = [n for n in args.gpu.split(",") if n.strip()] if args.gpu else list(DEFAULT_GPUS)
-    # The script's own stdout must never mix with ours: it goes to stderr.
+    # The script's own stdout must never mix with ours: it goes to stderr. Every run, with
+    # whichever interpreter, imports the probe from the bundle an estimation pod gets.
     est, trace = estimate(command, names, mode=args.mode, steps=args.steps,
                           alloc_conf=args.alloc_conf, margin=args.margin / 100.0,
-                          timeout=args.timeout, stream=sys.stderr, progress=sys.stderr)
+                          timeout=args.timeout, stream=sys.stderr, progress=sys.stderr,
+                          python=args.python, bundle=bundle.cached())
     if args.trace:
         trace.dump(args.trace)
     if args.plot:
@@ -86,7 +105,7 @@ def _table(est: Any) -> str:
 
     lines = [f"mode {est.mode}, {est.steps} steps, {est.seconds:.1f} s"
              + (f" (fell back from fake: {est.fallback_reason})" if est.fallback_reason else ""),
-             ""]
+             f"traced with torch {est.torch} on Python {est.python} ({est.interpreter})", ""]
     head = ("GPU", "capacity", "peak alloc", "peak reserved", "overhead", "total", "request",
             "fits", "MIG profile")
     rows: List[Tuple[str, ...]] = [head]

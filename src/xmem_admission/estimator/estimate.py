@@ -6,6 +6,13 @@ real values, then for each target GPU rewrites the trace for that GPU (``orchest
 replays it through the caching-allocator simulator and adds what lives outside the allocator
 (the GPU catalogue's overhead). ``estimate_trace`` does the second half for a trace already
 recorded. Standard library only, plus torch in the probe subprocess.
+
+The probe subprocess runs under the interpreter the command names (``choose_interpreter``: a
+path after ``--``, ``python=``, a launcher's ``#!`` line; a bare ``python`` is this process's
+own), with that interpreter's torch, checked first (``inspect_interpreter``). Given the probe
+bundle's folder (``xmem estimate`` passes ``bundle.cached()``), the subprocess imports the
+probe from the bundle, first on ``PYTHONPATH`` as in an estimation pod, and nothing of this
+process's environment; without it, only this process's own interpreter can be used.
 """
 
 from __future__ import annotations
@@ -13,15 +20,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from typing import IO, Any, Dict, List, Optional, Sequence
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract import gpus as catalogue
 from xmem_admission.contract import nccl as nccl_model
+from xmem_admission.contract import probe_env, torch_version
 from xmem_admission.contract.errors import EstimateError, ProbeTimeout, ScriptFailed
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig, parse_alloc_conf
 from xmem_admission.estimator.allocator.simulate import simulate
@@ -79,6 +88,9 @@ class Estimate:
     probe_seconds: float = 0.0
     probe_peak_rss_bytes: int = 0
     trace_events: int = 0
+    torch: str = ""  # the torch that traced the script, as it names itself
+    python: str = ""  # the version of the interpreter that ran it
+    interpreter: str = ""  # that interpreter's path
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"mode": self.mode, "steps": self.steps,
@@ -89,6 +101,9 @@ class Estimate:
         out["probe_seconds"] = round(self.probe_seconds, 3)
         out["probe_peak_rss_bytes"] = self.probe_peak_rss_bytes
         out["trace_events"] = self.trace_events
+        out["torch"] = self.torch
+        out["python"] = self.python
+        out["interpreter"] = self.interpreter
         return out
 
 
@@ -170,19 +185,225 @@ def device_json(gpu: catalogue.GPU) -> str:
                        "multi_processor_count": gpu.multi_processor_count})
 
 
+# The oldest Python the probe bundle is written for (ruff's py39 target over the bundle).
+OLDEST_PYTHON = (3, 9)
+INSPECT_TIMEOUT = 120.0
+OWN = "xmem's own interpreter"
+
+
+@dataclass
+class Interpreter:
+    """The Python that runs the probe, and its torch (``inspect_interpreter``)."""
+
+    path: str  # as it is run: absolute, symbolic links kept (a venv's python is one)
+    python: str  # "3.13.1"
+    torch: str  # its torch's version as installed, "2.15.0+cu128"
+
+
+def is_interpreter_word(word: str) -> bool:
+    """Whether a command's first word names a Python interpreter (``python``, ``python3.13``,
+    ``/venv/bin/python``), not a script (``python_train.py``)."""
+    name = os.path.basename(word)
+    return name.startswith("python") and not name.endswith(".py")
+
+
+def choose_interpreter(command: Sequence[str], python: Optional[str] = None,
+                       cwd: Optional[str] = None) -> Tuple[str, str]:
+    """The interpreter that traces ``command``, and how it was chosen (for messages):
+
+    - ``python`` (``--python``): that one, a bare name looked up on ``PATH``; an interpreter
+      path after ``--`` that is another one is an error (two interpreters);
+    - a path after ``--`` (``/venv/bin/python train.py``): that interpreter;
+    - a launcher given by its path (``/venv/bin/torchrun ...``): the interpreter of its ``#!``
+      line, the one of the environment it is installed in;
+    - otherwise (a bare ``python``/``python3``, a bare ``torchrun``, a script): the interpreter
+      this process runs under (``sys.executable``).
+
+    Relative paths are read from ``cwd``. Raises ``EstimateError`` for a path that is not an
+    executable file.
+    """
+    from xmem_admission.contract import launch
+
+    first = command[0] if command else ""
+    named = is_interpreter_word(first) and os.sep in first
+    if python is not None:
+        if not python.strip():
+            raise EstimateError("--python names no interpreter")
+        if os.sep not in python:
+            import shutil
+
+            found = shutil.which(python)
+            if found is None:
+                raise EstimateError(f"--python {python}: no such interpreter on PATH")
+            path = found
+        else:
+            path = _absolute(python, cwd)
+        _require_executable(path, f"--python {python}")
+        if named and _absolute(first, cwd) != path:
+            raise EstimateError(f"two interpreters: --python {python} and {first} after --; "
+                                f"give one")
+        return path, f"--python {python}"
+    if named:
+        path = _absolute(first, cwd)
+        _require_executable(path, f"{first} (the interpreter after --)")
+        return path, "the interpreter after --"
+    if os.sep in first and launch.launcher_of(command) is not None:
+        path = _absolute(first, cwd)
+        _require_executable(path, f"{first} (the launcher after --)")
+        interpreter = _shebang_interpreter(path)
+        if interpreter is None:
+            raise EstimateError(f"cannot tell which Python {first} runs under (its first line "
+                                f"names no interpreter by its path): give it with --python PATH")
+        _require_executable(interpreter, f"{interpreter} (the interpreter of {first})")
+        return interpreter, f"{first}'s interpreter"
+    return sys.executable, OWN
+
+
+def _absolute(path: str, cwd: Optional[str]) -> str:
+    # abspath, not realpath: a venv's bin/python is a link to the base interpreter, and only
+    # run by the link's path does it find the venv's site-packages.
+    return os.path.abspath(os.path.join(cwd or os.getcwd(), os.path.expanduser(path)))
+
+
+def _require_executable(path: str, what: str) -> None:
+    if not os.path.exists(path):
+        raise EstimateError(f"{what}: no such file")
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise EstimateError(f"{what}: not an executable file")
+
+
+_PIP_SH_EXEC = re.compile(r"""^'''exec' (?:"([^"]+)"|(\S+))""")
+
+
+def _shebang_interpreter(path: str) -> Optional[str]:
+    """The interpreter an installed console script (torchrun) starts: its ``#!`` line, or the
+    ``exec`` line pip writes under ``#!/bin/sh`` when the interpreter's path is too long for
+    one; None when it names none by absolute path (``#!/usr/bin/env python3``, a binary)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096).decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    if not head or not head[0].startswith("#!"):
+        return None
+    words = head[0][2:].split()
+    if words and is_interpreter_word(words[0]) and os.path.isabs(words[0]):
+        return words[0]
+    if words and os.path.basename(words[0]) == "sh":
+        for line in head[1:4]:
+            match = _PIP_SH_EXEC.match(line)
+            if match:
+                return match.group(1) or match.group(2)
+    return None
+
+
+# Run by the interpreter under test: its version first (readable even where the rest fails,
+# Python 2 included), then the version of the torch it would import, read from that torch's
+# version.py without importing it (an import costs seconds), else from its installed metadata;
+# "-" for no torch.
+_INSPECT = r"""
+import sys
+sys.stdout.write("%d.%d.%d\n" % tuple(sys.version_info[:3]))
+sys.stdout.flush()
+import importlib.util, os, re
+spec = importlib.util.find_spec("torch")
+version = ""
+if spec is not None:
+    for folder in spec.submodule_search_locations or ():
+        try:
+            with open(os.path.join(folder, "version.py")) as handle:
+                found = re.search(r"^__version__\s*(?::\s*str\s*)?=\s*['\"]([^'\"]+)",
+                                  handle.read(), re.M)
+        except (IOError, OSError):
+            continue
+        if found:
+            version = found.group(1)
+            break
+    if not version:
+        try:
+            from importlib import metadata
+            version = metadata.version("torch")
+        except Exception:
+            version = "unknown"
+sys.stdout.write((version or "-") + "\n")
+"""
+
+
+def inspect_interpreter(path: str, how: str, env: Optional[Dict[str, str]] = None,
+                        cwd: Optional[str] = None) -> Interpreter:
+    """Check that ``path`` is a Python the probe runs on (3.9 or newer) with a torch of the
+    supported range (``contract.torch_version``), in the environment the probe will have;
+    raises ``EstimateError`` with one line saying what is wrong."""
+    try:
+        proc = subprocess.run([path, "-c", _INSPECT], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=INSPECT_TIMEOUT,
+                              check=False, env=env, cwd=cwd)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EstimateError(f"{how} ({path}) cannot be run: {exc}") from None
+    lines = proc.stdout.split()
+    match = re.match(r"^(\d+)\.(\d+)\.(\d+)$", lines[0]) if lines else None
+    last = (proc.stderr.strip().splitlines() or [""])[-1].strip()
+    if match is None:
+        raise EstimateError(f"{how} ({path}) is not a Python interpreter (exit status "
+                            f"{proc.returncode}{': ' + last if last else ''})")
+    python = lines[0]
+    if (int(match.group(1)), int(match.group(2))) < OLDEST_PYTHON:
+        raise EstimateError(f"{how} ({path}) is Python {python}; the probe needs Python "
+                            f"{OLDEST_PYTHON[0]}.{OLDEST_PYTHON[1]} or newer")
+    if proc.returncode != 0 or len(lines) < 2:
+        raise EstimateError(f"{how} ({path}, Python {python}) failed (exit status "
+                            f"{proc.returncode}{': ' + last if last else ''})")
+    torch = lines[1]
+    where = f"{how} ({'' if path in how else path + ', '}Python {python})"
+    if torch == "-":
+        hint = ""
+        if how == OWN:
+            hint = ("; or name the interpreter of an environment that has it: `xmem estimate "
+                    "-- /path/to/venv/bin/python train.py` or --python PATH")
+        raise EstimateError(f"{where} has no torch: install torch "
+                            f"({torch_version.supported_range()}) there{hint}")
+    try:
+        version = torch_version.parse(torch)
+    except torch_version.TorchVersionError as exc:
+        raise EstimateError(f"{where}: {exc}") from None
+    if version.release < torch_version.OLDEST:
+        raise EstimateError(f"{where} has torch {torch}, older than the probe supports (torch "
+                            f"{torch_version.supported_range()})")
+    return Interpreter(path=path, python=python, torch=torch)
+
+
+def probe_environment(bundle: Optional[str] = None,
+                      base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The probe subprocess's environment: this one's (or ``base``), with ``bundle`` first on
+    ``PYTHONPATH`` as the controller puts it in an estimation pod (the user's own
+    ``PYTHONPATH`` after it), and without the estimation pod's ``XMEM_PROBE*`` settings, which
+    would start the bundle's site hook on the runner itself."""
+    env = dict(os.environ if base is None else base)
+    for name in probe_env.ALL:
+        env.pop(name, None)
+    if bundle is not None:
+        rest = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = bundle + (os.pathsep + rest if rest else "")
+    return env
+
+
 def run_probe(command: Sequence[str], gpu: catalogue.GPU, mode: str, steps: int,
               timeout: float, stream: Optional[IO[str]] = None,
-              cwd: Optional[str] = None) -> Dict[str, Any]:
-    """Run the probe in a subprocess (in ``cwd``, default this process's) and return its JSON
-    result (raises on timeout)."""
+              cwd: Optional[str] = None, interpreter: Optional[str] = None,
+              bundle: Optional[str] = None) -> Dict[str, Any]:
+    """Run the probe in a subprocess (in ``cwd``, default this process's) with ``interpreter``
+    (default this process's) and the probe bundle ``bundle`` first on ``PYTHONPATH``, and
+    return its JSON result (raises on timeout)."""
     stream = stream if stream is not None else sys.stderr
     with tempfile.TemporaryDirectory(prefix="xmem-probe-") as tmp:
         out = os.path.join(tmp, "result.json")
-        argv = [sys.executable, "-m", "xmem_admission.estimator.probe.runner", "--out", out, "--mode", mode,
-                "--steps", str(steps), "--device-json", device_json(gpu), "--", *command]
+        argv = [interpreter or sys.executable, "-m", "xmem_admission.estimator.probe.runner",
+                "--out", out, "--mode", mode, "--steps", str(steps),
+                "--device-json", device_json(gpu), "--", *command]
         try:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=stream, stderr=stream,
-                                  timeout=timeout, check=False, cwd=cwd)
+                                  timeout=timeout, check=False, cwd=cwd,
+                                  env=probe_environment(bundle))
         except subprocess.TimeoutExpired:
             raise ProbeTimeout(
                 f"no result within {timeout:.0f} s: the script made fewer than {steps} optimizer "
@@ -205,9 +426,14 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
              steps: int = 3, alloc_conf: Optional[str] = None, margin: float = DEFAULT_MARGIN,
              timeout: float = DEFAULT_TIMEOUT, stream: Optional[IO[str]] = None,
              progress: Optional[IO[str]] = None,
-             cwd: Optional[str] = None) -> tuple[Estimate, Trace]:
+             cwd: Optional[str] = None, python: Optional[str] = None,
+             bundle: Optional[str] = None) -> tuple[Estimate, Trace]:
     """Trace ``command`` once, run from ``cwd`` (default this process's working directory),
-    and estimate it for every GPU of ``gpu_names``."""
+    and estimate it for every GPU of ``gpu_names``.
+
+    The interpreter is ``choose_interpreter(command, python, cwd)``'s; ``bundle`` is the probe
+    bundle's folder, needed for any interpreter but this process's own (see the module's
+    docstring)."""
     if mode not in MODES:
         raise EstimateError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
     if steps < 1:
@@ -217,6 +443,11 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
         raise EstimateError("no GPU given")
     config = allocator_config(alloc_conf)
     _check_command(command, cwd)
+    path, how = choose_interpreter(command, python, cwd)
+    if bundle is None and path != sys.executable:
+        raise EstimateError(f"tracing with {how} ({path}) needs the probe bundle: build it with "
+                            f"`python -m xmem_admission.bundle DIR` and pass bundle=DIR")
+    interpreter = inspect_interpreter(path, how, probe_environment(bundle), cwd)
 
     def say(msg: str) -> None:
         if progress:
@@ -224,13 +455,15 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
 
     started = time.perf_counter()
     first = "fake" if mode in ("auto", "fake") else "profile"
-    say(f"xmem: tracing {' '.join(command)} ({first} mode, {steps} steps) as {gpus[0].cuda_name}")
-    result = run_probe(command, gpus[0], first, steps, timeout, stream, cwd)
+    say(f"xmem: tracing {' '.join(command)} ({first} mode, {steps} steps) as {gpus[0].cuda_name}"
+        f" with torch {interpreter.torch} on Python {interpreter.python} ({interpreter.path})")
+    result = run_probe(command, gpus[0], first, steps, timeout, stream, cwd, path, bundle)
     reason = ""
     if result["status"] == "needs_real_values" and mode == "auto":
         reason = result["reason"]
         say(f"xmem: fake mode needs real values ({reason}); tracing again in profile mode")
-        result = run_probe(command, gpus[0], "profile", steps, timeout, stream, cwd)
+        result = run_probe(command, gpus[0], "profile", steps, timeout, stream, cwd, path,
+                           bundle)
     _raise_for_status(result, command)
     trace = Trace.from_dict(result["trace"])
     say(f"xmem: {result['steps']} steps traced in {result['seconds']:.1f} s "
@@ -239,7 +472,8 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     est = Estimate(mode=result["mode"], steps=result["steps"],
                    seconds=time.perf_counter() - started, gpus=per_gpu, fallback_reason=reason,
                    probe_seconds=result["seconds"], probe_peak_rss_bytes=result["peak_rss_bytes"],
-                   trace_events=len(trace))
+                   trace_events=len(trace), torch=str(trace.meta.get("torch") or interpreter.torch),
+                   python=interpreter.python, interpreter=interpreter.path)
     return est, trace
 
 

@@ -58,12 +58,18 @@ class ProbeResult:
 
 def split_command(command: Sequence[str]) -> List[str]:
     """``python [-u] train.py a b`` / ``python -m pkg a`` / ``train.py a`` -> argv without python;
-    a launcher's command line (``torchrun ... train.py a``) -> the program one rank runs."""
+    a launcher's command line (``torchrun ... train.py a``) -> the program one rank runs.
+
+    The interpreter word (``python``, ``python3.13``, ``/venv/bin/python``) is dropped whatever
+    its path: the process running this is the interpreter that traces (``estimate.
+    choose_interpreter`` picked it); a script whose name starts with ``python``
+    (``python_train.py``) is the program, not an interpreter."""
     launch = launch_of(command)
     if launch is not None:
         return list(launch.program)
     argv = list(command)
-    if argv and os.path.basename(argv[0]).startswith("python"):
+    name = os.path.basename(argv[0]) if argv else ""
+    if name.startswith("python") and not name.endswith(".py"):
         argv = argv[1:]
         while argv and argv[0] in ("-u", "-B", "-O", "-W") or (argv and argv[0].startswith("-W")):
             argv = argv[2:] if argv[0] == "-W" else argv[1:]
