@@ -70,20 +70,23 @@ VISION="0.$((minor + 15)).*"
 # release notes), so the older releases get a NumPy 1.
 NUMPY="numpy"
 if [ "$minor" -lt 3 ]; then NUMPY="numpy<2"; fi
-log "installing torch==$TORCH torchvision==$VISION with $("$PY" --version 2>&1)"
-"${PIP[@]}" install -qq "torch==$TORCH" "torchvision==$VISION" "$NUMPY" \
-  "pytest>=8" "pytest-timeout>=2.3" >&2
+log "installing torch==$TORCH with $("$PY" --version 2>&1)"
+"${PIP[@]}" install -qq "torch==$TORCH" "$NUMPY" "pytest>=8" "pytest-timeout>=2.3" >&2
 
-# The conformance corpus's frameworks at the development pins (requirements/constraints.txt),
-# each only where it installs beside this torch without replacing it: a framework that needs a
-# newer torch is left out, and the corpus's tests say which scripts that leaves untested.
+# The matching torchvision, then the conformance corpus's frameworks at the development pins
+# (requirements/constraints.txt), each only where it installs beside this torch without
+# replacing it: a torchvision not released yet for the newest torch, or a framework that needs a
+# newer torch, is left out, and the corpus's tests say which scripts that leaves untested.
 FRAMEWORKS_FILE="$DEST/frameworks.txt"
 : >"$FRAMEWORKS_FILE"
-pin() { grep -E "^$1==" "$ROOT/requirements/constraints.txt" | head -1 || echo "$1"; }
-for group in "timm" "transformers accelerate" "lightning pytorch-lightning torchmetrics lightning-utilities"; do
+pin() {
+  if [ "$1" = torchvision ]; then echo "torchvision==$VISION"; return; fi
+  grep -E "^$1==" "$ROOT/requirements/constraints.txt" | head -1 || echo "$1"
+}
+for group in "torchvision" "timm" "transformers accelerate" "lightning pytorch-lightning torchmetrics lightning-utilities"; do
   specs=()
   for name in $group; do specs+=("$(pin "$name")"); done
-  if "${PIP[@]}" install -qq "${specs[@]}" "torch==$TORCH" "torchvision==$VISION" "$NUMPY" >&2 \
+  if "${PIP[@]}" install -qq "${specs[@]}" "torch==$TORCH" "$NUMPY" >&2 \
       2>"$DEST/.pip-${group%% *}.log"; then
     for name in $group; do echo "$name" >>"$FRAMEWORKS_FILE"; done
   else

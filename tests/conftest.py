@@ -10,11 +10,13 @@ first, so a missing binary there is a failure.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
 
-from tests.realkube.cluster import Cluster
+if TYPE_CHECKING:  # the control plane's client is not in the users' torch environments, where
+    # `make test` runs the probe's own tests with other torch releases (tests/support/torch_envs.py)
+    from tests.realkube.cluster import Cluster
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ class TorchEnv(NamedTuple):
                 f"(`make test` does)")
         return str(self.folder / "bin" / "python")
 
-    def frameworks(self) -> "set[str]":
+    def frameworks(self) -> set[str]:
         """The conformance corpus's frameworks that installed beside this torch."""
         path = self.folder / "frameworks.txt"
         return set(path.read_text().split()) if path.is_file() else set()

@@ -30,7 +30,7 @@ class TorchVersion(NamedTuple):
     text: str
 
     @property
-    def release(self) -> "tuple[int, int]":
+    def release(self) -> tuple[int, int]:
         return (self.major, self.minor)
 
     def __str__(self) -> str:

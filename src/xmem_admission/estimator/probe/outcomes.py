@@ -8,6 +8,8 @@ that a script's own ``except Exception`` does not swallow it.
 
 from __future__ import annotations
 
+from typing import Optional, Set
+
 
 class Refused(BaseException):
     """A job the probe does not estimate, for the reason given (status ``unsupported``)."""
@@ -19,3 +21,62 @@ class NotAGPUJob(Refused):
 
 class StopProbe(BaseException):
     """Raised from the optimizer hook after the last recorded step; ends the script cleanly."""
+
+
+class GPUOnlyCall(RuntimeError):
+    """The script (or torch under it) called a CUDA function only a real GPU can answer.
+
+    A ``RuntimeError``, as the real call's failure would be, so code that catches it and goes
+    on without (torch's own fallbacks do) is traced as usual; a script that dies of it is
+    reported as ``unsupported`` with the name and the reason, never as a script error.
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"{name} needs a real GPU ({reason}); the probe's virtual GPU cannot "
+                         f"answer it, so this job is not estimated")
+        self.name = name
+        self.reason = reason
+
+
+# What torch says when a call reaches the CUDA runtime or driver on a machine without a GPU
+# (c10/cuda/CUDAException.h C10_CUDA_CHECK: "CUDA error: ..."; CUDAHooks.cpp /
+# CUDAFunctions.cpp device_count_impl: "Found no NVIDIA driver ..."; torch/cuda/__init__.py
+# _lazy_init: "Torch not compiled with CUDA enabled", "No CUDA GPUs are available").
+_RUNTIME_FAILURES = ("CUDA error:", "Found no NVIDIA driver", "No CUDA GPUs are available",
+                     "CUDA driver version is insufficient", "Torch not compiled with CUDA",
+                     "CUDA driver initialization failed", "no CUDA-capable device")
+
+
+def gpu_only_cause(exc: BaseException) -> Optional[GPUOnlyCall]:
+    """The ``GPUOnlyCall`` behind ``exc`` (itself, or in its cause or context chain), or one
+    made for a failure of the CUDA runtime itself, named after the innermost torch function on
+    its way there: a call the virtual device has no disposition for."""
+    seen: Set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, GPUOnlyCall):
+            return current
+        if any(text in str(current) for text in _RUNTIME_FAILURES):
+            return GPUOnlyCall(_innermost_torch_call(current),
+                               f"it reached the CUDA runtime: {str(current).splitlines()[0]}")
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def _innermost_torch_call(exc: BaseException) -> str:
+    """The innermost frame of torch's own Python code on the way to the failure, else the
+    script's line that made the call."""
+    import traceback
+
+    torch_call = user_call = ""
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = frame.filename.replace("\\", "/")
+        if "xmem_admission" in path or path.endswith("runpy.py"):
+            continue
+        if "/torch/" in path:
+            module = path[path.rindex("/torch/") + 1:].rsplit(".", 1)[0].replace("/", ".")
+            torch_call = f"{module}.{frame.name} ({frame.filename}:{frame.lineno})"
+        else:
+            user_call = f"the call at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"
+    return torch_call or user_call or "a CUDA call"

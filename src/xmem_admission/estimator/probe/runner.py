@@ -29,7 +29,7 @@ import traceback
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Set
 
-from xmem_admission.estimator.probe.outcomes import NotAGPUJob, Refused, StopProbe
+from xmem_admission.estimator.probe.outcomes import NotAGPUJob, Refused, StopProbe, gpu_only_cause
 
 MODES = ("fake", "profile")
 
@@ -340,6 +340,11 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     """Run the script given by ``argv`` (no interpreter) in this process and trace it."""
     import torch
 
+    from xmem_admission.contract.torch_version import unsupported_reason
+
+    too_old = unsupported_reason(torch.__version__)
+    if too_old is not None:  # before importing what the probe stands on
+        return ProbeResult("unsupported", mode, 0, 0.0, None, too_old)
     from xmem_admission.estimator.probe import distributed
     from xmem_admission.estimator.probe import torch_patches as patching
     from xmem_admission.estimator.probe.tracker import AllocationTracker
@@ -387,14 +392,21 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         status, reason = "unsupported", str(exc)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if code != 0:
+        gpu_only = gpu_only_cause(exc)
+        if code != 0 and gpu_only is not None:  # the script caught it and exited
+            status, reason = "unsupported", str(gpu_only)
+        elif code != 0:
             status, reason = "script_error", f"the script exited with status {code}"
             reason += _after_steps(hooks.steps, steps)
     except Exception as exc:  # the user's script failed: report it, never hide it
-        status, code = "script_error", 1
-        reason = f"the script raised {type(exc).__name__}: {exc}"
-        reason += _after_steps(hooks.steps, steps)
-        tb = _user_traceback(exc)
+        gpu_only = gpu_only_cause(exc)
+        if gpu_only is not None:
+            status, reason = "unsupported", str(gpu_only)
+        else:
+            status, code = "script_error", 1
+            reason = f"the script raised {type(exc).__name__}: {exc}"
+            reason += _after_steps(hooks.steps, steps)
+            tb = _user_traceback(exc)
     finally:
         _RUNNING[0] = False
         if world is not None:

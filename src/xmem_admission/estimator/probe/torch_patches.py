@@ -88,10 +88,17 @@ class Patches:
 def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationTracker,
           mode: DeviceMode, fake: bool) -> None:
     """Install every patch of the virtual device into ``patches``."""
+    # torch._dynamo checks torch.cuda's Stream and Event classes when it is first imported
+    # (2.2-2.3, _dynamo/device_interface.py: "DeviceInterface member Event should be inherit
+    # from _EventBase"), and checkpointing, autocast and the optimizers import it lazily: it is
+    # imported while the classes are still torch's (from 2.4 the probe imports it anyway,
+    # through torch.distributed.pipelining).
+    import torch._dynamo  # noqa: F401
     _patch_cuda_api(patches, props, tracker)
     _patch_autocast(patches, mode)
     _patch_training_helpers(patches, fake)
     _patch_serialization(patches, tracker, fake)
+    _patch_checkpoint_metadata(patches, tracker)
     if fake:
         _patch_fake_tensor_device(patches, tracker)
         _patch_init(patches)
@@ -156,8 +163,12 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
         "stream": lambda *a, **k: contextlib.nullcontext(),
         "set_per_process_memory_fraction": lambda *a, **k: None,
     }
-    for name, value in answers.items():
-        p.set(cuda, name, value)
+    from xmem_admission.estimator.probe import cuda_surface
+
+    answers.update(cuda_surface.public_answers(tracker, props))
+    answers.update({name: value for name, value in cuda_surface.public_gpu_only().items()
+                    if hasattr(cuda, name)})
+    cuda_surface.install(p, answers, tracker, props)
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
     if accelerator is not None:
         for name, value in {
@@ -245,15 +256,24 @@ def _patch_autocast(p: Patches, mode: DeviceMode) -> None:
         return autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     real_is_enabled = torch.is_autocast_enabled
-    real_get_dtype = torch.get_autocast_dtype
+    # torch.get_autocast_dtype(device_type) and is_autocast_enabled(device_type) arrived in 2.4
+    # (torch/csrc/autograd/init.cpp); 2.2 and 2.3 have per-device functions for the CPU.
+    real_get_dtype: Any = getattr(torch, "get_autocast_dtype", None)
+    per_device = real_get_dtype is not None
 
     def is_autocast_enabled(device_type: Optional[str] = None) -> bool:
         if device_type is None or device_type == "cuda":
             return state.enabled
-        return bool(real_is_enabled(device_type))
+        if per_device:
+            return bool(real_is_enabled(device_type))
+        return device_type == "cpu" and bool(torch.is_autocast_cpu_enabled())
 
     def get_autocast_dtype(device_type: str) -> torch.dtype:
-        return state.dtype if device_type == "cuda" else real_get_dtype(device_type)
+        if device_type == "cuda":
+            return state.dtype
+        if per_device:
+            return real_get_dtype(device_type)
+        return torch.get_autocast_cpu_dtype()
 
     p.set(torch, "autocast", autocast)
     p.set(torch.amp, "autocast", autocast)
@@ -262,6 +282,27 @@ def _patch_autocast(p: Patches, mode: DeviceMode) -> None:
     p.set(torch, "is_autocast_enabled", is_autocast_enabled)
     p.set(torch, "get_autocast_dtype", get_autocast_dtype)
     p.set(torch, "get_autocast_gpu_dtype", lambda: state.dtype)
+
+
+def _patch_checkpoint_metadata(p: Patches, tracker: AllocationTracker) -> None:
+    """Non-reentrant activation checkpointing compares each saved tensor's shape, dtype and
+    device with its recomputation (torch/utils/checkpoint.py, ``_default_meta_extractor``,
+    2.2 to 2.15). The forward saves from inside an op (where the device mode is off, so a real
+    tensor says ``cpu``), the recomputation reads outside one (``cuda:0``): the device is the
+    virtual device's answer in both."""
+    from torch.utils import checkpoint
+
+    checks = getattr(checkpoint, "_allowed_determinism_checks_to_fns", None)
+    default = getattr(checkpoint, "_DEFAULT_DETERMINISM_MODE", None)
+    if not isinstance(checks, dict) or default not in checks:
+        return
+    cuda0 = torch.device("cuda", 0)
+
+    def metadata(x: Any) -> Any:
+        device = cuda0 if tracker.is_cuda(x) else x.device
+        return {"shape": x.shape, "dtype": x.dtype, "device": device}
+
+    p.set(checkpoint, "_allowed_determinism_checks_to_fns", {**checks, default: metadata})
 
 
 def _patch_training_helpers(p: Patches, fake: bool) -> None:
@@ -283,7 +324,10 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
             p.set(optimizer_module, "_foreach_supported_types", supported + [FakeTensor])
 
     # A skipped step needs inf/NaN gradients, which fake values never have: step every time.
-    from torch.amp import grad_scaler
+    try:
+        from torch.amp import grad_scaler  # torch >= 2.3
+    except ImportError:  # torch 2.2: CUDA's GradScaler is the only one
+        from torch.cuda.amp import grad_scaler
 
     def maybe_opt_step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any,
                        **kwargs: Any) -> Any:
@@ -291,6 +335,8 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
 
     if fake:
         p.set(grad_scaler.GradScaler, "_maybe_opt_step", maybe_opt_step)
+    else:
+        _patch_amp_kernels(p)
 
     # Loader workers would have to pickle fake tensors and pinned buffers are host memory:
     # load in-process, unpinned (GPU memory is the same either way).
@@ -318,6 +364,49 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
 
     p.set(torch, "compile", compile)
     p.set(torch.nn.Module, "_apply", _module_apply)
+
+
+def _has_cpu_kernel(op: str) -> bool:
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU"))
+
+
+def _patch_amp_kernels(p: Patches) -> None:
+    """GradScaler's two kernels on the host, for torch releases that have them for CUDA only
+    (2.2: aten/src/ATen/native/cuda/AmpKernels.cu; CPU kernels arrived in 2.3, AmpKernels.cpp).
+
+    In profile mode the gradients are real host tensors. Both kernels work in place and
+    allocate nothing on the GPU, so their host stand-ins run untraced (every mode off).
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    if not _has_cpu_kernel("aten::_amp_foreach_non_finite_check_and_unscale_"):
+        def unscale(grads: Any, found_inf: Any, inv_scale: Any) -> None:
+            # AmpKernels.cu: every element multiplied by inv_scale; found_inf set to 1.0 when
+            # any element of any tensor is inf or NaN.
+            with _disable_current_modes(), torch._C.DisableTorchFunction():
+                for grad in grads:
+                    if not bool(torch.isfinite(grad).all()):
+                        found_inf.fill_(1.0)
+                    grad.mul_(inv_scale)
+
+        p.set(torch, "_amp_foreach_non_finite_check_and_unscale_", unscale)
+    if not _has_cpu_kernel("aten::_amp_update_scale_"):
+        def update_scale(scale: Any, growth_tracker: Any, found_inf: Any, growth_factor: float,
+                         backoff_factor: float, growth_interval: int) -> Any:
+            # AmpKernels.cu, amp_update_scale_cuda_kernel: back off on inf, grow after
+            # growth_interval clean steps in a row.
+            with _disable_current_modes(), torch._C.DisableTorchFunction():
+                if float(found_inf) != 0.0:
+                    scale.mul_(backoff_factor)
+                    growth_tracker.fill_(0)
+                elif int(growth_tracker) + 1 == growth_interval:
+                    scale.mul_(growth_factor)
+                    growth_tracker.fill_(0)
+                else:
+                    growth_tracker.add_(1)
+            return scale
+
+        p.set(torch, "_amp_update_scale_", update_scale)
 
 
 # Where the script last moved or converted each module (``model.to(...)``, ``.cuda()``,
