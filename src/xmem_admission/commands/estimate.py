@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
                         help="optimizer steps to record before stopping the script (default 3)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object on stdout (the script's stdout goes to "
-                        "stderr)")
+                        "stderr); its torch, python and interpreter keys say what traced it")
     parser.add_argument("--trace", metavar="OUT.json",
                         help="also write the recorded allocation trace (xmem-trace v1)")
     parser.add_argument("--plot", metavar="OUT.png",
