@@ -4,7 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean tools kube-up kube-down playground playground-stop
+.PHONY: venv demo test lint bench clean tools kube-up kube-down playground playground-stop \
+	torch-envs compat
 
 venv: $(STAMP)
 
@@ -55,11 +56,30 @@ playground: $(STAMP) tools
 playground-stop: $(STAMP)
 	$(PY) -m tests.realkube.playground down $(PLAYGROUND_DIR)
 
-test: $(STAMP) tools
+# The users' torch (#28): the probe runs inside the user's image with the user's torch, so its
+# tests also run with the oldest supported torch on the oldest Python it supports and the newest
+# on the newest (scripts/torch-venv.sh builds each once into ~/.cache/xmem-admission/torch/,
+# about 5 GB and 3-4 minutes from PyPI each; scripts/test-torch.sh runs the probe's tests with
+# it). The main suite uses the newest too (`xmem estimate` with another interpreter).
+TORCH_ENDS := 2.2.2:3.9 2.15.0:3.13
+
+torch-envs:
+	for end in $(TORCH_ENDS); do bash scripts/torch-venv.sh $${end%%:*} $${end##*:} >/dev/null || exit 1; done
+
+test: $(STAMP) tools torch-envs
 	$(PY) -m ruff check src tests bench examples
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
+	for end in $(TORCH_ENDS); do bash scripts/test-torch.sh $${end%%:*} $${end##*:} || exit 1; done
 	$(PY) -m pytest -q
+
+# Every minor release of the supported range, each with the oldest and the newest Python it
+# supports: the probe's fixed jobs and the conformance corpus traced with each, results kept in
+# bench/compat/results.jsonl (a rerun skips what is done) and the table written into
+# bench/README.md ("The user's torch"). Hours on 2 cores; COMPAT_ARGS passes options
+# (e.g. COMPAT_ARGS="--only 2.6.0").
+compat: $(STAMP)
+	$(PY) bench/compat.py $(COMPAT_ARGS)
 
 # The speed benchmarks (minutes); the accuracy one is `xmem bench paper` (bench/README.md).
 bench: $(STAMP)

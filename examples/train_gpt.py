@@ -240,7 +240,10 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     amp_dtype = AMP_DTYPES.get(args.amp)
     # fp16 gradients can underflow: scale the loss. A disabled scaler passes everything through.
-    scaler = torch.amp.GradScaler(device, enabled=args.amp == "fp16")
+    # torch.amp.GradScaler from 2.3; torch 2.2 has CUDA's own only
+    scaler = (torch.amp.GradScaler(device, enabled=args.amp == "fp16")
+              if hasattr(torch.amp, "GradScaler")
+              else torch.cuda.amp.GradScaler(enabled=args.amp == "fp16"))
 
     # Random tokens stand in for a data loader: drawn on the host, then copied to the device.
     data = torch.Generator().manual_seed(args.seed)

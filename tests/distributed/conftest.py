@@ -63,3 +63,30 @@ def peak_after_setup(trace):
         if started:
             peak = max(peak, current)
     return peak
+
+
+def _too_old():
+    import torch
+
+    from xmem_admission.contract.torch_version import distributed_unsupported_reason
+
+    return distributed_unsupported_reason(torch.__version__)
+
+
+# Modules that import what only newer releases have (DTensor's public home, 2.5) at import.
+collect_ignore = ["test_foreach_dedupe.py"] if _too_old() else []
+
+
+def pytest_collection_modifyitems(config, items):
+    """Below the release distributed jobs are traced from, the probe refuses them (tested by
+    test_old_torch_refused.py with any torch): the rest of this folder says so instead of
+    failing. The development pin is above it, so nothing here is skipped in the main suite."""
+    import torch
+
+    reason = _too_old()
+    if reason is None:
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        if str(item.fspath).startswith(here) and "test_old_torch_refused" not in str(item.fspath):
+            item.add_marker(pytest.mark.skip(reason=f"torch {torch.__version__}: {reason}"))

@@ -147,7 +147,7 @@ def _plot(trace: Any, names: List[str], args: argparse.Namespace, path: str) -> 
         import matplotlib.pyplot as plt
     except ImportError:
         raise EstimateError("--plot needs matplotlib (pip install matplotlib)") from None
-    config = allocator_config(args.alloc_conf)
+    config = allocator_config(args.alloc_conf, trace.meta.get("torch"))
     fig, ax = plt.subplots(figsize=(10, 4))
     for gpu in resolve_gpus(names):
         sim = simulate(for_gpu(trace, gpu), config, capacity_bytes=allocator_capacity(gpu),

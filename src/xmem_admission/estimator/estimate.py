@@ -32,7 +32,11 @@ from xmem_admission.contract import gpus as catalogue
 from xmem_admission.contract import nccl as nccl_model
 from xmem_admission.contract import probe_env, torch_version
 from xmem_admission.contract.errors import EstimateError, ProbeTimeout, ScriptFailed
-from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig, parse_alloc_conf
+from xmem_admission.estimator.allocator.alloc_conf import (
+    AllocatorConfig,
+    config_from_env,
+    parse_alloc_conf,
+)
 from xmem_admission.estimator.allocator.simulate import simulate
 from xmem_admission.estimator.orchestrate import for_gpu
 from xmem_admission.estimator.trace import Category, Trace
@@ -117,10 +121,14 @@ def resolve_gpus(names: Sequence[str]) -> List[catalogue.GPU]:
     return found
 
 
-def allocator_config(alloc_conf: Optional[str] = None) -> AllocatorConfig:
-    """The allocator settings to simulate: the given string, else the environment's."""
-    return parse_alloc_conf(alloc_conf if alloc_conf is not None
-                            else os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+def allocator_config(alloc_conf: Optional[str] = None,
+                     torch: Optional[str] = None) -> AllocatorConfig:
+    """The allocator settings to simulate, as the job's torch (``torch``: its version string,
+    None for the newest supported) reads them: the given string, else the environment's
+    (``PYTORCH_CUDA_ALLOC_CONF``, or ``PYTORCH_ALLOC_CONF`` where that torch reads it)."""
+    if alloc_conf is not None:
+        return parse_alloc_conf(alloc_conf, torch)
+    return config_from_env(os.environ, torch)
 
 
 def allocator_capacity(gpu: catalogue.GPU) -> int:
@@ -441,13 +449,15 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     gpus = resolve_gpus(gpu_names)
     if not gpus:
         raise EstimateError("no GPU given")
-    config = allocator_config(alloc_conf)
+    allocator_config(alloc_conf)  # a malformed string fails before anything runs
     _check_command(command, cwd)
     path, how = choose_interpreter(command, python, cwd)
     if bundle is None and path != sys.executable:
         raise EstimateError(f"tracing with {how} ({path}) needs the probe bundle: build it with "
                             f"`python -m xmem_admission.bundle DIR` and pass bundle=DIR")
     interpreter = inspect_interpreter(path, how, probe_environment(bundle), cwd)
+    # the caching allocator of the torch that will run the job (keys, parsing, defaults)
+    config = allocator_config(alloc_conf, interpreter.torch)
 
     def say(msg: str) -> None:
         if progress:

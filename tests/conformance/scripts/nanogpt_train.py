@@ -129,7 +129,7 @@ def main():
 
     model = build_model(args)
     model.to(device)
-    scaler = torch.amp.GradScaler("cuda", enabled=(dtype == "float16"))
+    scaler = torch.cuda.amp.GradScaler(enabled=(dtype == "float16"))  # as nanoGPT writes it
     optimizer = build_optimizer(args, model, device_type)
     if args.compile:
         model = torch.compile(model)

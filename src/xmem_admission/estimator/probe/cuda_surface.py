@@ -250,6 +250,12 @@ def install(patches: Any, public: Mapping[str, Any], tracker: Any, props: Any) -
             name, "a CUDA runtime call the virtual GPU does not answer"))
         by_id[id(original)] = (original, value)
         patches.set(torch._C, name, value)
+    rebind(patches, by_id)
+
+
+def rebind(patches: Any, by_id: Mapping[int, Tuple[Any, Any]]) -> None:
+    """Replace each object of ``by_id`` (id(original) -> (original, replacement)) wherever a
+    module of torch holds it, under any name (``from x import f`` binds f at import)."""
     for module in _torch_modules():
         for key, held in list(vars(module).items()):
             found = by_id.get(id(held))

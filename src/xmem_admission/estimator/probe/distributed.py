@@ -23,7 +23,7 @@ reduce-scatter buffers), not on what the other ranks compute. So the probe runs 
   ``gradient_as_bucket_view=True``), and the communicators the job creates are recorded in the
   trace's metadata for the NCCL model (``estimator.nccl``).
 
-Python >= 3.9, torch >= 2.1 with torch.distributed; this module ships in the probe bundle.
+Python >= 3.9, torch >= 2.6 with torch.distributed (older: refused, contract.torch_version); this module ships in the probe bundle.
 """
 
 from __future__ import annotations
@@ -100,6 +100,12 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
                            world_size: int = -1, rank: int = -1, store: Any = None,
                            group_name: str = "", pg_options: Any = None, device_id: Any = None,
                            **_extra: Any) -> None:
+        from xmem_admission.contract.torch_version import distributed_unsupported_reason
+        from xmem_admission.estimator.probe.outcomes import Refused
+
+        too_old = distributed_unsupported_reason(torch.__version__)
+        if too_old is not None:
+            raise Refused(too_old)
         size = world_size if world_size and world_size > 0 else int(
             os.environ.get("WORLD_SIZE") or 1)
         me = rank if rank is not None and rank >= 0 else int(os.environ.get("RANK") or 0)

@@ -13,7 +13,7 @@ on the host); ``script_error`` (the script raised or exited non-zero before step
 traceback and exit code included, ``steps`` counts the steps it made, and when it made any the
 reason says so too); ``no_step`` (the script ended without an optimizer step: neither a ``torch.optim`` step nor
 in-place updates of the model's parameters after a backward pass). Python >= 3.9
-and torch >= 2.1 only: this module ships in the probe bundle.
+and torch >= 2.2 only (older: ``unsupported`` with the range): this module ships in the probe bundle.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ container then imports the bundle's ``sitecustomize``, which calls ``activate()`
   so nothing after the estimated training runs (an upload step, a second script).
 
 Environment: ``XMEM_PROBE_GPUS`` (comma-separated catalogue names), ``XMEM_PROBE_STEPS``,
-``XMEM_PROBE_MODE`` (auto, fake, profile), ``XMEM_RESULT_PATH``. Python >= 3.9, torch >= 2.1,
+``XMEM_PROBE_MODE`` (auto, fake, profile), ``XMEM_RESULT_PATH``. Python >= 3.9, torch >= 2.2,
 standard library otherwise: this module ships in the probe bundle.
 """
 
@@ -194,8 +194,10 @@ def activate() -> None:
 
 
 def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
+    import torch
+
     from xmem_admission.contract import termination
-    from xmem_admission.estimator.allocator.alloc_conf import parse_alloc_conf
+    from xmem_admission.estimator.allocator.alloc_conf import config_from_env
     from xmem_admission.estimator.estimate import device_json, estimate_trace, resolve_gpus
     from xmem_admission.estimator.probe import runner
 
@@ -203,7 +205,8 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
     if not names:
         raise ValueError(f"{probe_env.GPUS} names no GPU model")
     gpus = resolve_gpus(names)
-    config = parse_alloc_conf(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""))
+    # the settings as the job's own torch reads them (alloc_conf: keys and rules per release)
+    config = config_from_env(os.environ, torch.__version__)
     first = "profile" if mode == "profile" else "fake"
     print(f"xmem probe: tracing {' '.join(target)} ({first} mode, {steps} steps) as "
           f"{gpus[0].cuda_name}", file=sys.stderr, flush=True)

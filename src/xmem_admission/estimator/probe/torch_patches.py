@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
 
@@ -40,6 +40,13 @@ class VirtualDeviceProperties:
 
 class _Inert:
     """Streams and events of the virtual device: accept every call, do nothing."""
+
+    # What torch.Stream's own attributes say of a stream on the GPU: FSDP2 passes them to its
+    # record_grad_output_stream op (2.15, fsdp/_fully_shard/_fsdp_collectives.py); CUDA is
+    # device type 1 (c10/core/DeviceType.h).
+    stream_id = 0
+    device_index = 0
+    device_type = 1
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.device = torch.device("cuda", 0)
@@ -103,6 +110,7 @@ def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationT
         _patch_fake_tensor_device(patches, tracker)
         _patch_init(patches)
         _patch_parameters(patches, tracker)
+        _patch_parameter_check(patches)
 
 
 def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
@@ -312,9 +320,19 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
     # CUDA runs take the foreach optimizer path by default (optimizer.py,
     # _default_to_fused_or_foreach: foreach when every param is on a foreach-supported device);
     # the probe's tensors live on the CPU, so the CPU joins the list while tracing.
-    real_devices = optimizer_module._get_foreach_kernels_supported_devices
-    p.set(optimizer_module, "_get_foreach_kernels_supported_devices",
-          lambda: list(real_devices()) + ["cpu"])
+    # Likewise for the fused path (``fused=True``), which torch 2.2-2.3 check against
+    # _get_fused_kernels_supported_devices in Adam's and AdamW's constructors (CUDA only there;
+    # the CPU joined in 2.4). Both are bound by name in several optim modules: replaced in each.
+    from torch.utils import _foreach_utils
+
+    from xmem_admission.estimator.probe.cuda_surface import rebind
+
+    by_id = {}
+    for name in ("_get_foreach_kernels_supported_devices", "_get_fused_kernels_supported_devices"):
+        real = getattr(_foreach_utils, name, None)
+        if real is not None:
+            by_id[id(real)] = (real, _with_cpu(real))
+    rebind(p, by_id)
     if fake:
         # Parameters built under fake mode are FakeTensors; let them take that path too.
         from torch._subclasses.fake_tensor import FakeTensor
@@ -337,6 +355,7 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
         p.set(grad_scaler.GradScaler, "_maybe_opt_step", maybe_opt_step)
     else:
         _patch_amp_kernels(p)
+    _patch_fused_adam(p)
 
     # Loader workers would have to pickle fake tensors and pinned buffers are host memory:
     # load in-process, unpinned (GPU memory is the same either way).
@@ -364,6 +383,14 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
 
     p.set(torch, "compile", compile)
     p.set(torch.nn.Module, "_apply", _module_apply)
+
+
+def _with_cpu(devices: Callable[[], Any]) -> Callable[[], List[str]]:
+    def with_cpu() -> List[str]:
+        listed = list(devices())
+        return listed if "cpu" in listed else listed + ["cpu"]
+
+    return with_cpu
 
 
 def _has_cpu_kernel(op: str) -> bool:
@@ -407,6 +434,56 @@ def _patch_amp_kernels(p: Patches) -> None:
             return scale
 
         p.set(torch, "_amp_update_scale_", update_scale)
+
+
+def _patch_fused_adam(p: Patches) -> None:
+    """Adam's and AdamW's fused kernels on the host, for releases that have them for CUDA only
+    (2.2-2.3: aten/src/ATen/native/cuda/fused_adam_impl.cu; CPU kernels arrived in 2.4,
+    FusedAdamKernel.cpp). ``fused=True`` (nanoGPT's AdamW) steps through them.
+
+    The kernels update parameters and state in place and allocate nothing, so the stand-in runs
+    untraced (every mode off): with real tensors (profile mode, host data) it applies Adam's
+    update (torch/optim/adam.py, the single-tensor reference); a fake tensor has no value to
+    update, so it is left as it is.
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def fused(decoupled: bool) -> Callable[..., None]:
+        def step(params: Any, grads: Any, exp_avgs: Any, exp_avg_sqs: Any, max_exp_avg_sqs: Any,
+                 state_steps: Any, *, lr: Any, beta1: float, beta2: float, weight_decay: float,
+                 eps: float, amsgrad: bool, maximize: bool, grad_scale: Any = None,
+                 found_inf: Any = None) -> None:
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            tensors = list(params) + list(grads) + list(exp_avgs) + list(exp_avg_sqs)
+            if any(isinstance(t, FakeTensor) for t in tensors):
+                return
+            with _disable_current_modes(), torch._C.DisableTorchFunction():
+                if found_inf is not None and float(found_inf) != 0.0:
+                    return
+                rate = float(lr)
+                for i, (param, grad) in enumerate(zip(params, grads)):
+                    grad = grad / grad_scale if grad_scale is not None else grad
+                    grad = -grad if maximize else grad
+                    if weight_decay and decoupled:
+                        param.mul_(1 - rate * weight_decay)
+                    elif weight_decay:
+                        grad = grad.add(param, alpha=weight_decay)
+                    exp_avgs[i].lerp_(grad, 1 - beta1)
+                    exp_avg_sqs[i].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                    count = float(state_steps[i])
+                    second = exp_avg_sqs[i]
+                    if amsgrad:
+                        torch.maximum(max_exp_avg_sqs[i], second, out=max_exp_avg_sqs[i])
+                        second = max_exp_avg_sqs[i]
+                    denom = (second.sqrt() / (1 - beta2 ** count) ** 0.5).add_(eps)
+                    param.addcdiv_(exp_avgs[i], denom, value=-rate / (1 - beta1 ** count))
+
+        return step
+
+    for name, decoupled in (("_fused_adam_", False), ("_fused_adamw_", True)):
+        if hasattr(torch, name) and not _has_cpu_kernel(f"aten::{name}"):
+            p.set(torch, name, fused(decoupled))
 
 
 # Where the script last moved or converted each module (``model.to(...)``, ``.cuda()``,
@@ -565,6 +642,28 @@ def _load_mapped(real_load: Any, f: Any, map_location: Any, args: Any, kwargs: A
         except RuntimeError:  # a legacy (non-zip) checkpoint cannot be mapped
             pass
     return real_load(f, map_location, *args, **kwargs)
+
+
+def _patch_parameter_check(p: Patches) -> None:
+    """``isinstance(t, Parameter)`` is true for a tensor flagged ``_is_param`` (the probe's fake
+    parameters are such tensors); up to 2.2 the metaclass answered so for every subclass of
+    Parameter too, so DDP and FSDP took them for ``UninitializedParameter`` and refused the
+    model (torch/nn/parameter.py ``_ParameterMeta.__instancecheck__``; 2.3 asks ``self is
+    Parameter`` first). The later rule, for every release."""
+    from torch.nn import parameter
+
+    meta = getattr(parameter, "_ParameterMeta", None)
+    if meta is None:
+        return
+    base = torch._C._TensorMeta.__instancecheck__
+
+    def instancecheck(cls: Any, instance: Any) -> bool:
+        if cls is parameter.Parameter and isinstance(instance, torch.Tensor) \
+                and getattr(instance, "_is_param", False):
+            return True
+        return bool(base(cls, instance))
+
+    p.set(meta, "__instancecheck__", instancecheck)
 
 
 def _patch_parameters(p: Patches, tracker: AllocationTracker) -> None:

@@ -15,7 +15,7 @@ model the probe traces is the model the script builds. Values the probe cannot k
 raise ``DataDependentValue``; ``virtual_cuda`` turns that into a placeholder for logging or a
 fallback to profile mode for decisions.
 
-Runs inside users' images: Python >= 3.9, torch >= 2.1, no other dependency.
+Runs inside users' images: Python >= 3.9, torch >= 2.2, no other dependency.
 """
 
 from __future__ import annotations
@@ -464,13 +464,16 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             DynamicOutputShapeException,
         )
 
+        if func is aten._pack_padded_sequence.default:
+            # Its size always comes from the lengths: asked first, not after the fake kernel
+            # fails (2.2's meta kernel raises a RuntimeError, "'lengths' argument should be a
+            # 1D CPU int64 tensor", instead of a data-dependent-output exception).
+            packed = self._pack_padded(args)
+            if packed is not _MISSING:
+                return packed
         try:
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
-            if func is aten._pack_padded_sequence.default:
-                packed = self._pack_padded(args)
-                if packed is not _MISSING:
-                    return packed
             real = self._run_real(func, args, kwargs, inputs, limit=None)
             if real is _MISSING:
                 missing = [t for t in inputs if self.shadow(t) is None]
