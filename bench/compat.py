@@ -4,7 +4,8 @@ For each release (its newest patch on PyPI) and each of the oldest and newest Py
 (within 3.9-3.13), an environment standing for a user's image (``scripts/torch-venv.sh``: that
 torch, numpy, the matching torchvision and the corpus's frameworks where they install), then
 ``xmem estimate --python ENV/bin/python`` (the estimation pod's path: the bundle on PYTHONPATH
-of that interpreter) over:
+of that interpreter) over the following, after the probe's own tests with that torch
+(``scripts/test-torch.sh``):
 
 - the fixed jobs: ``examples/train_gpt.py`` at GPT-2 small shape with AdamW in fp32 and in bf16
   autocast, ``examples/train_cnn.py`` ResNet-50 with SGD and fp16 AMP, the corpus's LSTM
@@ -109,17 +110,19 @@ def corpus_run(python: str, env: str, name: str) -> Dict[str, Any]:
     return estimate(python, [f"tests/conformance/scripts/{name}"] + args, mode="fake")
 
 
-def cuda_surface(python: str, env: str) -> Dict[str, Any]:
-    """tests/estimator/test_cuda_surface.py with this torch: every torch.cuda name and
-    torch._C._cuda_* binding has a disposition, and each holds."""
-    environ = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), XMEM_TORCH_ENV=env)
-    proc = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "tests/estimator/test_cuda_surface.py"], cwd=ROOT, env=environ,
-                          capture_output=True, text=True, timeout=1800)
+def probe_tests(torch_version: str, python_minor: str) -> Dict[str, Any]:
+    """The probe's own tests with this torch (scripts/test-torch.sh, as `make test` runs them
+    for the range's two ends): the CUDA surface, fake and profile mode, autocast, activation
+    checkpointing, the distributed launchers, DDP, FSDP1 and FSDP2, the corpus."""
+    proc = subprocess.run(["bash", "scripts/test-torch.sh", torch_version, python_minor,
+                           "-rf", "--timeout", "600"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=3600)
     lines = proc.stdout.strip().splitlines()
-    errors = [line[2:].strip()[:300] for line in lines if line.startswith("E   ")][:3]
-    return {"status": "ok" if proc.returncode == 0 else "failed",
-            "summary": lines[-1] if lines else "", "errors": errors}
+    failed = [line.split(" ", 1)[1].split(" - ")[0] for line in lines
+              if line.startswith("FAILED ")][:6]
+    summary = lines[-1].strip("= ") if lines else f"exit {proc.returncode}"
+    return {"status": "ok" if proc.returncode == 0 else "failed", "summary": summary,
+            "failed": failed}
 
 
 def run_pair(torch_version: str, python_minor: str, outside: bool) -> Dict[str, Any]:
@@ -137,7 +140,7 @@ def run_pair(torch_version: str, python_minor: str, outside: bool) -> Dict[str, 
     if outside:
         row["fixed"] = {"gpt2-adamw-fp32": estimate(python, FIXED[0][1])}
     else:
-        row["cuda_surface"] = cuda_surface(python, env)
+        row["probe_tests"] = probe_tests(torch_version, python_minor)
         row["fixed"] = {name: estimate(python, argv) for name, argv in FIXED}
         row["corpus"] = {name: corpus_run(python, env, name) for name in CORPUS}
     row["seconds"] = round(time.perf_counter() - started, 1)
@@ -174,7 +177,7 @@ def gib(n: Optional[int]) -> str:
 def table(rows: List[Dict[str, Any]]) -> str:
     pins = [r for r in rows if r["torch"] == "pin"]
     pin = pins[-1]["fixed"] if pins else {}
-    head = ["torch", "Python", "CUDA surface", "corpus estimated", "not estimated (why)"] + \
+    head = ["torch", "Python", "probe's tests", "corpus estimated", "not estimated (why)"] + \
         [f"{name} (GiB, vs pin)" for name, _ in FIXED] + ["seconds"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     order = {(t, p): i for i, (t, ps) in enumerate(OUTSIDE + MATRIX) for p in ps}
@@ -184,9 +187,10 @@ def table(rows: List[Dict[str, Any]]) -> str:
         done = [n for n, c in corpus.items() if c["status"] == "ok"]
         missing = [f"{n[:-3]}: {c.get('reason', c['status'])}" for n, c in corpus.items()
                    if c["status"] != "ok"]
-        surface = row.get("cuda_surface")
+        tests = row.get("probe_tests")
         cells = [row["installed"], row["python"],
-                 "-" if surface is None else surface["summary"].split(" in ")[0],
+                 "-" if tests is None else "; ".join([tests["summary"].split(" in ")[0]]
+                                                     + tests["failed"]),
                  f"{len(done)} of {len(corpus)}" if corpus
                  else "-", "; ".join(missing) or "-"]
         for name, _ in FIXED:

@@ -65,28 +65,35 @@ def peak_after_setup(trace):
     return peak
 
 
-def _too_old():
+# What some tests' jobs need from torch, and since which release (the rest run with every
+# release of the supported range: DDP, FSDP1, the launchers).
+REQUIRES = {
+    "test_fsdp2_sharding.py": ((2, 6), "FSDP2's fully_shard is public from torch 2.6"),
+    "test_sharded_ops_run_once.py": ((2, 6), "FSDP2's fully_shard is public from torch 2.6"),
+    "test_foreach_dedupe.py": ((2, 6), "FSDP2's DTensors (torch.distributed.tensor) from 2.6"),
+    "test_pipeline_refused.py": ((2, 4), "torch.distributed.pipelining arrived in torch 2.4"),
+}
+
+
+def _release():
     import torch
 
-    from xmem_admission.contract.torch_version import distributed_unsupported_reason
+    from xmem_admission.contract.torch_version import parse
 
-    return distributed_unsupported_reason(torch.__version__)
+    return parse(torch.__version__).release
 
 
-# Modules that import what only newer releases have (DTensor's public home, 2.5) at import.
-collect_ignore = ["test_foreach_dedupe.py"] if _too_old() else []
+# Modules that import at import time what only newer releases have.
+collect_ignore = ["test_foreach_dedupe.py"] if _release() < REQUIRES["test_foreach_dedupe.py"][0] \
+    else []
 
 
 def pytest_collection_modifyitems(config, items):
-    """Below the release distributed jobs are traced from, the probe refuses them (tested by
-    test_old_torch_refused.py with any torch): the rest of this folder says so instead of
-    failing. The development pin is above it, so nothing here is skipped in the main suite."""
+    """Tests whose jobs need a newer torch than the one running say so (they run with the
+    development pin, so nothing here is skipped in the main suite)."""
     import torch
 
-    reason = _too_old()
-    if reason is None:
-        return
-    here = os.path.dirname(os.path.abspath(__file__))
     for item in items:
-        if str(item.fspath).startswith(here) and "test_old_torch_refused" not in str(item.fspath):
-            item.add_marker(pytest.mark.skip(reason=f"torch {torch.__version__}: {reason}"))
+        needed = REQUIRES.get(os.path.basename(str(item.fspath)))
+        if needed is not None and _release() < needed[0]:
+            item.add_marker(pytest.mark.skip(reason=f"torch {torch.__version__}: {needed[1]}"))

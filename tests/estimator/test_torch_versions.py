@@ -6,7 +6,6 @@ import pytest
 
 from xmem_admission.contract.torch_version import (
     TorchVersionError,
-    distributed_unsupported_reason,
     parse,
     supported_range,
     unsupported_reason,
@@ -45,13 +44,3 @@ def test_releases_older_than_the_range_are_refused_with_the_range(text, refused)
     assert (reason is not None) == refused
     if refused:
         assert text in reason and supported_range() in reason
-
-
-@pytest.mark.parametrize("text, refused", [
-    ("2.2.2", True), ("2.5.1", True), ("2.6.0a0+ecf3bae40a.nv25.01", False), ("2.15.0", False),
-])
-def test_distributed_jobs_start_at_their_own_oldest_release(text, refused):
-    reason = distributed_unsupported_reason(text)
-    assert (reason is not None) == refused
-    if refused:
-        assert text in reason and "2.6 to 2.15" in reason

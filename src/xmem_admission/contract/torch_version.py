@@ -48,14 +48,6 @@ OLDEST = (2, 2)
 NEWEST = (2, 15)
 
 
-# Distributed jobs (DDP, FSDP1, FSDP2 over torch's fake process group, traced as rank 0): the
-# oldest release whose DDP and FSDP internals the probe's patches are tested with (`make
-# compat`). Below it, a script that initialises a process group is refused with this range:
-# 2.2's DDP has no ``_comm_hooks`` and FSDP1 rejects the probe's fake flat parameters
-# ("unknown parameter type"), measured here with torch 2.2.2.
-DISTRIBUTED_OLDEST = (2, 6)
-
-
 def parse(text: object) -> TorchVersion:
     """``torch.__version__`` (a ``TorchVersion`` str subclass, or any string) -> its release."""
     value = str(text) if text is not None else ""
@@ -88,17 +80,3 @@ def unsupported_reason(text: object) -> Optional[str]:
                 f"{OLDEST[0]}.{OLDEST[1]} or newer")
     return None
 
-
-def distributed_unsupported_reason(text: object) -> Optional[str]:
-    """Why a distributed job cannot be traced with this torch, or None when it can."""
-    reason = unsupported_reason(text)
-    if reason is not None:
-        return reason
-    version = parse(text)
-    if version.release < DISTRIBUTED_OLDEST:
-        return (f"distributed jobs (torch.distributed process groups, DDP, FSDP) are traced "
-                f"with torch {DISTRIBUTED_OLDEST[0]}.{DISTRIBUTED_OLDEST[1]} to "
-                f"{NEWEST[0]}.{NEWEST[1]}; this job's torch is {version.text}: estimate it "
-                f"with an image whose torch is {DISTRIBUTED_OLDEST[0]}.{DISTRIBUTED_OLDEST[1]} "
-                f"or newer, or give it a whole-GPU request")
-    return None

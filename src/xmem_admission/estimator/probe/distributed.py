@@ -23,7 +23,7 @@ reduce-scatter buffers), not on what the other ranks compute. So the probe runs 
   ``gradient_as_bucket_view=True``), and the communicators the job creates are recorded in the
   trace's metadata for the NCCL model (``estimator.nccl``).
 
-Python >= 3.9, torch >= 2.6 with torch.distributed (older: refused, contract.torch_version); this module ships in the probe bundle.
+Python >= 3.9, torch >= 2.2 with torch.distributed (FSDP2 from 2.6, where fully_shard is public); this module ships in the probe bundle.
 """
 
 from __future__ import annotations
@@ -100,12 +100,6 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
                            world_size: int = -1, rank: int = -1, store: Any = None,
                            group_name: str = "", pg_options: Any = None, device_id: Any = None,
                            **_extra: Any) -> None:
-        from xmem_admission.contract.torch_version import distributed_unsupported_reason
-        from xmem_admission.estimator.probe.outcomes import Refused
-
-        too_old = distributed_unsupported_reason(torch.__version__)
-        if too_old is not None:
-            raise Refused(too_old)
         size = world_size if world_size and world_size > 0 else int(
             os.environ.get("WORLD_SIZE") or 1)
         me = rank if rank is not None and rank >= 0 else int(os.environ.get("RANK") or 0)
@@ -298,9 +292,16 @@ def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:
         with device_mode.on(FLOATING_ON_GPU):
             return real_init_helper(self, *args, **kwargs)
 
+    real_register = DDP.register_comm_hook
+
+    def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
+        # 2.2-2.4 keep no Python-side list of the hooks (``_comm_hooks`` arrived later), and a
+        # reducer takes one hook only: remember that the script registered its own.
+        self._xmem_has_hook = True
+        return real_register(self, state, hook)
+
     def pre_forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
-        if not self._comm_hooks and not getattr(self, "_xmem_hooked", False):
-            self._xmem_hooked = True
+        if not getattr(self, "_comm_hooks", None) and not getattr(self, "_xmem_has_hook", False):
             DDP.register_comm_hook(self, None, in_place_allreduce)
         with device_mode.on(FLOATING_ON_GPU):
             return real_pre_forward(self, *inputs, **kwargs)
@@ -327,11 +328,11 @@ def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:
         # A built-in hook runs in C++ on the fake group's empty future: a Python hook that
         # allocates what it allocates stands for it (ALLREDUCE: nothing; FP16_COMPRESS: a
         # float16 copy of the bucket).
-        self._xmem_hooked = True
         compress = getattr(comm_hook_type, "name", "") == "FP16_COMPRESS"
         DDP.register_comm_hook(self, None,
                                compressed_allreduce if compress else in_place_allreduce)
 
+    patches.set(DDP, "register_comm_hook", register_comm_hook)
     patches.set(DDP, "_ddp_init_helper", init_helper)
     patches.set(DDP, "_pre_forward", pre_forward)
     patches.set(DDP, "_register_builtin_comm_hook", register_builtin)

@@ -199,6 +199,10 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
         }.items():
             if hasattr(accelerator, name):
                 p.set(accelerator, name, value)
+    # Streams are inert on the virtual GPU, so is recording a tensor's use on one; FSDP1 calls it
+    # with every mode off (fsdp/_common_utils.py ``_no_dispatch_record_stream``), where the C++
+    # method refuses the virtual stream ("unknown parameter type", torch 2.2).
+    p.set(torch.Tensor, "record_stream", lambda self, *a, **k: None)
     p.set(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
     p.set(torch.Tensor, "is_pinned", lambda self, *a, **k: False)
 
