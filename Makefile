@@ -63,8 +63,11 @@ playground-stop: $(STAMP)
 # it). The main suite uses the newest too (`xmem estimate` with another interpreter).
 TORCH_ENDS := 2.2.2:3.9 2.15.0:3.13
 
+# Both at once: an install is mostly download and unpacking, not CPU.
 torch-envs:
-	for end in $(TORCH_ENDS); do bash scripts/torch-venv.sh $${end%%:*} $${end##*:} >/dev/null || exit 1; done
+	pids=""; for end in $(TORCH_ENDS); do \
+		bash scripts/torch-venv.sh $${end%%:*} $${end##*:} >/dev/null & pids="$$pids $$!"; \
+	done; for pid in $$pids; do wait $$pid || exit 1; done
 
 test: $(STAMP) tools torch-envs
 	$(PY) -m ruff check src tests bench examples
