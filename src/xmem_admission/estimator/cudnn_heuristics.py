@@ -16,8 +16,9 @@ of a device. This module is a small client of cuDNN's backend C API through ``ct
 
 The plans come back in the heuristics' order, duplicates (same engine and knob choices, offered
 by both modes) kept at their first place. That is the order in which a caller tries them; which
-of them PyTorch keeps (its TF32, determinism and down-conversion filters, the workspace that
-fits) is the caller's business: each plan carries its engine's numerical notes for that.
+of them PyTorch keeps, in which order (its heuristics mode, its TF32, determinism and
+down-conversion filters, its errata) is ``torch_plans`` / ``torch_workspaces`` below; each plan
+carries its engine's numerical notes for that.
 
 Names and numbers of the C API (attribute names, descriptor and attribute types, enums) are those
 of cuDNN 9's public headers, ``cudnn_graph_v9.h`` (shipped in the ``nvidia-cudnn-cu*`` wheels'
@@ -37,7 +38,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from xmem_admission.contract.cudnn import ConvCall
 from xmem_admission.contract.errors import XmemError
@@ -128,13 +129,18 @@ _ALIGNMENT = 16  # bytes: the alignment of the caching allocator's blocks (512),
 
 
 class HeuristicMode(str, enum.Enum):
-    """The heuristic modes asked, in the order asked."""
+    """cudnnBackendHeurMode_t (cudnn_graph_v9.h): the heuristic modes a caller may ask."""
 
-    A = "A"  # CUDNN_HEUR_MODE_A = 3
+    A = "A"  # CUDNN_HEUR_MODE_A = 3 ("an alias for INSTANT", cudnn_graph_v9.h)
     FALLBACK = "fallback"  # CUDNN_HEUR_MODE_FALLBACK = 2
+    INSTANT = "instant"  # CUDNN_HEUR_MODE_INSTANT = 0: what PyTorch asks (Conv_v8.cpp)
+    B = "B"  # CUDNN_HEUR_MODE_B = 1: PyTorch's with TORCH_CUDNN_USE_HEURISTIC_MODE_B set
 
 
-_MODE_VALUE = {HeuristicMode.A: 3, HeuristicMode.FALLBACK: 2}
+_MODE_VALUE = {HeuristicMode.A: 3, HeuristicMode.FALLBACK: 2, HeuristicMode.INSTANT: 0,
+               HeuristicMode.B: 1}
+# The modes ``plans`` asks by default, in order: the ranked list, then the fallback list.
+DEFAULT_MODES = (HeuristicMode.A, HeuristicMode.FALLBACK)
 
 
 class NumericalNote(enum.IntEnum):
@@ -477,8 +483,10 @@ class CudnnLibrary:
             knobs.append((int(knob_type[0]), self._get_int(choice, _A_KNOB_VALUE, "knob value")))
         return index, tuple(sorted(knobs)), notes
 
-    def plans(self, description_json: str, conv: Convolution, call: ConvCall) -> List[Plan]:
-        """The plans cuDNN finalizes for one call, in the heuristics' order (see the module doc).
+    def plans(self, description_json: str, conv: Convolution, call: ConvCall,
+              modes: Sequence[HeuristicMode] = DEFAULT_MODES) -> List[Plan]:
+        """The plans cuDNN finalizes for one call, in the heuristics' order (see the module doc):
+        each mode of ``modes`` in turn, a plan offered by two modes kept at its first place.
 
         Raises ``CudnnPlanningUnavailable`` when this cuDNN is older than 9.11 or rejects the
         description; an empty list means no engine supports the convolution.
@@ -493,7 +501,7 @@ class CudnnLibrary:
             graph = self._graph(descs, conv, call)
             found: List[Plan] = []
             seen = set()
-            for mode in HeuristicMode:
+            for mode in modes:
                 for config in self._configs(descs, graph, device, mode):
                     plan = descs.new(_EXECUTION_PLAN)
                     self._set_descs(plan, _A_PLAN_CONFIG, [config], "plan config")
@@ -562,17 +570,213 @@ def load_cudnn(path: Optional[str] = None) -> CudnnLibrary:
 
 
 def conv_plans(gpu: GPU, conv: Convolution, call: ConvCall,
-               library: Optional[CudnnLibrary] = None) -> List[Plan]:
+               library: Optional[CudnnLibrary] = None,
+               modes: Sequence[HeuristicMode] = DEFAULT_MODES) -> List[Plan]:
     """cuDNN's plans for one convolution call on a catalogue GPU, in the order a caller tries them.
 
     Raises ``CudnnPlanningUnavailable`` (naming the cuDNN version) where this environment's
     cuDNN cannot plan without the GPU.
     """
     lib = library or load_cudnn()
-    return lib.plans(description_json(device_description(gpu)), conv, call)
+    return lib.plans(description_json(device_description(gpu)), conv, call, modes)
 
 
 def conv_workspaces(gpu: GPU, conv: Convolution, call: ConvCall,
                     library: Optional[CudnnLibrary] = None) -> List[int]:
     """The ordered workspace sizes (bytes) of ``conv_plans``."""
     return [plan.workspace_bytes for plan in conv_plans(gpu, conv, call, library)]
+
+
+# --- PyTorch's order and filters (cudnn.benchmark off) -----------------------------------------
+#
+# What PyTorch's cuDNN convolutions do with the heuristics, read from
+# aten/src/ATen/native/cudnn/Conv_v8.cpp (pytorch main as of the 2.14 release; the function
+# names below are that file's, the quoted conditions its own):
+#
+# - ``raw_cudnn_convolution_{forward,backward_input,backward_weight}_out`` go to
+#   ``run_single_conv`` (the v8 API) unless ``TORCH_CUDNN_V8_API_DISABLED`` is set
+#   (``cudnnv8_enabled_check_debug``, ConvUtils.h); the v7 path is not modelled here.
+# - ``run_single_conv`` first looks the call up in its per-thread plan cache (``find(key)``:
+#   shapes, strides, dtype, memory format, padding, stride, dilation, groups, deterministic,
+#   allow_tf32, alignment); a cached plan runs again with the same workspace.
+# - Without ``benchmark``: ``get_configs_from_heuristics`` with ``heuristic_mode =
+#   cudnnv8_use_heur_mode_b() ? CUDNN_HEUR_MODE_B : CUDNN_HEUR_MODE_INSTANT``: the top
+#   heuristics config, then every heuristics config after it (``get_all_heuristic_configs``),
+#   then the fallback list (``EngineFallbackListBuilder``, which asks CUDNN_HEUR_MODE_FALLBACK,
+#   cudnn_frontend_EngineFallbackList.h). Each list goes through ``filterEngineConfigs`` first.
+# - ``filterEngineConfigs`` drops a config when
+#     ``deterministic`` and it has CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+#     it has CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS (any dtype);
+#     ``scalar_type == kFloat`` and ``!allow_tf32`` and it has CUDNN_NUMERICAL_NOTE_TENSOR_CORE.
+# - ``try_configs`` builds each config's plan (a config cuDNN cannot build is skipped: a
+#   ``cudnnException``), skips it when ``plan_errata_exception`` says so, and runs it:
+#   ``run_conv_plan`` allocates the plan's workspace from the caching allocator; an
+#   ``OutOfMemoryError`` there is caught and the next config is tried. The first that runs wins
+#   (and is cached). None left: "GET was unable to find an engine to execute this computation".
+# - ``plan_errata_exception`` blocks a plan whose tag (operation, "_eng", engine index) matches a
+#   rule, the version range being the cuDNN torch was compiled with (``CUDNN_VERSION`` in
+#   cudnn_frontend_Errata.h ``check_rule``; start inclusive, end exclusive, -1 open): the rules
+#   in ``TORCH_ERRATA`` below, those of a JSON file named by ``CUDNN_ERRATA_JSON_FILE``
+#   (``load_from_config``), and a 3-D rule for 5-D tensors only (not modelled: 2-D here).
+#
+# The list here keeps a plan at its first place when both the heuristics and the fallback list
+# offer it (torch would try it twice; the second try allocates the same workspace and fails the
+# same way), so the workspaces it gives are the ones torch tries, in order.
+
+_ERRATA_OPERATION = {ConvCall.FORWARD: "ConvFwd", ConvCall.BACKWARD_DATA: "ConvBwdData",
+                     ConvCall.BACKWARD_FILTER: "ConvBwdFilter"}  # cudnn_frontend_Operation.h tags
+
+
+@dataclass(frozen=True)
+class ErrataRule:
+    """A cuDNN frontend errata rule as ``plan_errata_exception`` applies it."""
+
+    rule_id: str
+    operation: str  # "ConvFwd", "ConvBwdData", "ConvBwdFilter"
+    engine: int
+    cudnn_start: int = 0  # inclusive
+    cudnn_end: Optional[int] = None  # exclusive; None (-1 in the JSON) for no end
+    knobs: Tuple[str, ...] = ()  # substrings of the plan tag ("k2=4"), every one must occur
+    sm_version: Optional[int] = None  # only on this architecture (1200 for sm_120)
+
+    def blocks(self, call: ConvCall, plan: Plan, compiled_cudnn: int,
+               compute_capability: Tuple[int, int]) -> bool:
+        if self.operation != _ERRATA_OPERATION[call] or self.engine != plan.engine:
+            return False
+        if compiled_cudnn < self.cudnn_start:
+            return False
+        if self.cudnn_end is not None and compiled_cudnn >= self.cudnn_end:
+            return False
+        if self.sm_version is not None:
+            major, minor = compute_capability
+            if major * 100 + minor * 10 != self.sm_version:
+                return False
+        return all(knob in plan.tag for knob in self.knobs)
+
+
+# The rules compiled into Conv_v8.cpp's ``plan_errata_exception`` (all three JSON texts are in
+# torch 2.14.1's libtorch_cuda.so: ``strings`` shows them). "188288": forward engine 5 with
+# cuDNN 9.23.1 up to 9.24.0. The sm_120 rules (forward engine 58, data and weight gradient
+# engine 63, cuDNN >= 9.23.0) apply only where the plan's engine targets sm_120 (the source
+# checks the plan JSON's ``smVersion == 1200``; here the GPU's compute capability 12.0) and are
+# compiled in only with cuBLAS older than 13.6.1 (``#if CUBLAS_VERSION < 130601``).
+TORCH_ERRATA: Tuple[ErrataRule, ...] = (
+    ErrataRule("188288", "ConvFwd", 5, 92301, 92400),
+    ErrataRule("sm120_conv_fwd_engine_58", "ConvFwd", 58, 92300, None, sm_version=1200),
+    ErrataRule("sm120_conv_bwd_data_engine_63", "ConvBwdData", 63, 92300, None, sm_version=1200),
+    ErrataRule("sm120_conv_bwd_filter_engine_63", "ConvBwdFilter", 63, 92300, None,
+               sm_version=1200),
+)
+_ERRATA_FILE_LIMIT = 1 << 20  # bytes of a CUDNN_ERRATA_JSON_FILE read (a bound, not cuDNN's)
+
+
+def errata_rules_from_json(text: str) -> Tuple[ErrataRule, ...]:
+    """The rules of a cuDNN errata JSON text (``{"version": 1, "rules": [...]}``, the format of
+    cudnn_frontend_Errata.h: operation, engine, cudnn_version_start/_end, knob). Rules with
+    shape filters apply only in the frontend's opGraph overload, which torch does not call:
+    they are kept without their shapes, as torch applies them. ValueError when malformed."""
+    try:
+        rules = json.loads(text)["rules"]
+        out = []
+        for rule in rules:
+            end = rule.get("cudnn_version_end")
+            out.append(ErrataRule(str(rule.get("rule_id", "")), str(rule["operation"]),
+                                  int(rule["engine"]), int(rule.get("cudnn_version_start", 0)),
+                                  None if end is None or int(end) < 0 else int(end),
+                                  tuple(str(k) for k in rule.get("knob", ()))))
+        return tuple(out)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"malformed cuDNN errata JSON: {err}") from None
+
+
+def errata_from_env(env: Optional[Mapping[str, str]] = None) -> Tuple[ErrataRule, ...]:
+    """The rules of the file ``CUDNN_ERRATA_JSON_FILE`` names; none when unset or unreadable
+    (``load_from_config`` then answers false and only the compiled-in rules apply)."""
+    env = os.environ if env is None else env
+    path = env.get("CUDNN_ERRATA_JSON_FILE")
+    if not path:
+        return ()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read(_ERRATA_FILE_LIMIT)
+    except OSError:
+        return ()
+    return errata_rules_from_json(text)
+
+
+@dataclass(frozen=True)
+class TorchVerdict:
+    """One plan of the heuristics and whether PyTorch tries it (``dropped`` None) or why not."""
+
+    plan: Plan
+    dropped: Optional[str]
+
+
+def torch_verdicts(gpu: GPU, conv: Convolution, call: ConvCall, allow_tf32: bool = True,
+                   deterministic: bool = False, *, heuristic_mode_b: bool = False,
+                   compiled_cudnn: Optional[int] = None,
+                   extra_errata: Sequence[ErrataRule] = (),
+                   library: Optional[CudnnLibrary] = None) -> List[TorchVerdict]:
+    """Every plan of the heuristics PyTorch asks (see above), in order, with the reason it is
+    dropped or None. ``allow_tf32`` and ``deterministic`` are torch.backends.cudnn's flags (the
+    defaults are torch's); ``heuristic_mode_b`` is TORCH_CUDNN_USE_HEURISTIC_MODE_B;
+    ``compiled_cudnn`` the cuDNN version torch was built with (``torch._C._cudnn.
+    getCompileVersion()``; default the loaded library's, as a torch wheel pins the cuDNN it was
+    built with); ``extra_errata`` the rules of a CUDNN_ERRATA_JSON_FILE (``errata_from_env``)."""
+    lib = library or load_cudnn()
+    first = HeuristicMode.B if heuristic_mode_b else HeuristicMode.INSTANT
+    plans = conv_plans(gpu, conv, call, lib, (first, HeuristicMode.FALLBACK))
+    version = lib.version if compiled_cudnn is None else compiled_cudnn
+    rules = tuple(TORCH_ERRATA) + tuple(extra_errata)
+    verdicts = []
+    for plan in plans:
+        verdicts.append(TorchVerdict(plan, _torch_drops(plan, conv, call, allow_tf32,
+                                                        deterministic, rules, version,
+                                                        gpu.compute_capability)))
+    return verdicts
+
+
+def _torch_drops(plan: Plan, conv: Convolution, call: ConvCall, allow_tf32: bool,
+                 deterministic: bool, rules: Sequence[ErrataRule], compiled_cudnn: int,
+                 compute_capability: Tuple[int, int]) -> Optional[str]:
+    # filterEngineConfigs: "if (deterministic) { if (hasNumericalNote<
+    # CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC>(c)) return true; }"
+    if deterministic and NumericalNote.NONDETERMINISTIC in plan.notes:
+        return "nondeterministic (torch.backends.cudnn.deterministic)"
+    # filterEngineConfigs: "if (hasNumericalNote<CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS>(c))
+    # return true;" for every dtype
+    if NumericalNote.DOWN_CONVERT_INPUTS in plan.notes:
+        return "down-converts its inputs"
+    # filterEngineConfigs: "if (scalar_type == kFloat) { if (!allow_tf32 && hasNumericalNote<
+    # CUDNN_NUMERICAL_NOTE_TENSOR_CORE>(c)) return true; }"
+    if conv.dtype == "float32" and not allow_tf32 and NumericalNote.TENSOR_CORE in plan.notes:
+        return "TF32 tensor cores (torch.backends.cudnn.allow_tf32 off)"
+    # try_configs: "if (plan_errata_exception(handle, plan, x)) { continue; }"
+    for rule in rules:
+        if rule.blocks(call, plan, compiled_cudnn, compute_capability):
+            return f"errata rule {rule.rule_id}"
+    return None
+
+
+def torch_plans(gpu: GPU, conv: Convolution, call: ConvCall, allow_tf32: bool = True,
+                deterministic: bool = False, **options: object) -> List[Plan]:
+    """The plans PyTorch tries for one convolution call, in its order (``torch_verdicts``)."""
+    return [v.plan for v in torch_verdicts(gpu, conv, call, allow_tf32, deterministic,
+                                           **options)  # type: ignore[arg-type]
+            if v.dropped is None]
+
+
+def torch_workspaces(gpu: GPU, conv: Convolution, call: ConvCall, allow_tf32: bool = True,
+                     deterministic: bool = False, **options: object) -> List[int]:
+    """The workspaces (bytes) PyTorch asks the caching allocator for, in the order it tries them:
+    the first one the allocator can give runs (``try_configs`` catches the OutOfMemoryError of
+    the others), so a simulator offers them in this order (``first_fitting``)."""
+    return [p.workspace_bytes for p in torch_plans(gpu, conv, call, allow_tf32, deterministic,
+                                                   **options)]
+
+
+def first_fitting(workspaces: Sequence[int], available: int) -> Optional[int]:
+    """The workspace torch ends up with when the allocator can give at most ``available`` bytes
+    at once: the first of ``workspaces`` that fits, None when none does (torch then raises
+    "GET was unable to find an engine to execute this computation")."""
+    return next((size for size in workspaces if size <= available), None)
