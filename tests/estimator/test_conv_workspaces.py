@@ -106,12 +106,14 @@ def test_the_probe_marks_every_convolution_with_its_shapes(probe_run, script):
     assert result.status == "ok", result.reason
     marks = [e.label for e in result.trace.events if e.op == "mark"
              and e.label.startswith("cudnn:")]
+    flags = "cl=0 dt=float32 bm=0 det=0 tf32=1"  # torch.backends.cudnn's defaults
     assert marks == [
-        "cudnn:fwd x=4,3,32,32 w=8,3,3,3 y=4,8,32,32 g=1 b=4",
-        "cudnn:fwd x=4,8,32,32 w=16,8,3,3 y=4,16,16,16 g=1 b=4",
-        "cudnn:bwd_data+bwd_filter x=4,8,32,32 w=16,8,3,3 y=4,16,16,16 g=1 b=4",
+        f"cudnn:fwd x=4,3,32,32 w=8,3,3,3 y=4,8,32,32 g=1 b=4 s=1,1 p=1,1 d=1,1 {flags}",
+        f"cudnn:fwd x=4,8,32,32 w=16,8,3,3 y=4,16,16,16 g=1 b=4 s=2,2 p=1,1 d=1,1 {flags}",
+        "cudnn:bwd_data+bwd_filter x=4,8,32,32 w=16,8,3,3 y=4,16,16,16 g=1 b=4 s=2,2 p=1,1"
+        f" d=1,1 {flags}",
         # the input batch needs no gradient: only the weight's
-        "cudnn:bwd_filter x=4,3,32,32 w=8,3,3,3 y=4,8,32,32 g=1 b=4",
+        f"cudnn:bwd_filter x=4,3,32,32 w=8,3,3,3 y=4,8,32,32 g=1 b=4 s=1,1 p=1,1 d=1,1 {flags}",
     ]
 
 

@@ -11,7 +11,9 @@ moment, sized for the target GPU. They are never freed: PyTorch keeps a workspac
 (handle, stream) for the life of the process (CublasHandlePool.cpp, ``getCUDABlasLtWorkspace`` /
 ``getCurrentCUDABlasHandle`` cache them in a map).
 
-The probe marks each convolution (``cudnn:fwd``, ``cudnn:bwd_data+bwd_filter`` with the shapes);
+The probe marks each convolution PyTorch runs through cuDNN (``cudnn:fwd``,
+``cudnn:bwd_data+bwd_filter`` with the shapes, geometry, layout, dtype and cuDNN flags;
+``conv_marks``);
 each becomes a workspace allocated and freed at once, sized by the target GPU architecture's rule
 (``contract.cudnn``), in the order of ``cudnn_convolution_backward`` (data, then filter). The
 simulator treats a workspace it cannot allocate as PyTorch does: the next plan runs with a
@@ -29,6 +31,7 @@ from typing import List, Mapping, Optional, Tuple
 
 from xmem_admission.contract import cudnn
 from xmem_admission.contract.gpus import GPU
+from xmem_admission.estimator.conv_marks import ConvMark
 from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Alloc, Category, Event, Free, Trace
 
 _WORKSPACE_CONFIG = re.compile(r"^(:\d+:\d+)+$")
@@ -67,18 +70,16 @@ def cublaslt_workspace_bytes(gpu: GPU, env: Optional[Mapping[str, str]] = None) 
 
 def conv_workspaces(label: str, rule: cudnn.ConvWorkspaceRule,
                     cap_bytes: Optional[int] = None) -> List[Tuple[str, int]]:
-    """(call, workspace bytes) for each cuDNN call of a ``cudnn:`` mark (see the probe's
-    ``tracker.conv_mark``), in the order they run."""
-    head, _, rest = label.partition(" ")
-    fields = dict(part.split("=", 1) for part in rest.split() if "=" in part)
-    itemsize = int(fields.get("b", "4"))
+    """(call, workspace bytes) for each cuDNN call of a ``cudnn:`` mark (``conv_marks``: marks
+    of older traces and newer ones alike), in the order they run."""
+    mark = ConvMark.parse(label)
 
-    def nbytes(shape: str) -> int:
-        return math.prod(int(d) for d in shape.split(",") if d) * itemsize
+    def nbytes(shape: Tuple[int, ...]) -> int:
+        return math.prod(shape) * mark.itemsize
 
-    x, y, w = (nbytes(fields.get(name, "")) for name in ("x", "y", "w"))
+    x, y, w = nbytes(mark.x), nbytes(mark.y), nbytes(mark.w)
     return [(call, cudnn.workspace_bytes(rule, cudnn.ConvCall(call), x, y, w, cap_bytes))
-            for call in head[len("cudnn:"):].split("+")]
+            for call in mark.calls]
 
 
 def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
