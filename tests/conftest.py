@@ -42,3 +42,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="session")
+def deviceless_cudnn():
+    """The libcudnn this environment's torch brings, when it plans without a GPU (cuDNN 9.11 and
+    newer, ``estimator.cudnn_heuristics``); the test is skipped, saying why, otherwise."""
+    from xmem_admission.estimator import cudnn_heuristics as ch
+
+    try:
+        lib = ch.load_cudnn()
+    except ch.CudnnPlanningUnavailable as err:
+        pytest.skip(str(err))
+    if not lib.deviceless:
+        pytest.skip(f"cuDNN {lib.version_text} predates deviceless plans")
+    return lib

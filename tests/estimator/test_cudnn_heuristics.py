@@ -18,19 +18,9 @@ from xmem_admission.estimator import cudnn_heuristics as ch
 MiB = 1 << 20
 
 
-def _library() -> ch.CudnnLibrary:
-    try:
-        lib = ch.load_cudnn()
-    except ch.CudnnPlanningUnavailable as err:
-        pytest.skip(str(err))
-    if not lib.deviceless:
-        pytest.skip(f"cuDNN {lib.version_text} predates deviceless plans")
-    return lib
-
-
 @pytest.fixture(scope="module")
-def lib() -> ch.CudnnLibrary:
-    return _library()
+def lib(deviceless_cudnn) -> ch.CudnnLibrary:
+    return deviceless_cudnn
 
 
 @pytest.fixture(scope="module")

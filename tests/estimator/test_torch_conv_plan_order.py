@@ -128,15 +128,9 @@ def test_the_first_workspace_that_fits_is_the_one_torch_runs(available, chosen):
 
 # --- the real cuDNN -----------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def lib() -> ch.CudnnLibrary:
-    try:
-        found = ch.load_cudnn()
-    except ch.CudnnPlanningUnavailable as err:
-        pytest.skip(str(err))
-    if not found.deviceless:
-        pytest.skip(f"cuDNN {found.version_text} predates deviceless plans")
-    return found
+@pytest.fixture
+def lib(deviceless_cudnn) -> ch.CudnnLibrary:
+    return deviceless_cudnn
 
 
 @pytest.mark.parametrize("call", list(ConvCall))
