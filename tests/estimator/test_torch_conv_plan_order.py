@@ -168,3 +168,25 @@ def test_deterministic_removes_every_nondeterministic_plan_of_the_weight_gradien
                           library=lib)
     assert kept and all(N.NONDETERMINISTIC not in p.notes for p in kept)
     assert len(kept) < len(every)
+
+
+# --- cudnn.benchmark ----------------------------------------------------------------------------
+
+def test_the_benchmark_search_asks_instant_even_with_mode_b_set(made_up):
+    _kept(heuristic_mode_b=True, benchmark=True)
+    assert made_up == [(ch.HeuristicMode.INSTANT, ch.HeuristicMode.FALLBACK)]
+
+
+def test_the_benchmark_search_holds_the_largest_workspace_that_the_device_could_hold():
+    sizes = [300, 250, 500, 100, 0]
+    assert ch.benchmark_search_block(sizes, available=1000) == 500
+    assert ch.benchmark_search_block(sizes, available=400) == 300  # 500 dropped up front
+    assert ch.benchmark_search_block([0, 0], available=1000) == 0
+
+
+def test_the_benchmark_search_halves_its_block_until_the_allocator_gives_it():
+    # free memory says 500 fits, but no 500-byte block can be had: 250 then, and only plans
+    # up to 250 are timed
+    assert ch.benchmark_search_block([300, 500], available=500,
+                                      fits=lambda size: size <= 260) == 250
+    assert ch.benchmark_search_block([500], available=500, fits=lambda size: False) == 0

@@ -714,17 +714,19 @@ class TorchVerdict:
 
 def torch_verdicts(gpu: GPU, conv: Convolution, call: ConvCall, allow_tf32: bool = True,
                    deterministic: bool = False, *, heuristic_mode_b: bool = False,
-                   compiled_cudnn: Optional[int] = None,
+                   benchmark: bool = False, compiled_cudnn: Optional[int] = None,
                    extra_errata: Sequence[ErrataRule] = (),
                    library: Optional[CudnnLibrary] = None) -> List[TorchVerdict]:
     """Every plan of the heuristics PyTorch asks (see above), in order, with the reason it is
     dropped or None. ``allow_tf32`` and ``deterministic`` are torch.backends.cudnn's flags (the
-    defaults are torch's); ``heuristic_mode_b`` is TORCH_CUDNN_USE_HEURISTIC_MODE_B;
-    ``compiled_cudnn`` the cuDNN version torch was built with (``torch._C._cudnn.
-    getCompileVersion()``; default the loaded library's, as a torch wheel pins the cuDNN it was
-    built with); ``extra_errata`` the rules of a CUDNN_ERRATA_JSON_FILE (``errata_from_env``)."""
+    defaults are torch's); ``heuristic_mode_b`` is TORCH_CUDNN_USE_HEURISTIC_MODE_B, which
+    ``benchmark`` (cudnn.benchmark: the plans ``get_plans_from_find`` times) ignores, as
+    torch's find path always asks ``CUDNN_HEUR_MODE_INSTANT``; ``compiled_cudnn`` the cuDNN
+    version torch was built with (``torch._C._cudnn.getCompileVersion()``; default the loaded
+    library's, as a torch wheel pins the cuDNN it was built with); ``extra_errata`` the rules of
+    a CUDNN_ERRATA_JSON_FILE (``errata_from_env``)."""
     lib = library or load_cudnn()
-    first = HeuristicMode.B if heuristic_mode_b else HeuristicMode.INSTANT
+    first = HeuristicMode.B if heuristic_mode_b and not benchmark else HeuristicMode.INSTANT
     plans = conv_plans(gpu, conv, call, lib, (first, HeuristicMode.FALLBACK))
     version = lib.version if compiled_cudnn is None else compiled_cudnn
     rules = tuple(TORCH_ERRATA) + tuple(extra_errata)
@@ -780,3 +782,38 @@ def first_fitting(workspaces: Sequence[int], available: int) -> Optional[int]:
     at once: the first of ``workspaces`` that fits, None when none does (torch then raises
     "GET was unable to find an engine to execute this computation")."""
     return next((size for size in workspaces if size <= available), None)
+
+
+# --- cudnn.benchmark: the workspace the search itself holds -----------------------------------
+#
+# With ``benchmark`` on, ``run_single_conv`` calls ``get_plans_from_find`` (Conv_v8.cpp) the
+# first time it meets a call: the same sources (``CUDNN_HEUR_MODE_INSTANT`` with every
+# heuristics config, then the fallback list, ``filterEngineConfigs``), every plan built with the
+# errata as its predicate, then ``generate_and_filter_plans``:
+#   ``max_block_size = get_available_workspace()`` (``CUDACachingAllocator::cacheInfo``: the
+#   device's free memory, ``cudaMemGetInfo``, or the largest cached free block if larger);
+#   plans whose workspace exceeds it are dropped, and ``max_workspace_size`` is the largest left;
+#   "while (max_workspace_size) { try { allocate(max_workspace_size); break; } catch
+#   (OutOfMemoryError) { max_workspace_size /= 2; ... remove_invalid = true; } }": one block,
+#   halved until the allocator gives it, and the plans above it dropped;
+#   the plans are timed with that block as their shared workspace (``time_sorted_plan``, at most
+#   ``cudnn.benchmark_limit`` of them, 10000 when 0), fastest first.
+# The block is freed when ``get_plans_from_find`` returns; then, when
+# ``_cudnn_get_conv_benchmark_empty_cache()`` (on unless turned off), "Replicate v7 behavior:
+# clear cached blocks": ``emptyCache()``; then ``try_plans`` runs the fastest plan that fits.
+# Which plan is fastest is a measurement on the GPU: the workspace it then takes is one of the
+# plans left, at most the search's block.
+
+
+def benchmark_search_block(workspaces: Sequence[int], available: int,
+                           fits: Optional[Callable[[int], bool]] = None) -> int:
+    """The workspace block ``generate_and_filter_plans`` allocates while it times the plans
+    whose workspaces are ``workspaces`` (``torch_workspaces(..., benchmark=True)``):
+    ``available`` is ``get_available_workspace()`` (free device memory, or the largest cached
+    free block if larger), ``fits(size)`` whether the caching allocator can give ``size`` bytes
+    now (default: whenever ``size <= available``); 0 when no plan needs a workspace."""
+    fits = fits if fits is not None else (lambda size: size <= available)
+    size = max((w for w in workspaces if w <= available), default=0)
+    while size and not fits(size):
+        size //= 2  # "max_workspace_size /= 2"
+    return size
