@@ -21,7 +21,9 @@ same code on the CPU (no cuDNN: every figure is null), with the batch cut to 2.
 **Comparing** (``--compare FILE``; here, with the project's environment): prints, for each call,
 the measured bytes as a multiple of the rule's basis (input + output + weight, or the larger of
 input and output) and, where the measured GPU's architecture has a rule, how often the rule's
-size is below the measured one.
+size is below the measured one; and, where this machine's cuDNN plans deviceless (9.11 and
+newer), how often the measured bytes are the workspace of the first plan PyTorch would try per
+cuDNN's heuristics for the measured GPU (``compare_heuristics``, issue #30).
 
 **Shapes** (``--make-shapes TRACES``): the distinct convolutions of kept GPUMemNet traces (the
 ``OUT.jsonl.traces`` folder of ``xmem bench gpumemnet``: each trace's ``cudnn:fwd`` marks), a
@@ -275,6 +277,75 @@ def compare(rows: Iterable[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
                  f"shapes; rule: " + ("none for this architecture" if rule is None else
                                       f"{rule.basis.value} x {dict(rule.fraction)}"))
     summary["first_run_differs"] = first_differs
+    heuristics = compare_heuristics(measured)
+    if heuristics is not None:
+        lines += ["", heuristics[0]]
+        summary["heuristics"] = heuristics[1]
+    return "\n".join(lines), summary
+
+
+def _allocator_rounded(size: int) -> int:
+    """What the caching allocator counts for a request: a multiple of 512 bytes
+    (CUDACachingAllocator.cpp ``round_size``, kMinBlockSize)."""
+    return -(-size // 512) * 512
+
+
+def compare_heuristics(measured: Sequence[Dict[str, Any]]
+                       ) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """The measured bytes against cuDNN's own answer planned here without a GPU (#30): the first
+    plan PyTorch tries for the measured GPU's catalogue entry with the run's TF32 setting
+    (``cudnn_heuristics.torch_workspaces``), equal when the measured figure is that workspace
+    after the allocator's rounding. None where this machine's cuDNN cannot plan deviceless, the
+    GPU is not in the catalogue, or the run benchmarked (the fastest plan is a measurement)."""
+    from xmem_admission.contract import cudnn
+    from xmem_admission.contract.errors import XmemError
+    from xmem_admission.contract.gpus import lookup
+    from xmem_admission.estimator import cudnn_heuristics as ch
+
+    first = measured[0]
+    if first.get("cudnn_benchmark"):
+        return None
+    try:
+        gpu = lookup(str(first.get("gpu_name")))
+        lib = ch.load_cudnn()
+        if not lib.deviceless:
+            return None
+    except XmemError:  # not a catalogue GPU, or no cuDNN that plans without one
+        return None
+    lines = [f"cuDNN's heuristics for the catalogue's {gpu.key}, planned here with cuDNN "
+             f"{lib.version_text} (measured with {first.get('cudnn_version')}); the first plan "
+             f"PyTorch tries, TF32 {'on' if first.get('allow_tf32', True) else 'off'}", "",
+             "| call | measured = first plan | median measured / first plan | "
+             "first plan below measured |", "| --- | --- | --- | --- |"]
+    summary: Dict[str, Any] = {"gpu": gpu.key, "cudnn_here": lib.version_text, "calls": {}}
+    for call in CALLS:
+        equal, below, ratios = 0, 0, []
+        for row in measured:
+            shape = row["shape"]
+            stride, padding = geometry(shape)
+            x, w = shape["x"], shape["w"]
+            conv = ch.Convolution(batch=x[0], in_channels=x[1], height=x[2], width=x[3],
+                                  out_channels=w[0], kernel=(w[2], w[3]),
+                                  stride=(stride[0], stride[1]),
+                                  padding=(padding[0], padding[1]), groups=int(shape["g"]),
+                                  dtype="float32" if shape["b"] == 4 else "bfloat16")
+            try:
+                plans = ch.torch_workspaces(gpu, conv, cudnn.ConvCall(call),
+                                            allow_tf32=bool(row.get("allow_tf32", True)),
+                                            library=lib)
+            except ch.CudnnCallError:
+                plans = []
+            size = row["held_bytes"][call][-1]
+            planned = _allocator_rounded(plans[0]) if plans else 0
+            equal += size == planned
+            below += planned < size
+            if planned:
+                ratios.append(size / planned)
+        median = f"{statistics.median(ratios):.3f}" if ratios else "-"
+        lines.append(f"| {call} | {equal} of {len(measured)} | {median} | "
+                     f"{below} of {len(measured)} |")
+        summary["calls"][call] = {"equal": equal, "below": below,
+                                  "median_ratio": statistics.median(ratios) if ratios else None}
     return "\n".join(lines), summary
 
 

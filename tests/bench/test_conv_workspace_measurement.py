@@ -108,3 +108,33 @@ def test_measuring_without_a_gpu_says_so():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--measure", "--limit", "1", "--out",
                            "/dev/null"], capture_output=True, text=True)
     assert proc.returncode != 0 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_the_comparison_holds_the_measurement_against_cudnns_own_first_plan(deviceless_cudnn):
+    from xmem_admission.contract.cudnn import ConvCall
+    from xmem_admission.contract.gpus import lookup
+    from xmem_admission.estimator import cudnn_heuristics as ch
+
+    the_shape = shape([30, 46, 21, 21], [58, 46, 3, 3], [30, 58, 11, 11])
+    conv = ch.Convolution(batch=30, in_channels=46, height=21, width=21, out_channels=58,
+                          kernel=(3, 3), stride=(2, 2), padding=(1, 1))
+    first = {call: ch.torch_workspaces(lookup("H200"), conv, ConvCall(call),
+                                       library=deviceless_cudnn)[0] for call in cw.CALLS}
+    held = {"fwd": -(-first["fwd"] // 512) * 512,  # what the allocator counts for it
+            "bwd_data": 2 * first["bwd_data"] + 4096, "bwd_filter": 0}
+    row = {"schema": cw.SCHEMA, "gpu_name": "NVIDIA H200", "cudnn_version": 92400,
+           "compute_capability": [9, 0], "allow_tf32": True, "cudnn_benchmark": False,
+           "index": 0, "shape": the_shape, "held_bytes": {c: [held[c]] * 2 for c in cw.CALLS}}
+    table, summary = cw.compare([row])
+    calls = summary["heuristics"]["calls"]
+    assert summary["heuristics"]["gpu"] == "H200"
+    assert calls["fwd"]["equal"] == 1 and calls["fwd"]["below"] == 0
+    assert calls["bwd_data"]["equal"] == 0 and calls["bwd_data"]["below"] == 1
+    assert "cuDNN's heuristics for the catalogue's H200" in table
+
+
+def test_a_benchmarking_run_or_an_unknown_gpu_gets_no_heuristics_comparison():
+    rows = measured({"fwd": 1.0, "bwd_data": 1.0, "bwd_filter": 1.0})
+    assert "heuristics" not in cw.compare(rows)[1]  # "A GPU" is no catalogue entry
+    rows = [dict(r, gpu_name="NVIDIA H200", cudnn_benchmark=True) for r in rows]
+    assert "heuristics" not in cw.compare(rows)[1]
