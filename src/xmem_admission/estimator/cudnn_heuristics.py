@@ -25,6 +25,22 @@ of cuDNN 9's public headers, ``cudnn_graph_v9.h`` (shipped in the ``nvidia-cudnn
 ``include`` folder); the keys of the device description's JSON are those cuDNN's parser asks for
 (cuDNN names the first one missing; the same keys as openxla/xla's ``BuildDeviceProperties``).
 
+Older cuDNN (tried with torch 2.4.1's cuDNN 9.1.0 on a machine without a GPU or driver): the
+operation graph and the heuristics finalize without a handle, but answer for no particular
+device (25 forward configurations for a ResNet block, none of them a tensor-core engine), and an
+execution plan, hence its workspace size, needs a handle: ``cudnnBackendFinalize`` says
+CUDNN_STATUS_NOT_SUPPORTED. A handle needs the CUDA runtime to see a device (``cudnnCreate``:
+"cudaGetDeviceCount(&count) != cudaSuccess"). A stand-in ``libcuda.so.1`` answering the
+documented driver API (cuInit, cuDriverGetVersion, cuDeviceGet*, cuGetProcAddress) does not get
+there: the CUDA runtime linked into cuDNN asks the driver for a private export table
+(``cuGetExportTable``) right after ``cuInit`` and reports no device when refused; those tables
+are undocumented and were not emulated. So releases before 9.11 get the fitted rule
+(``contract/cudnn.py``) where one exists, and no workspace elsewhere.
+
+Cost in an estimation pod (cuDNN 9.24, this venv, median of three fresh processes): loading
+libcudnn 0.03 s and 53 MiB of resident memory, the first convolution's plans 0.1 s and another
+154 MiB (cuDNN's engine libraries paged in, file-backed), each further call's plans about 8 ms.
+
 Standard library and torch only, Python 3.9 syntax: this module is part of the probe bundle.
 """
 
