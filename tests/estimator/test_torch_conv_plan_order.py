@@ -13,6 +13,7 @@ import pytest
 from xmem_admission.contract.cudnn import ConvCall
 from xmem_admission.contract.gpus import lookup
 from xmem_admission.estimator import cudnn_heuristics as ch
+from xmem_admission.estimator.conv_marks import ConvMark
 
 N = ch.NumericalNote
 RESNET_BLOCK = ch.Convolution(batch=64, in_channels=64, height=56, width=56, out_channels=64,
@@ -190,3 +191,39 @@ def test_the_benchmark_search_halves_its_block_until_the_allocator_gives_it():
     assert ch.benchmark_search_block([300, 500], available=500,
                                       fits=lambda size: size <= 260) == 250
     assert ch.benchmark_search_block([500], available=500, fits=lambda size: False) == 0
+
+
+# --- from a probe mark --------------------------------------------------------------------------
+
+def test_a_marks_calls_are_the_convolution_it_names():
+    mark = ConvMark.parse("cudnn:bwd_data+bwd_filter x=64,64,56,56 w=64,64,3,3"
+                             " y=64,64,56,56 g=1 b=4 s=1,1 p=1,1 d=1,1 cl=0 dt=float32 bm=0"
+                             " det=0 tf32=1")
+    calls = ch.mark_calls(mark)
+    assert [call for _, call in calls] == [ConvCall.BACKWARD_DATA, ConvCall.BACKWARD_FILTER]
+    assert calls[0][0] == RESNET_BLOCK
+
+
+def test_a_transposed_convolution_runs_as_the_gradient_of_the_convolution_it_inverts():
+    # ConvTranspose2d(32, 16, 4, stride=2, padding=1): 8x8 -> 16x16; weight (C_in, C_out, R, S)
+    mark = ConvMark.parse("cudnn:fwd x=2,32,8,8 w=32,16,4,4 y=2,16,16,16 g=1 b=2 s=2,2"
+                             " p=1,1 d=1,1 cl=1 dt=float16 bm=0 det=0 tf32=1 tr=1")
+    [(conv, call)] = ch.mark_calls(mark)
+    assert call is ConvCall.BACKWARD_DATA
+    assert conv.shapes() == ([2, 16, 16, 16], [32, 16, 4, 4], [2, 32, 8, 8])
+    assert conv.channels_last and conv.dtype == "float16"
+    backward = ConvMark.parse(mark.label().replace("cudnn:fwd", "cudnn:bwd_data+bwd_filter"))
+    assert [c for _, c in ch.mark_calls(backward)] == [ConvCall.FORWARD,
+                                                        ConvCall.BACKWARD_FILTER]
+
+
+@pytest.mark.parametrize("label", [
+    "cudnn:fwd x=4,3,32,32 w=8,3,3,3 y=4,8,32,32 g=1 b=4",  # an older trace's mark
+    "cudnn:fwd x=4,3,32,32 w=8,3,3,3 y=4,8,30,30 g=1 b=4 s=1,1 p=1,1 d=1,1 cl=0 dt=float32"
+    " bm=0 det=0 tf32=1",  # geometry and output disagree
+    "cudnn:fwd x=2,4,8,8,8 w=4,4,3,3,3 y=2,4,8,8,8 g=1 b=4 s=1,1,1 p=1,1,1 d=1,1,1 cl=0"
+    " dt=float32 bm=0 det=0 tf32=1",  # 3-D
+])
+def test_a_mark_cudnn_cannot_be_asked_about_is_refused(label):
+    with pytest.raises(ValueError):
+        ch.mark_calls(ConvMark.parse(label))

@@ -60,6 +60,7 @@ from xmem_admission.contract.cudnn import ConvCall
 from xmem_admission.contract.errors import XmemError
 from xmem_admission.contract.gpu_devices import DeviceDescription, device_description
 from xmem_admission.contract.gpus import GPU
+from xmem_admission.estimator.conv_marks import ConvMark
 
 # Deviceless plans: the device description's JSON representation and plans finalized from it
 # need cuDNN 9.11.0 (cudnn-frontend's deviceless ahead-of-time compilation sample skips below
@@ -833,3 +834,38 @@ def benchmark_search_block(workspaces: Sequence[int], available: int,
     while size and not fits(size):
         size //= 2  # "max_workspace_size /= 2"
     return size
+
+
+# --- From a probe mark to the calls cuDNN runs ----------------------------------------------------
+
+def mark_calls(mark: ConvMark) -> List[Tuple[Convolution, ConvCall]]:
+    """The cuDNN calls of one ``cudnn:`` mark, each as the convolution cuDNN is asked for.
+
+    A convolution's calls are its own. A transposed convolution runs through cuDNN as the
+    gradient of a convolution from the mark's output to its input (ConvShared.cpp
+    ``cudnn_convolution_transpose``: the forward is ``raw_cudnn_convolution_backward_input_out``,
+    the input's gradient ``raw_cudnn_convolution_forward_out``, the weight's
+    ``raw_cudnn_convolution_backward_weight_out`` with input and output gradient swapped).
+    ValueError for a mark of an older trace (no geometry, dtype or layout: those keep the
+    fitted rule) or one that is not a 2-D convolution.
+    """
+    if mark.stride is None or mark.padding is None or mark.dilation is None or not mark.dtype:
+        raise ValueError("a cudnn: mark without geometry and dtype (an older trace)")
+    if len(mark.x) != 4 or len(mark.w) != 4 or len(mark.y) != 4:
+        raise ValueError(f"not a 2-D convolution: x={mark.x} w={mark.w}")
+    source, target = (mark.y, mark.x) if mark.transposed else (mark.x, mark.y)
+    conv = Convolution(batch=source[0], in_channels=source[1], height=source[2],
+                       width=source[3], out_channels=mark.w[0],
+                       kernel=(mark.w[2], mark.w[3]),
+                       stride=(mark.stride[0], mark.stride[1]),
+                       padding=(mark.padding[0], mark.padding[1]),
+                       dilation=(mark.dilation[0], mark.dilation[1]), groups=mark.groups,
+                       dtype=mark.dtype, channels_last=bool(mark.channels_last))
+    if tuple(conv.shapes()[2]) != tuple(target):
+        raise ValueError(f"the mark's geometry does not turn {source} into {target}")
+    if mark.transposed:
+        calls = {"fwd": ConvCall.BACKWARD_DATA, "bwd_data": ConvCall.FORWARD,
+                 "bwd_filter": ConvCall.BACKWARD_FILTER}
+    else:
+        calls = {c.value: c for c in ConvCall}
+    return [(conv, calls[name]) for name in mark.calls]
