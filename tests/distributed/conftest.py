@@ -71,7 +71,8 @@ REQUIRES = {
     "test_fsdp2_sharding.py": ((2, 6), "FSDP2's fully_shard is public from torch 2.6"),
     "test_sharded_ops_run_once.py": ((2, 6), "FSDP2's fully_shard is public from torch 2.6"),
     "test_foreach_dedupe.py": ((2, 6), "FSDP2's DTensors (torch.distributed.tensor) from 2.6"),
-    "test_pipeline_refused.py": ((2, 4), "torch.distributed.pipelining arrived in torch 2.4"),
+    # pipelining arrived in 2.4, PipelineStage(module, stage_index, num_stages, device) in 2.5
+    "test_pipeline_refused.py": ((2, 5), "the script builds a PipelineStage as torch 2.5 does"),
 }
 
 

@@ -147,6 +147,7 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
         patches.set(module, "all_reduce", all_reduce)
         patches.set(module, "is_nccl_available", lambda: True)
     _patch_ddp(patches, world, device_mode)
+    _patch_fake_collectives(patches)
     _refuse_pipelines(patches)
     _refuse_deepspeed(patches)
     return world
@@ -390,6 +391,44 @@ def _patch_fake_dispatch(patches: Any, tracker: Any) -> None:
             return real_dispatch(self, *args, **kwargs)
         finally:
             tracker.dispatch_depth -= 1
+
+    patches.set(FakeTensorMode, "__torch_dispatch__", dispatch)
+
+
+def _patch_fake_collectives(patches: Any) -> None:
+    """torch 2.3 and 2.4's fake mode has no kernel for the c10d collectives (``c10d.broadcast_``
+    from DDP's ``_sync_module_states``, ``c10d.allreduce_`` from FSDP1's gradient reduction):
+    it raises ``UnsupportedOperatorException`` where 2.2 and 2.5+ run them. On the fake process
+    group a collective moves no data, so it runs on host stand-ins of its tensors (uninitialised,
+    so untouched pages cost nothing) and hands back the script's own tensors: what a collective
+    allocates on a GPU (DDP's coalesced broadcast buffers) is not traced on those releases."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorException
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._pytree import tree_map
+
+    current = FakeTensorMode.__torch_dispatch__
+
+    def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        try:
+            return current(self, func, types, args, kwargs)
+        except UnsupportedOperatorException:
+            if getattr(func, "namespace", "") != "c10d":
+                raise
+        originals: Dict[int, Any] = {}
+
+        def stand_in(value: Any) -> Any:
+            if not isinstance(value, torch.Tensor):
+                return value
+            # uninitialised host memory: pages the fake group never touches are never mapped in
+            empty = torch.empty(tuple(value.shape), dtype=value.dtype)
+            originals[id(empty)] = value
+            return empty
+
+        with _disable_current_modes():
+            out = func(*tree_map(stand_in, tuple(args)), **tree_map(stand_in, dict(kwargs or {})))
+        return tree_map(lambda v: originals.get(id(v), v) if isinstance(v, torch.Tensor) else v,
+                        out)
 
     patches.set(FakeTensorMode, "__torch_dispatch__", dispatch)
 

@@ -214,6 +214,27 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
         original_set_default_device(None if kind == "cuda" else device)
 
     p.set(torch, "set_default_device", set_default_device)
+    # torch's own record of the default device is put back as it was when the probe ends (the
+    # script's set_default_device("cuda") leaves it at None, where 2.3 and 2.4's
+    # get_default_device fails: "'NoneType' object has no attribute 'device'").
+    import threading
+
+    context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
+    if isinstance(context, threading.local):  # 2.3+
+        p.set(context, "device_context", getattr(context, "device_context", None))
+    elif hasattr(torch, "_GLOBAL_DEVICE_CONTEXT"):  # 2.2: a module global
+        p.set(torch, "_GLOBAL_DEVICE_CONTEXT", context)
+    real_get_default = getattr(torch, "get_default_device", None)  # 2.3+
+    if real_get_default is not None:
+        def get_default_device() -> Any:
+            if tracker.default_cuda:
+                return torch.device("cuda", 0)
+            try:
+                return real_get_default()
+            except AttributeError:  # 2.3-2.4 after set_default_device(None): the host
+                return torch.device("cpu")
+
+        p.set(torch, "get_default_device", get_default_device)
 
 
 def _patch_autocast(p: Patches, mode: DeviceMode) -> None:
