@@ -102,10 +102,15 @@ def corpus_run(python: str, env: str, name: str) -> Dict[str, Any]:
     args: List[str] = []
     if name == "checkpoint_resume.py":
         path = os.path.join(tempfile.mkdtemp(prefix="xmem-compat-"), "checkpoint.pth.tar")
-        subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                        "import checkpoint_resume as m; m.write_checkpoint(m.parse([]), sys.argv[2])",
-                        os.path.join(ROOT, "tests", "conformance", "scripts"), path],
-                       check=True, capture_output=True)
+        made = subprocess.run([python, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                               "import checkpoint_resume as m; "
+                               "m.write_checkpoint(m.parse([]), sys.argv[2])",
+                               os.path.join(ROOT, "tests", "conformance", "scripts"), path],
+                              capture_output=True, text=True)
+        if made.returncode != 0:  # torch.save itself fails with this torch and Python
+            last = made.stderr.strip().splitlines()[-1:] or [f"exit {made.returncode}"]
+            return {"status": "no_checkpoint",
+                    "reason": f"torch.save fails here, without the probe: {last[0][:200]}"}
         args = ["--resume", path]
     return estimate(python, [f"tests/conformance/scripts/{name}"] + args, mode="fake")
 
