@@ -96,6 +96,24 @@ class Estimation:
 
 
 @dataclass(frozen=True)
+class OomRetry:
+    """What happens after a sized workload's pod runs out of GPU memory (issue 31; the growth
+    rule is ``policy/retry.py``)."""
+
+    enabled: bool = True  # retry the workload's next pod with a larger request
+    max_request_bytes: Optional[int] = None  # the most a retry may ask for; None: the GPU's
+    growth_percent: float = 50  # each OOM after the first grows the request by at least this
+
+
+@dataclass(frozen=True)
+class RightSizing:
+    """How the peaks that earlier runs of a workload used correct its next request (issue 31)."""
+
+    runs: int = 3  # how many of a fingerprint's latest runs count (0: observed peaks never do)
+    lower_requests: bool = False  # whether an observed peak may lower a request or only raise it
+
+
+@dataclass(frozen=True)
 class Settings:
     """The policy as it applies to one namespace: every field resolved."""
 
@@ -111,6 +129,8 @@ class Settings:
     estimation: Estimation = field(default_factory=Estimation)
     untrusted_annotations: UntrustedAnnotations = UntrustedAnnotations.STRIP
     integration: IntegrationMode = IntegrationMode.SUSPEND
+    oom_retry: OomRetry = field(default_factory=OomRetry)
+    right_sizing: RightSizing = field(default_factory=RightSizing)
 
     @property
     def kueue(self) -> bool:
@@ -136,7 +156,7 @@ class Settings:
 SPEC_FIELDS = (
     "enabled", "targets", "safetyMarginPercent", "overcommitPercent", "minimumRequest",
     "granularity", "enforcement", "onEstimationFailure", "estimation", "untrustedAnnotations",
-    "integration",
+    "integration", "oomRetry", "rightSizing",
 )
 TOP_LEVEL_FIELDS = ("overrides", "estimateSharing")  # spec only, never in an override
 # Defaults: choices of this project, not GPU facts. 5 % margin = the estimator's default
@@ -153,7 +173,13 @@ DEFAULTS: Dict[str, Any] = {
     "estimation": {},
     "untrustedAnnotations": UntrustedAnnotations.STRIP.value,
     "integration": IntegrationMode.SUSPEND.value,
+    "oomRetry": {},
+    "rightSizing": {},
 }
+# Bounds that keep arithmetic on policy input finite: a retry grows at most elevenfold per OOM,
+# and at most the last 100 runs of a fingerprint count (choices of this project).
+MAX_GROWTH_PERCENT = 1000
+MAX_RIGHT_SIZING_RUNS = 100
 
 
 def _fail(where: str, message: str) -> PolicyError:
@@ -261,6 +287,37 @@ def _estimation(raw: Any, where: str) -> Estimation:
     )
 
 
+def _oom_retry(raw: Any, where: str) -> OomRetry:
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be an object")
+    _check_keys(raw, ("enabled", "maxRequest", "growthPercent"), where)
+    base = OomRetry()
+    enabled = raw.get("enabled", base.enabled)
+    if not isinstance(enabled, bool):
+        raise _fail(f"{where}.enabled", "must be true or false")
+    cap = _bytes(raw["maxRequest"], f"{where}.maxRequest") if "maxRequest" in raw else None
+    growth = _number(raw.get("growthPercent", base.growth_percent), f"{where}.growthPercent",
+                     0, MAX_GROWTH_PERCENT)
+    if growth == 0:
+        raise _fail(f"{where}.growthPercent", "must be above 0: a repeated OOM must grow the "
+                    "request")
+    return OomRetry(enabled=enabled, max_request_bytes=cap, growth_percent=growth)
+
+
+def _right_sizing(raw: Any, where: str) -> RightSizing:
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be an object")
+    _check_keys(raw, ("runs", "lowerRequests"), where)
+    base = RightSizing()
+    runs = _int(raw.get("runs", base.runs), f"{where}.runs", 0)
+    if runs > MAX_RIGHT_SIZING_RUNS:
+        raise _fail(f"{where}.runs", f"must be at most {MAX_RIGHT_SIZING_RUNS}, got {runs}")
+    lower = raw.get("lowerRequests", base.lower_requests)
+    if not isinstance(lower, bool):
+        raise _fail(f"{where}.lowerRequests", "must be true or false")
+    return RightSizing(runs=runs, lower_requests=lower)
+
+
 def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
     """Build Settings from merged raw fields; ``origin`` says where each field was written."""
 
@@ -284,6 +341,10 @@ def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
         default_request = _bytes(failure["defaultRequest"], at("onEstimationFailure") + ".defaultRequest")
     if action is FailureAction.DEFAULT and default_request is None:
         raise _fail(at("onEstimationFailure"), "action Default needs a defaultRequest")
+    minimum = _bytes(raw["minimumRequest"], at("minimumRequest"), positive=False)
+    oom_retry = _oom_retry(raw["oomRetry"], at("oomRetry"))
+    if oom_retry.max_request_bytes is not None and oom_retry.max_request_bytes < minimum:
+        raise _fail(at("oomRetry") + ".maxRequest", "is below minimumRequest: no retry could grow")
     return Settings(
         enabled=enabled,
         targets=_targets(raw["targets"], at("targets")),
@@ -291,7 +352,7 @@ def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
         overcommit_percent=_number(
             raw["overcommitPercent"], at("overcommitPercent"), 0, 100, high_open=True
         ),
-        minimum_request_bytes=_bytes(raw["minimumRequest"], at("minimumRequest"), positive=False),
+        minimum_request_bytes=minimum,
         granularity_bytes=_bytes(raw["granularity"], at("granularity")),
         enforcement=_enum(Enforcement, raw["enforcement"], at("enforcement")),
         on_failure=action,
@@ -300,6 +361,8 @@ def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
         untrusted_annotations=_enum(UntrustedAnnotations, raw["untrustedAnnotations"],
                                     at("untrustedAnnotations")),
         integration=_enum(IntegrationMode, raw["integration"], at("integration")),
+        oom_retry=oom_retry,
+        right_sizing=_right_sizing(raw["rightSizing"], at("rightSizing")),
     )
 
 

@@ -38,7 +38,7 @@ from fractions import Fraction
 from typing import Optional, Union
 
 from xmem_admission.cluster.kube.quantity import ceil_div, gib
-from xmem_admission.cluster.policy.model import BackendName, Target
+from xmem_admission.cluster.policy.model import BackendName, Settings, Target
 from xmem_admission.contract import gpus
 from xmem_admission.contract.oom import CudaOOM
 
@@ -60,6 +60,17 @@ class RetryRule:
             raise ValueError(f"growth_percent must be positive, got {self.growth_percent}")
         if self.granularity_bytes <= 0:
             raise ValueError(f"granularity_bytes must be positive, got {self.granularity_bytes}")
+
+
+def rule_for(settings: Settings) -> RetryRule:
+    """A namespace's rule: its margin, granularity and minimum, and ``oomRetry``'s cap and growth."""
+    return RetryRule(
+        safety_margin_percent=settings.safety_margin_percent,
+        growth_percent=settings.oom_retry.growth_percent,
+        granularity_bytes=settings.granularity_bytes,
+        minimum_request_bytes=settings.minimum_request_bytes,
+        cap_bytes=settings.oom_retry.max_request_bytes,
+    )
 
 
 @dataclass(frozen=True)
@@ -161,4 +172,4 @@ def grow(
                  f"{capped} ({how})")
 
 
-__all__ = ["GiveUp", "MIG_BACKENDS", "Retry", "RetryRule", "grow"]
+__all__ = ["GiveUp", "MIG_BACKENDS", "Retry", "RetryRule", "grow", "rule_for"]
