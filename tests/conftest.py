@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # the control plane's client is not in the users' torch envir
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory,
             request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    from tests.realkube.cluster import Cluster
+
     running = Cluster(tmp_path_factory.mktemp("kube"))
     try:
         running.start()
