@@ -148,6 +148,7 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
         patches.set(module, "is_nccl_available", lambda: True)
     _patch_ddp(patches, world, device_mode)
     _patch_fake_collectives(patches)
+    _patch_fsdp1_device_id(patches)
     _refuse_pipelines(patches)
     _refuse_deepspeed(patches)
     return world
@@ -393,6 +394,45 @@ def _patch_fake_dispatch(patches: Any, tracker: Any) -> None:
             tracker.dispatch_depth -= 1
 
     patches.set(FakeTensorMode, "__torch_dispatch__", dispatch)
+
+
+def _patch_fsdp1_device_id(patches: Any) -> None:
+    """FSDP1's initialisation makes devices from integers (fsdp/_init_utils.py:
+    ``torch.device(device_id)`` for ``device_id=torch.cuda.current_device()``, and
+    ``torch.device(device_handle.current_device())``). From 2.6 an integer alone asks the C++
+    accelerator registry for the device type, which fails without a driver ("Cannot access
+    accelerator device when none is available"); on the virtual GPU an integer names a CUDA
+    device. That module alone sees a ``torch`` whose ``device`` reads integers so."""
+    import types
+
+    import torch
+
+    try:
+        from torch.distributed.fsdp import _init_utils
+    except ImportError:
+        return
+    real_device = torch.device
+
+    class _DeviceMeta(type):
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, real_device)
+
+        def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+            if len(args) == 1 and not kwargs and isinstance(args[0], int) \
+                    and not isinstance(args[0], bool):
+                return real_device("cuda", args[0])
+            return real_device(*args, **kwargs)
+
+    class device(metaclass=_DeviceMeta):  # noqa: N801 - stands for torch.device
+        pass
+
+    class _Torch(types.ModuleType):
+        def __getattr__(self, name: str) -> Any:
+            return getattr(torch, name)
+
+    view = _Torch("torch")
+    view.device = device  # type: ignore[attr-defined]
+    patches.set(_init_utils, "torch", view)
 
 
 def _patch_fake_collectives(patches: Any) -> None:
