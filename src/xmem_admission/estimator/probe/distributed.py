@@ -370,10 +370,36 @@ def _patch_meshes(patches: Any, tracker: Any) -> None:
     patches.set(mesh_class, "__init__", init)
     if tracker.fake:
         _patch_fake_dispatch(patches, tracker)
+        _patch_dtensor_new(patches, tracker)
         _patch_foreach_sharding(patches)
         _patch_shard_chunks(patches)
     patches.set(_fsdp_init, "_get_device_from_mesh", device_from_mesh)
     patches.set(_fully_shard, "_get_device_from_mesh", device_from_mesh)
+
+
+def _patch_dtensor_new(patches: Any, tracker: Any) -> None:
+    """Up to 2.7 DTensor's constructor is Python (``DTensor.__new__``: ``_make_wrapper_subclass``
+    with ``device=local_tensor.device``), where a fake shard would report the virtual GPU and
+    make a "cuda" DTensor over host storage: FSDP2 then refuses the gradient ("attempting to
+    assign a gradient with device type 'cuda' to a tensor with device type 'cpu'", 2.6). The
+    constructor reads the real device, as the C++ one of later releases does."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return
+    real_new = DTensor.__dict__.get("__new__")
+    if not isinstance(real_new, staticmethod):
+        return
+    function = real_new.__func__
+
+    def new(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker.dispatch_depth += 1
+        try:
+            return function(cls, *args, **kwargs)
+        finally:
+            tracker.dispatch_depth -= 1
+
+    patches.set(DTensor, "__new__", staticmethod(new))
 
 
 def _patch_fake_dispatch(patches: Any, tracker: Any) -> None:
