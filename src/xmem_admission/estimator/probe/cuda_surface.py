@@ -141,6 +141,9 @@ C_GPU_ONLY: Mapping[str, str] = {
     "_cuda_jiterator_compile_and_launch_kernel": "compiles and launches a CUDA kernel "
                                                  "(torch.cuda.jiterator)",
     "_cuda_sleep": "spins a kernel on the GPU (torch.cuda._sleep)",
+    "_cuda_busy_wait_for_flag": "spins a kernel on the GPU until a flag is set (2.10-2.x, "
+                                "torch.cuda._busy_wait_for_flag)",
+    "_cuda_clear_flag": "clears that GPU flag (torch.cuda._clear_flag)",
     "_cuda_getMemoryMetadata": "annotations of real allocations",
     "_cuda_setMemoryMetadata": "annotations of real allocations",
     "_cuda_annotateMemory": "annotations of real allocations",
@@ -317,6 +320,8 @@ PUBLIC: Mapping[str, Tuple[Reach, str]] = {
     "export_graph_data": (Reach.GPU_ONLY, _GRAPHS),
     "GreenContext": (Reach.GPU_ONLY, "a partition of the GPU's SMs"),
     "_sleep": (Reach.GPU_ONLY, C_GPU_ONLY["_cuda_sleep"]),
+    "_busy_wait_for_flag": (Reach.GPU_ONLY, C_GPU_ONLY["_cuda_busy_wait_for_flag"]),
+    "_clear_flag": (Reach.GPU_ONLY, C_GPU_ONLY["_cuda_clear_flag"]),
     "_compile_kernel": (Reach.GPU_ONLY, "compiles a CUDA kernel with NVRTC"),
     "_register_triton_kernels": (Reach.INTERNAL, "registers Triton kernels lazily at first use"),
     "_WrappedTritonKernel": (Reach.INTERNAL, "a Triton kernel's wrapper, run on a GPU only"),
