@@ -390,16 +390,21 @@ def _patch_dtensor_new(patches: Any, tracker: Any) -> None:
     real_new = DTensor.__dict__.get("__new__")
     if not isinstance(real_new, staticmethod):
         return
-    function = real_new.__func__
+    patches.set(DTensor, "__new__", staticmethod(_seeing_real_devices(tracker, real_new.__func__)))
 
-    def new(cls: Any, *args: Any, **kwargs: Any) -> Any:
+
+def _seeing_real_devices(tracker: Any, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` run as torch's own code inside a dispatch: fake tensors report their real
+    device to it (the tracker's ``dispatch_depth``)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
         tracker.dispatch_depth += 1
         try:
-            return function(cls, *args, **kwargs)
+            return function(*args, **kwargs)
         finally:
             tracker.dispatch_depth -= 1
 
-    patches.set(DTensor, "__new__", staticmethod(new))
+    return call
 
 
 def _patch_fake_dispatch(patches: Any, tracker: Any) -> None:
@@ -410,16 +415,8 @@ def _patch_fake_dispatch(patches: Any, tracker: Any) -> None:
     ``dispatch_depth``, as in ``torch_patches._patch_fake_tensor_device``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    real_dispatch = FakeTensorMode.__torch_dispatch__
-
-    def dispatch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tracker.dispatch_depth += 1
-        try:
-            return real_dispatch(self, *args, **kwargs)
-        finally:
-            tracker.dispatch_depth -= 1
-
-    patches.set(FakeTensorMode, "__torch_dispatch__", dispatch)
+    patches.set(FakeTensorMode, "__torch_dispatch__",
+                _seeing_real_devices(tracker, FakeTensorMode.__torch_dispatch__))
 
 
 def _patch_fsdp1_device_id(patches: Any) -> None:
