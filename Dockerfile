@@ -5,12 +5,17 @@
 # runs inside the user's own image, next to the user's torch.
 #
 # Build:   docker build -t xmem-admission:0.1.0 .
+#          make image   (podman; on a Debian base of its own where no registry is reachable)
 # See docs/install.md for pushing it and pointing the chart at it.
 
 ARG PYTHON_VERSION=3.11
+# Both stages' base: an image with `python` (PYTHON_VERSION) on PATH, its venv module, groupadd
+# and useradd. scripts/base-image.sh makes one from Debian's packages (python3, python3-venv,
+# python-is-python3) for builds that cannot pull from a registry.
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim-bookworm
 
 # --- build: a virtual environment with the package and its server dependencies -------------
-FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+FROM ${BASE_IMAGE} AS build
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -32,7 +37,7 @@ RUN /opt/venv/bin/python -m xmem_admission.bundle /opt/xmem/probe \
     && /opt/venv/bin/python -m compileall -q /opt/xmem/probe
 
 # --- runtime: the venv, the bundle, no compilers, no pip caches, not root ----------------
-FROM python:${PYTHON_VERSION}-slim-bookworm AS runtime
+FROM ${BASE_IMAGE} AS runtime
 
 LABEL org.opencontainers.image.title="xmem-admission" \
       org.opencontainers.image.description="GPU memory estimates for Kubernetes training jobs: admission webhook and controller" \

@@ -97,3 +97,29 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+
+# The project's image (#29): the Dockerfile built with podman (runc) on python:3.11-slim-bookworm
+# from its registry, or, where no registry is reachable, on a Debian bookworm base made here by
+# mmdebstrap (docs/install.md, "Build the image"). Prints the build time and the image's size.
+# XMEM_IMAGE names the tag, XMEM_BASE_IMAGE=local|REF picks the base.
+.PHONY: image image-tools training-images image-test
+image-tools:
+	bash scripts/install-image-tools.sh
+
+image: image-tools
+	bash scripts/build-image.sh
+
+# Training images standing for users' (#29): Debian's Python and a torch release from PyPI, the
+# two ends of the supported range (several GB each, minutes each from a warm pip cache).
+training-images: image-tools
+	for end in $(TORCH_ENDS); do bash scripts/training-image.sh $${end%%:*} $${end##*:} || exit 1; done
+
+# The image tests (tests/images): the project's image as the chart runs it, and an estimation
+# pod's containers run under podman from it and from a training image. Not part of `make test`.
+image-test: $(STAMP) image training-images
+	XMEM_IMAGE_TESTS=1 $(PY) -m pytest -q tests/images
+
+# The real node's kubelet and containerd 2.x (#29, item 3, in progress; not in `tools` yet).
+.PHONY: node-tools
+node-tools:
+	bash scripts/build-node.sh

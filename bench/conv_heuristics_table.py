@@ -10,10 +10,11 @@ sm89 L40S, sm90 H100-80GB. Against it, what the fitted rule (``contract.cudnn.wo
 with ``rule_for``) gives the same call; only compute capability 8.0 has a rule, the others get
 no workspace from it.
 
-The shapes carry x, w, y, groups and element size, not the geometry: stride and padding are
-inferred per spatial dimension as the pairs (stride >= 1, 0 <= padding < kernel, dilation 1)
-with ``(in + 2 * padding - kernel) // stride + 1 == out``; a shape with more than one pair is
-reported as ambiguous and takes the smallest stride (``bench/conv_workspaces.py geometry``).
+The shapes made from traces since issue 30 carry their marks' stride, padding, dilation,
+dtype, layout and flags, used as they are. Older shape files carry x, w, y, groups and element
+size only: stride and padding are then inferred per spatial dimension as the pairs (stride >= 1,
+0 <= padding < kernel, dilation 1) with ``(in + 2 * padding - kernel) // stride + 1 == out``; a
+shape with more than one pair is reported as ambiguous and takes the smallest stride.
 
     .venv/bin/python bench/conv_heuristics_table.py [--limit N] [--json OUT.json]
 
@@ -38,6 +39,9 @@ from xmem_admission.contract import cudnn  # noqa: E402
 from xmem_admission.contract.gpus import lookup  # noqa: E402
 from xmem_admission.estimator import cudnn_heuristics as ch  # noqa: E402
 
+sys.path.insert(0, str(ROOT))
+from bench.conv_workspaces import convolution as conv_shape  # noqa: E402
+
 SHAPES = ROOT / "bench" / "data" / "conv_shapes.jsonl"
 # One catalogue GPU per architecture the issue asks for.
 GPUS = (("sm80", "A100-40GB"), ("sm86", "A10"), ("sm89", "L40S"), ("sm90", "H100-80GB"))
@@ -56,7 +60,10 @@ def geometry_candidates(x: Sequence[int], w: Sequence[int], y: Sequence[int]
 
 
 def convolution(shape: Dict[str, Any]) -> Tuple[ch.Convolution, bool]:
-    """The shape as a convolution, and whether its geometry was ambiguous."""
+    """The shape as a convolution, and whether its geometry was ambiguous (never for a shape
+    whose mark carried its own geometry, dtype and layout: ``conv_workspaces.parse_mark``)."""
+    if "s" in shape and "p" in shape:
+        return conv_shape(shape), False
     x, w, y = shape["x"], shape["w"], shape["y"]
     candidates = geometry_candidates(x, w, y)
     if any(not c for c in candidates):

@@ -65,16 +65,34 @@ def _dims(text: str) -> List[int]:
     return [int(d) for d in text.split(",") if d]
 
 
+# The fields a mark carries since issue 30 (``estimator/conv_marks.py``): stride, padding,
+# dilation (lists), channels-last, dtype, and torch.backends.cudnn's benchmark, deterministic and
+# allow_tf32 at trace time (1/0).
+_GEOMETRY = ("s", "p", "d")
+_FLAGS = ("cl", "bm", "det", "tf32")
+
+
 def parse_mark(label: str) -> Optional[Dict[str, Any]]:
-    """A probe ``cudnn:`` mark (``tracker.conv_mark``) as a shape, or None for other marks."""
+    """A probe ``cudnn:`` mark (``tracker.conv_mark``) as a shape, or None for other marks;
+    the geometry, dtype and flags of marks made since issue 30 come with it."""
     head, _, rest = label.partition(" ")
     if not head.startswith("cudnn:"):
         return None
     fields = dict(part.split("=", 1) for part in rest.split() if "=" in part)
     if not all(k in fields for k in ("x", "w", "y")):
         return None
-    return {"x": _dims(fields["x"]), "w": _dims(fields["w"]), "y": _dims(fields["y"]),
-            "g": int(fields.get("g", "1")), "b": int(fields.get("b", "4"))}
+    shape: Dict[str, Any] = {"x": _dims(fields["x"]), "w": _dims(fields["w"]),
+                             "y": _dims(fields["y"]), "g": int(fields.get("g", "1")),
+                             "b": int(fields.get("b", "4"))}
+    for key in _GEOMETRY:
+        if key in fields:
+            shape[key] = _dims(fields[key])
+    for key in _FLAGS:
+        if key in fields:
+            shape[key] = int(fields[key] == "1")
+    if "dt" in fields:
+        shape["dt"] = fields["dt"]
+    return shape
 
 
 def operand_bytes(shape: Dict[str, Any]) -> Tuple[int, int, int]:
@@ -126,8 +144,11 @@ def load_shapes(path: Path) -> List[Dict[str, Any]]:
 
 
 def geometry(shape: Dict[str, Any]) -> Tuple[List[int], List[int]]:
-    """The smallest stride, then padding, that make ``y`` from ``x`` with kernel ``w`` (dilation
-    1): out = (in + 2 * pad - kernel) // stride + 1 per spatial dimension."""
+    """The shape's stride and padding: the mark's own (``s``, ``p``) where it has them, else the
+    smallest stride, then padding, that make ``y`` from ``x`` with kernel ``w`` (dilation 1):
+    out = (in + 2 * pad - kernel) // stride + 1 per spatial dimension."""
+    if "s" in shape and "p" in shape:
+        return list(shape["s"]), list(shape["p"])
     stride, padding = [], []
     for size, kernel, out in zip(shape["x"][2:], shape["w"][2:], shape["y"][2:]):
         found = next(((s, p) for s in range(1, max(size, kernel) + 1) for p in range(kernel)
@@ -143,6 +164,25 @@ def geometry(shape: Dict[str, Any]) -> Tuple[List[int], List[int]]:
 # --- Measuring (the GPU machine: torch and the standard library only) ----------------------------
 
 
+def convolution(shape: Dict[str, Any]) -> Any:
+    """The shape as ``cudnn_heuristics.Convolution`` (the project's environment, not the GPU
+    machine's): its own geometry, dtype and layout where the mark gave them."""
+    from xmem_admission.estimator import cudnn_heuristics as ch
+
+    stride, padding = geometry(shape)
+    dilation = shape.get("d", [1, 1])
+    x, w = shape["x"], shape["w"]
+    conv = ch.Convolution(batch=x[0], in_channels=x[1], height=x[2], width=x[3],
+                          out_channels=w[0], kernel=(w[2], w[3]),
+                          stride=(stride[0], stride[1]), padding=(padding[0], padding[1]),
+                          dilation=(dilation[0], dilation[1]), groups=int(shape["g"]),
+                          dtype=shape.get("dt") or ("float32" if shape["b"] == 4 else "bfloat16"),
+                          channels_last=bool(shape.get("cl", 0)))
+    if list(conv.shapes()[2]) != list(shape["y"]):
+        raise ValueError(f"the geometry does not give {shape['y']}")
+    return conv
+
+
 def measure_shape(torch: Any, shape: Dict[str, Any], device: str) -> Dict[str, Any]:
     """The transient bytes of each call, first and second run; None on the CPU."""
     cuda = device == "cuda"
@@ -150,7 +190,7 @@ def measure_shape(torch: Any, shape: Dict[str, Any], device: str) -> Dict[str, A
     stride, padding = geometry(shape)
     x = torch.randn(shape["x"], device=device, dtype=dtype)
     w = torch.randn(shape["w"], device=device, dtype=dtype)
-    common = (stride, padding, [1, 1], False, [0, 0], shape["g"])
+    common = (stride, padding, list(shape.get("d", [1, 1])), False, [0, 0], shape["g"])
 
     def held(call: Any) -> Tuple[Any, Optional[int]]:
         if not cuda:
@@ -162,7 +202,7 @@ def measure_shape(torch: Any, shape: Dict[str, Any], device: str) -> Dict[str, A
         return out, int(torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated())
 
     result: Dict[str, Any] = {}
-    y = None
+    y: Any = None
     for _ in range(2):
         y, size = held(lambda: torch.ops.aten.convolution(x, w, None, *common))
         result.setdefault("fwd", []).append(size)
@@ -245,7 +285,7 @@ def compare(rows: Iterable[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
         return "no shape was measured on a GPU (a dry run, or every shape failed)", {
             "shapes": len(rows), "measured": 0}
     capability = tuple(measured[0].get("compute_capability") or ())
-    rule = cudnn.rule_for(capability) if len(capability) == 2 else None  # type: ignore[arg-type]
+    rule = cudnn.rule_for(capability) if len(capability) == 2 else None
     lines = [f"{measured[0].get('gpu_name')} (compute capability "
              f"{'.'.join(map(str, capability))}), cuDNN {measured[0].get('cudnn_version')}, "
              f"{len(measured)} shapes; steady figures (the second run of each call)", "",
@@ -322,13 +362,7 @@ def compare_heuristics(measured: Sequence[Dict[str, Any]]
         equal, below, ratios = 0, 0, []
         for row in measured:
             shape = row["shape"]
-            stride, padding = geometry(shape)
-            x, w = shape["x"], shape["w"]
-            conv = ch.Convolution(batch=x[0], in_channels=x[1], height=x[2], width=x[3],
-                                  out_channels=w[0], kernel=(w[2], w[3]),
-                                  stride=(stride[0], stride[1]),
-                                  padding=(padding[0], padding[1]), groups=int(shape["g"]),
-                                  dtype="float32" if shape["b"] == 4 else "bfloat16")
+            conv = convolution(shape)
             try:
                 plans = ch.torch_workspaces(gpu, conv, cudnn.ConvCall(call),
                                             allow_tf32=bool(row.get("allow_tf32", True)),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any, Dict, List, Protocol, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -125,6 +125,40 @@ def loss(rows: Sequence[Measured], answers: Dict[str, Dict[str, Any]],
     return float(quantile(errors, 0.9) + (missed / len(ooms) if ooms else 0.0) + excess_under)
 
 
+def rows_with_traces(runs: str, traces: str) -> Optional[Tuple[List[gmn.Row], List[gmn.Row]]]:
+    """(rows, CNN rows) of ``runs`` whose trace is kept in ``traces``; None, said on stderr,
+    when there are fewer than 3 CNN rows or no MLP row (the floor is fitted on those)."""
+    rows = [r for r in gmn.load_runs(runs)
+            if os.path.exists(os.path.join(traces, f"{r.id}.json"))]
+    cnn = [r for r in rows if r.family == "cnn"]
+    if len(cnn) < 3 or not any(r.family == "mlp" for r in rows):
+        print("need at least 3 CNN rows and MLP rows (for the floor) with kept traces",
+              file=sys.stderr)
+        return None
+    return rows, cnn
+
+
+K = TypeVar("K")
+
+
+def fit_and_hold_out(rows: Sequence[gmn.Row], cnn: Sequence[gmn.Row],
+                     answers: Dict[K, Dict[str, Dict[str, Any]]]
+                     ) -> Tuple[K, Dict[str, Dict[str, Any]], Dict[str, K]]:
+    """The candidate with the lowest loss on every CNN row, each row's answer with the candidate
+    chosen on the other CNN rows (MLP rows: the best's, a convolution figure leaves them as
+    they are), and which candidate each CNN row was answered with."""
+    best = min(answers, key=lambda k: loss(cnn, answers[k]))
+    held_out: Dict[str, Dict[str, Any]] = {r.id: answers[best][r.id] for r in rows
+                                           if r.family == "mlp"}
+    chosen: Dict[str, K] = {}
+    for row in cnn:
+        others = [r for r in cnn if r.id != row.id]
+        key = min(answers, key=lambda k: loss(others, answers[k]))
+        chosen[row.id] = key
+        held_out[row.id] = answers[key][row.id]
+    return best, held_out, chosen
+
+
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs")
@@ -133,24 +167,13 @@ def main(argv: List[str]) -> int:
                         help="fit forward and backward fractions apart (the earlier grid)")
     args = parser.parse_args(argv)
     capacity = lookup(gmn.GPU_KEY).capacity_bytes
-    rows = [r for r in gmn.load_runs(args.runs)
-            if os.path.exists(os.path.join(args.traces, f"{r.id}.json"))]
-    cnn = [r for r in rows if r.family == "cnn"]
-    if len(cnn) < 3 or not any(r.family == "mlp" for r in rows):
-        print("need at least 3 CNN rows and MLP rows (for the floor) with kept traces",
-              file=sys.stderr)
+    found = rows_with_traces(args.runs, args.traces)
+    if found is None:
         return 2
+    rows, cnn = found
     grid = simulate_all(rows, args.traces, fraction_grid(args.per_call))
     answers = {p: gmn.leave_one_out(rows, sims, capacity) for p, sims in grid.items()}
-    best = min(grid, key=lambda p: loss(cnn, answers[p]))
-    held_out: Dict[str, Dict[str, Any]] = {r.id: answers[best][r.id] for r in rows
-                                           if r.family == "mlp"}
-    chosen: Dict[str, Params] = {}
-    for row in cnn:
-        others = [r for r in cnn if r.id != row.id]
-        params = min(grid, key=lambda p: loss(others, answers[p]))
-        chosen[row.id] = params
-        held_out[row.id] = answers[params][row.id]
+    best, held_out, chosen = fit_and_hold_out(rows, cnn, answers)
     none = (cudnn.ConvBasis.LARGEST, (0.0, 0.0), 0)
     before = answers[none]
     print(f"rows with traces: {len(rows)} ({len(cnn)} CNN, {len(rows) - len(cnn)} MLP)")

@@ -130,6 +130,13 @@ def stratified_sample(rows: Sequence[Row], n: int) -> List[Row]:
     return chosen
 
 
+def disjoint_sample(rows: Sequence[Row], n: int, first: int) -> List[Row]:
+    """``n`` rows drawn as ``stratified_sample`` draws them, from the rows outside the
+    ``first``-row sample: a second sample that shares no row with the first."""
+    taken = {r.id for r in stratified_sample(rows, first)}
+    return stratified_sample([r for r in rows if r.id not in taken], n)
+
+
 # -- checkouts ----------------------------------------------------------------------------
 class Checkouts:
     """One ``git worktree`` per commit of the user's clone, made once and reused."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A virtual environment standing for a user's image: one torch release from PyPI, one Python,
-# numpy, the matching torchvision, pytest (to run the probe's own tests with that torch), and,
-# where they install against that torch, the conformance corpus's frameworks.
+# numpy, Pillow (image pipelines import it, also where no torchvision installs), the matching
+# torchvision, pytest (to run the probe's own tests with that torch), and, where they install
+# against that torch, the conformance corpus's frameworks.
 #
 #   scripts/torch-venv.sh TORCH_VERSION PYTHON_MINOR      e.g. 2.2.2 3.9
 #
@@ -71,7 +72,7 @@ VISION="0.$((minor + 15)).*"
 NUMPY="numpy"
 if [ "$minor" -lt 3 ]; then NUMPY="numpy<2"; fi
 log "installing torch==$TORCH with $("$PY" --version 2>&1)"
-"${PIP[@]}" install -qq "torch==$TORCH" "$NUMPY" "pytest>=8" "pytest-timeout>=2.3" >&2
+"${PIP[@]}" install -qq "torch==$TORCH" "$NUMPY" pillow "pytest>=8" "pytest-timeout>=2.3" >&2
 
 # The matching torchvision, then the conformance corpus's frameworks at the development pins
 # (requirements/constraints.txt), each only where it installs beside this torch without

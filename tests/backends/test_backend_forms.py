@@ -125,10 +125,16 @@ def test_mig_single_adds_the_slice_size_to_every_existing_node_selector_term(ser
     ]
 
 
+# A sized pod's GPU container reports its log's tail on failure (FallbackToLogsOnError, #31).
+MESSAGE_POLICY = "/spec/containers/0/terminationMessagePolicy"
+
+
 def test_the_annotation_backend_changes_nothing_but_the_annotations(served: HttpsWebhook) -> None:
     pod = released_pod(8 * GiB).obj()
     answer, patched = mutate(served, "annotation", pod)
-    assert answer.ops == [] and patched == pod
+    assert [op["path"] for op in answer.ops] == [MESSAGE_POLICY]  # issue 31: the log's tail
+    patched["spec"]["containers"][0].pop("terminationMessagePolicy")
+    assert patched == pod
 
 
 @pytest.mark.parametrize(
@@ -151,7 +157,8 @@ def test_a_request_already_in_the_backend_form_is_never_overridden(
 def test_a_kai_share_set_by_hand_is_kept(served: HttpsWebhook) -> None:
     pod = released_pod(8 * GiB).template_annotation("gpu-fraction", "0.5").obj()
     answer, patched = mutate(served, "kai", pod)
-    assert answer.ops == [] and "gpu-memory" not in patched["metadata"]["annotations"]
+    assert [op["path"] for op in answer.ops] == [MESSAGE_POLICY]
+    assert "gpu-memory" not in patched["metadata"]["annotations"]
 
 
 def test_hami_memory_percentage_set_by_hand_is_judged_against_the_estimate(served: HttpsWebhook) -> None:

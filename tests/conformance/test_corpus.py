@@ -12,6 +12,7 @@ import pytest
 
 from tests.conformance.counts import expected, load
 from tests.estimator.trace_counts import live_by_category_at
+from tests.support.torch_envs import require_module, require_torch_save
 
 # script, extra arguments, optimizer kind, step counters on the GPU
 CORPUS = [
@@ -33,21 +34,12 @@ FRAMEWORKS = {"timm_train.py": "timm", "accelerate_train.py": "accelerate",
 
 
 def require_framework(name):
-    """In a user's torch environment (scripts/test-torch.sh) a framework that does not install
-    beside that torch leaves its script out, saying so; in the development environment every
-    framework is installed, and a missing one fails the test."""
-    import importlib.util
-    import os
-    import sys
-
-    module = FRAMEWORKS.get(name)
-    if module is None or importlib.util.find_spec(module) is not None:
-        return
-    if os.environ.get("XMEM_TORCH_ENV"):
-        import torch
-
-        pytest.skip(f"{module} does not install beside torch {torch.__version__} on Python "
-                    f"{sys.version_info[0]}.{sys.version_info[1]} (its pin needs another)")
+    """The script's framework, where one is named (tests/support/torch_envs.require_module), and
+    a working torch.save for the script that resumes from a checkpoint."""
+    if name in FRAMEWORKS:
+        require_module(FRAMEWORKS[name])
+    if name == "checkpoint_resume.py":
+        require_torch_save()
 
 
 def training_state(name, kind, step_on_gpu):

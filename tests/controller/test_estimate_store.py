@@ -81,3 +81,30 @@ def test_the_webhook_sizes_a_job_at_once_from_an_estimate_the_controller_recorde
         assert int(limits["nvidia.com/gpumem"]) * (1 << 20) >= int(sized[labels.REQUEST_BYTES])
     finally:
         store.stop()
+
+
+def test_an_oom_retry_recorded_on_an_estimate_is_served_by_workload_uid_in_its_namespace(
+        harness):
+    """status.oomRetries (issue 31) reaches the webhook's store through the watch, whatever the
+    estimate's phase, by the workload's uid and only in the estimate's own namespace; it goes
+    with the estimate."""
+    store = KubeStore(harness.kube()).start()
+    kube = harness.kube()
+    try:
+        job = harness.submit(training_job("train"))
+        uid = job["metadata"]["uid"]
+        pending = kube.create(GME, harness.namespace, records.new(job, FP, ["A100-80GB"], "img"))
+        entry = {"workload": {"kind": "Job", "name": "train", "uid": uid}, "ooms": 1,
+                 "gpu": "A100-80GB", "failedRequestBytes": 4 << 30, "requestBytes": 6 << 30}
+        kube.replace_status(GME, dict(pending, status={"phase": "Running",
+                                                       records.OOM_RETRIES: [entry]}))
+        grant = wait(lambda: store.retry(harness.namespace, uid), 10, "the grant in the store")
+        assert (grant.request_bytes, grant.ooms, grant.gpu, grant.gave_up) == (
+            6 << 30, 1, "A100-80GB", None)
+        assert store.retry("another-namespace", uid) is None
+        assert store.get(FP, harness.namespace) is None  # a grant is no estimate
+        kube.custom.delete_namespaced_custom_object("xmem.io", "v1alpha1", harness.namespace,
+                                                    "gpumemoryestimates", records.name_for(FP))
+        wait(lambda: store.retry(harness.namespace, uid) is None, 10, "the grant to go")
+    finally:
+        store.stop()

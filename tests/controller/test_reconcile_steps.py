@@ -7,11 +7,14 @@ the example GPT script), and every assertion reads the API.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any, Dict
 
 import pytest
 
-from tests.controller.support import Harness, template_annotations, training_job, wait
+from tests.controller.support import TINY_GPT, Harness, template_annotations, training_job, wait
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import estimation_pods, records, workloads
 from xmem_admission.cluster.controller.manager import Controller
@@ -111,6 +114,27 @@ def test_a_finished_pod_is_recorded_and_the_release_step_annotates_and_unsuspend
     [event] = harness.events("train")
     assert event["reason"] == "Estimated"
     assert "on A100-80GB; requesting nvidia.com/gpumem" in event["message"]
+    # what holds the memory at the peak (issue 32), from the pod's version-2 result
+    peak = status["peak"]
+    assert peak["gpu"] == "A100-80GB" and 1 <= len(peak["groups"]) <= 3
+    assert peak["groups"][0]["bytes"] >= peak["groups"][-1]["bytes"] > 0
+    assert peak["largest"] == records.largest_text(peak["groups"][0])
+    assert f"largest at the peak: {peak['largest']}" in event["message"]
+    assert status["reproduce"].startswith("xmem estimate --gpu A100-80GB,H100-80GB --steps ")
+    assert status["reproduce"].endswith("-- python /app/train_gpt.py " + " ".join(TINY_GPT))
+    kubectl = Path(__file__).resolve().parents[2] / ".tools" / "bin" / "kubectl"
+    if not kubectl.exists() and shutil.which("kubectl") is None:
+        pytest.skip("no kubectl for `kubectl describe gme`: scripts/install-tools.sh installs it")
+    described = subprocess.run(
+        # the control plane's own admin kubeconfig: the harness's goes through its plain-HTTP
+        # fault proxy, over which kubectl sends no bearer token
+        [str(kubectl) if kubectl.exists() else "kubectl", "--kubeconfig",
+         str(harness.cluster.plane.admin_kubeconfig), "describe", "gme", name, "-n",
+         harness.namespace],
+        capture_output=True, text=True, timeout=60, check=True).stdout
+    for group in peak["groups"]:
+        assert group["module"] in described and group["op"] in described
+    assert "Reproduce:" in described and "/app/train_gpt.py" in described
 
 
 def test_a_second_workload_with_the_same_fingerprint_joins_the_estimate(harness, caches):

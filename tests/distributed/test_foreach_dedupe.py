@@ -86,7 +86,11 @@ def test_each_foreach_op_shards_as_torch_shards_it_element_by_element(mesh, whic
     finally:
         patches.restore()
     assert ours == theirs
-    assert elements == [5]  # 4 shapes per block and the odd one, each worked out once
+    if schema.op in getattr(DTensor._op_dispatcher.sharding_propagator,
+                            "op_single_dim_strategy_funcs", {}):
+        assert elements == [5]  # 4 shapes per block and the odd one, each worked out once
+    else:  # this release registers the op's list strategy whole (2.11's list_pointwise_strategy)
+        assert elements == []
     outputs = ours[0]
     if outputs is not None:
         assert [o.tensor_meta.shape for o in outputs] == [

@@ -5,15 +5,18 @@ one real control plane (the ``cluster`` fixture of tests/conftest.py).
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-from tests.e2e_real.support import code_map, policy
+from tests.e2e_real.support import GPU_POOL, code_map, policy
 from tests.realkube.cluster import Cluster, Webhook
 from tests.realkube.controlplane import wait_for
+from tests.realkube.node import ProcessNode
 from xmem_admission.cluster import labels
 
 _counter = itertools.count()
@@ -63,6 +66,24 @@ class Xmem:
     def events(self, name: str) -> List[Dict[str, Any]]:
         return [e for e in self.cluster.list("v1", "Event", self.namespace)
                 if e["involvedObject"]["name"] == name]
+
+
+@pytest.fixture(scope="session")
+def gpu_process_node(cluster: Cluster) -> Iterator[ProcessNode]:
+    """A process node that advertises GPUs in every backend's resources (HAMi's vGPUs and
+    gpumem, MIG slices of the A100s): pods the scheduler binds to it run as processes, as on
+    the cluster's own process node, so a training container really runs and really fails."""
+    allocatable = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti",
+                   "nvidia.com/gpu": "40", "nvidia.com/gpumem": str(4 * 81920)}
+    for profile in ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "1g.20gb", "2g.20gb", "3g.40gb"):
+        allocatable[f"nvidia.com/mig-{profile}"] = "7"
+    node = ProcessNode(cluster.plane, "xmem-gpu-process-node", allocatable=allocatable,
+                       labels=GPU_POOL, path_prefix=[os.path.dirname(sys.executable)]).start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        cluster.delete("v1", "Node", node.name)
 
 
 @pytest.fixture()

@@ -7,6 +7,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from tests.realkube.kwok import GPU_TOLERATION
 from xmem_admission.cluster import labels
+from xmem_admission.contract import gpus
+
+NEED, ENFORCER = "oom-test/need-bytes", "oom-test/enforcer"
+GPU_POOL = {"pool": "gpu-processes"}  # the node selector of pods that must run on a "GPU"
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime"
@@ -32,10 +36,13 @@ def policy(name: str, backend: str = "hami", gpus: Sequence[str] = GPUS,
 
 
 def code_map(namespace: str) -> Dict[str, Any]:
-    """The training code, shipped as users often do: a ConfigMap mounted at /app."""
+    """The training code, shipped as users often do: a ConfigMap mounted at /app (the example
+    GPT script and the e2e tests' own scripts)."""
+    data = {"train_gpt.py": (ROOT / "examples/train_gpt.py").read_text()}
+    for script in (ROOT / "tests/e2e_real/scripts").glob("*.py"):
+        data[script.name] = script.read_text()
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "code", "namespace": namespace},
-            "data": {"train_gpt.py": (ROOT / "examples/train_gpt.py").read_text()}}
+            "metadata": {"name": "code", "namespace": namespace}, "data": data}
 
 
 def job(name: str, namespace: str, opt_in: bool = True, gpu_resources: Optional[Dict[str, str]] = None,
@@ -59,6 +66,38 @@ def job(name: str, namespace: str, opt_in: bool = True, gpu_resources: Optional[
             "metadata": {"name": name, "namespace": namespace,
                          "labels": {labels.OPT_IN: "true"} if opt_in else {}},
             "spec": body}
+
+
+def oom_job(name: str, namespace: str, gpu: str, need: int, enforcer: str,
+            restart_policy: str = "Never", backoff_limit: int = 1,
+            hold_seconds: Optional[int] = None) -> Dict[str, Any]:
+    """A Job running tests/e2e_real/scripts/oom_job.py on the GPU process node, pinned to
+    ``gpu``: its step needs ``need`` bytes on the GPU (pod label, so Jobs that need different
+    amounts share one fingerprint and one estimation), ``enforcer`` says how the device limits
+    it (hami, kai: HAMi-core's limit; mig: the slice); ``backoff_limit`` failures are retried;
+    a step that fits stays up ``hold_seconds`` (part of the fingerprint: an env value)."""
+    slices = ",".join(str(p.memory_bytes) for p in gpus.lookup("A100-40GB").mig_profiles)
+    body = job(name, namespace, args=(), node_selector=GPU_POOL, backoffLimit=backoff_limit,
+               pod_labels={NEED: str(need), ENFORCER: enforcer})
+    template = body["spec"]["template"]
+    template["spec"]["restartPolicy"] = restart_policy
+    template["metadata"]["annotations"] = {labels.GPU_MODEL: gpu}
+    container = template["spec"]["containers"][0]
+    container["command"] = ["python", "/app/oom_job.py"]
+
+    def field(path: str) -> Dict[str, Any]:
+        return {"fieldRef": {"fieldPath": path}}
+
+    container["env"] = [
+        {"name": "NEED_BYTES", "valueFrom": field(f"metadata.labels['{NEED}']")},
+        {"name": "ENFORCER", "valueFrom": field(f"metadata.labels['{ENFORCER}']")},
+        {"name": "GRANTED_BYTES",
+         "valueFrom": field(f"metadata.annotations['{labels.REQUEST_BYTES}']")},
+        {"name": "MIG_SLICE_BYTES", "value": slices},
+    ]
+    if hold_seconds is not None:
+        container["env"].append({"name": "HOLD_SECONDS", "value": str(hold_seconds)})
+    return body
 
 
 def pytorchjob(name: str, namespace: str) -> Dict[str, Any]:

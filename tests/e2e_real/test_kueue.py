@@ -19,7 +19,7 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 from kubernetes import client
 
-from tests.e2e_real.support import job, policy, pytorchjob
+from tests.e2e_real.support import job, oom_job, policy, pytorchjob
 from tests.realkube.cluster import CONTROLLER_SA, Cluster, render_chart
 from tests.realkube.controlplane import wait_for
 from tests.realkube.kueue import Kueue
@@ -53,11 +53,15 @@ def kueue(cluster: Cluster) -> Iterator[Kueue]:
                    "spec": {"namespaceSelector": {},
                             "admissionChecksStrategy": {"admissionChecks": [{"name": CHECK}]},
                             "resourceGroups": [{
-                                "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                                "coveredResources": ["cpu", "memory", "nvidia.com/gpu",
+                                                     "nvidia.com/gpumem"],
                                 "flavors": [{"name": "gpu-nodes", "resources": [
                                     {"name": "cpu", "nominalQuota": "64"},
                                     {"name": "memory", "nominalQuota": "256Gi"},
-                                    {"name": "nvidia.com/gpu", "nominalQuota": "8"}]}]}]}})
+                                    {"name": "nvidia.com/gpu", "nominalQuota": "8"},
+                                    # HAMi's MiB (docs/kueue.md): what 8 A100-80GB hold
+                                    {"name": "nvidia.com/gpumem",
+                                     "nominalQuota": str(8 * 81920)}]}]}]}})
     for index in range(2):
         cluster.apply(gpu_node(f"kueue-gpu-{index}", labels={"pool": "kueue"}))
     try:
@@ -271,3 +275,51 @@ def test_with_kueue_running_a_job_outside_any_queue_is_still_held_and_released_b
     assert released["spec"]["suspend"] is False
     assert labels.REQUEST_BYTES in released["spec"]["template"]["metadata"]["annotations"]
     assert workload_of(cluster, xmem.namespace, "plain") is None  # Kueue left it alone
+
+
+def _retried_bigger(xmem: Any, name: str) -> Dict[str, Any]:
+    """The queued Job's Workload as Kueue admitted it, after its retry succeeded; checks that
+    the retry's pod asks for more GPU memory of the same one GPU and that Kueue's admission is
+    what it was, never evicted."""
+    cluster = xmem.cluster
+    admission = wait_for(lambda: (workload_of(cluster, xmem.namespace, name) or {}).get(
+        "status", {}).get("admission"), 300, f"Kueue to admit {name}", interval=0.5)
+    wait_for(lambda: (xmem.job(name).get("status") or {}).get("succeeded"), 240,
+             f"the retry of {name} to succeed")
+    first, second = sorted(xmem.pods(f"job-name={name}"),
+                           key=lambda p: p["metadata"]["creationTimestamp"])
+    limits = [p["spec"]["containers"][0]["resources"]["limits"] for p in (first, second)]
+    assert int(limits[1]["nvidia.com/gpumem"]) > int(limits[0]["nvidia.com/gpumem"])
+    assert [lim["nvidia.com/gpu"] for lim in limits] == ["1", "1"]
+    wl = workload_of(cluster, xmem.namespace, name) or {}
+    assert wl["status"]["admission"] == admission
+    conditions = {c["type"]: c["status"] for c in wl["status"].get("conditions") or []}
+    assert conditions.get("Evicted") != "True", conditions
+    usage = dict(admission["podSetAssignments"][0]["resourceUsage"])
+    usage["first-pod-gpumem"] = limits[0]["nvidia.com/gpumem"]
+    return usage
+
+
+def test_a_queued_job_out_of_gpu_memory_is_retried_bigger_within_what_kueue_admitted(
+        queued, gpu_process_node):
+    """Kueue admits a workload for its pod templates' resources when it reserves quota, and
+    cannot resize an admitted one. A first-time job's template carries no GPU memory (the
+    backend writes it at Pod CREATE), so its retry needs nothing Kueue reserved; a repeat job,
+    sized at its CREATE, was charged its first request of nvidia.com/gpumem, and the retry asks
+    for more than that charge: xmem lets it (docs/kueue.md: the count of GPUs, unchanged, is
+    the binding quota, and memory per GPU never passes one GPU's capacity). Either way the Job
+    stays admitted, never evicted or requeued, and its second pod asks for more."""
+    xmem, cluster = queued, queued.cluster
+    xmem.controller("", "--kueue-controller-name", CONTROLLER_NAME)
+    for name in ("oom", "oom-again"):
+        body = oom_job(name, xmem.namespace, "A100-80GB", int(1.2 * (1 << 30)), "hami")
+        body["metadata"]["labels"][labels.KUEUE_QUEUE_NAME] = QUEUE
+        created = client.BatchV1Api(cluster.api).create_namespaced_job(xmem.namespace, body)
+        limits = created.spec.template.spec.containers[0].resources.limits
+        usage = _retried_bigger(xmem, name)
+        assert usage["nvidia.com/gpu"] == "1"
+        if name == "oom":  # first time: no GPU memory in the template, none charged
+            assert "nvidia.com/gpumem" not in limits and "nvidia.com/gpumem" not in usage
+        else:  # sized at CREATE: charged the first pod's request, not the retry's
+            assert limits["nvidia.com/gpumem"] == usage["nvidia.com/gpumem"] == \
+                usage["first-pod-gpumem"]

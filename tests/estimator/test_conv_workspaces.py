@@ -3,6 +3,7 @@ never an OOM when they do not fit (PyTorch runs a plan that needs less)."""
 
 from __future__ import annotations
 
+from tests.estimator.trace_counts import traced
 from xmem_admission.contract import cudnn, gpus
 from xmem_admission.estimator.allocator.simulate import simulate
 from xmem_admission.estimator.orchestrate import conv_workspaces, for_gpu
@@ -21,15 +22,6 @@ def rule(fwd=1.0, data=0.5, filt=0.25, resident_mib=0):
                                     cudnn.ConvCall.BACKWARD_DATA: data,
                                     cudnn.ConvCall.BACKWARD_FILTER: filt},
                                    resident_mib * MIB, "test")
-
-
-def traced(*labels):
-    t = Trace()
-    t.alloc(1, 64 * MIB, category="activation", phase="forward")
-    for label in labels:
-        t.mark(label)
-    t.free(1)
-    return t
 
 
 def test_each_call_asks_for_its_fraction_of_the_largest_tensor_it_touches():

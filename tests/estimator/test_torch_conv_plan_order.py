@@ -38,9 +38,14 @@ MADE_UP = [
 def made_up(monkeypatch):
     asked = []
 
-    def fake_plans(gpu, conv, call, library=None, modes=ch.DEFAULT_MODES):
+    def fake_plans(gpu, conv, call, library=None, modes=ch.DEFAULT_MODES, stop=None):
         asked.append(tuple(modes))
-        return list(MADE_UP)
+        found = []
+        for plan in MADE_UP:  # as CudnnLibrary.plans: nothing after the plan ``stop`` takes
+            found.append(plan)
+            if stop is not None and stop(plan):
+                break
+        return found
 
     monkeypatch.setattr(ch, "conv_plans", fake_plans)
     return asked
@@ -63,6 +68,20 @@ def test_heuristic_mode_b_replaces_instant_when_asked(made_up):
 
 def test_by_default_only_down_converting_engines_are_dropped(made_up):
     assert _kept() == [300, 250, 500, 100, 0]
+
+
+def test_planning_can_stop_at_the_first_plan_torch_runs_without_a_workspace(made_up):
+    assert _kept(until_no_workspace=True) == [300, 250, 500, 100, 0]
+    stopped = list(MADE_UP)
+    stopped.insert(1, _plan(9, 0, N.DOWN_CONVERT_INPUTS))  # dropped by torch: not where it stops
+    stopped.insert(3, _plan(8, 0))
+    MADE_UP[:] = stopped
+    try:
+        assert _kept(until_no_workspace=True) == [300, 250, 0]
+        assert _kept() == [300, 250, 0, 500, 100, 0]
+    finally:
+        del MADE_UP[3]
+        del MADE_UP[1]
 
 
 def test_tf32_off_drops_tensor_core_engines_for_float32_only(made_up):

@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from collections import Counter
 
-from xmem_admission.estimator.trace import ALLOC, FREE, MARK
+from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Trace
+
+MIB = 2**20
+
+
+def traced(*labels: str) -> Trace:
+    """A 64 MiB activation live across the marks ``labels`` (cudnn: marks, for instance)."""
+    t = Trace()
+    t.alloc(1, 64 * MIB, category="activation", phase="forward")
+    for label in labels:
+        t.mark(label)
+    t.free(1)
+    return t
 
 
 def live_by_category_at(trace, label: str) -> Counter:

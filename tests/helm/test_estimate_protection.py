@@ -85,6 +85,26 @@ def test_a_tenant_cannot_rewrite_what_an_estimate_says(admit, change):
     assert not admit("alice", "UPDATE", forged, SUCCEEDED)
 
 
+RETRY = {"workload": {"kind": "Job", "name": "train", "uid": "u-1"}, "ooms": 1,
+         "gpu": "A100-80GB", "failedRequestBytes": 44 << 30, "requestBytes": 50 << 30}
+
+
+@pytest.mark.parametrize("change", [
+    lambda o: o["status"].update(oomRetries=[dict(RETRY, requestBytes=80 << 30)]),  # grow it
+    lambda o: o["status"].update(oomRetries=[dict(RETRY, gaveUp="")]),  # undo giving up
+    lambda o: o["status"].pop("oomRetries"),  # forget the OOMs
+])
+def test_only_the_controller_writes_what_sizes_a_retry_after_an_oom(admit, change):
+    """status.oomRetries sizes the workload's next pod (issue 31): a tenant can neither add,
+    grow nor remove it; the controller can."""
+    before = _changed(oomRetries=[dict(RETRY, gaveUp="at the cap")])
+    forged = copy.deepcopy(before)
+    change(forged)
+    assert not admit("alice", "UPDATE", forged, before)
+    assert not admit("alice", "UPDATE", _changed(oomRetries=[RETRY]), SUCCEEDED)
+    assert admit(CONTROLLER, "UPDATE", forged, before)
+
+
 def test_a_measuring_tool_may_record_the_actual_peak_and_the_garbage_collector_its_owners(admit):
     measured = _changed(actualBytes=40 << 30, actual="40.0Gi", error="+2.5%")
     assert admit("system:serviceaccount:monitoring:gpu-meter", "UPDATE", measured, SUCCEEDED)
@@ -92,3 +112,29 @@ def test_a_measuring_tool_may_record_the_actual_peak_and_the_garbage_collector_i
     regarbaged["metadata"]["ownerReferences"] = []
     assert admit("system:serviceaccount:kube-system:generic-garbage-collector", "UPDATE",
                  regarbaged, SUCCEEDED)
+
+
+RUN = {"workload": {"kind": "Job", "name": "train", "uid": "u-1"}, "gpu": "A100-80GB",
+       "estimateBytes": 41 << 30, "requestBytes": 44 << 30, "completed": True,
+       "finished": "2026-01-31T12:00:00Z", "pods": 1, "observedPeakBytes": 38 << 30,
+       "source": "hami", "series": 1}
+OBSERVED = {"runs": [RUN], "observedPeakBytes": 38 << 30, "observedPeak": "38.0Gi",
+            "observedRatio": "0.93"}
+
+
+@pytest.mark.parametrize("change", [
+    lambda o: o["status"]["runs"][0].update(observedPeakBytes=80 << 30),  # inflate a peak
+    lambda o: o["status"]["runs"].append(dict(RUN, workload=dict(RUN["workload"], uid="u-2"),
+                                              observedPeakBytes=1 << 30)),  # a run never run
+    lambda o: o["status"].pop("runs"),  # forget what was used
+    lambda o: o["status"].update(observedRatio="0.10"),
+])
+def test_only_the_controller_writes_what_finished_runs_used(admit, change):
+    """status.runs sizes the fingerprint's next job (right-sizing, issue 31), and the observed
+    columns go with it: a tenant can neither add, change nor remove them; the controller can."""
+    before = _changed(**copy.deepcopy(OBSERVED))
+    forged = copy.deepcopy(before)
+    change(forged)
+    assert not admit("alice", "UPDATE", forged, before)
+    assert not admit("alice", "UPDATE", _changed(**copy.deepcopy(OBSERVED)), SUCCEEDED)
+    assert admit(CONTROLLER, "UPDATE", forged, before)

@@ -36,6 +36,7 @@ import yaml
 
 from tests.helm.chart import CHART, ROOT, run, tool
 from tests.observability.rules import write_rule_file
+from tests.realkube.controlplane import wait_while_running
 from tests.support.builders import make_job, make_pod, review
 from tests.support.estimates import record_dict, workload_fingerprint
 from xmem_admission.cluster import labels
@@ -237,7 +238,7 @@ def stack(tmp_path_factory, cluster) -> Iterator[Dict[str, Any]]:
     answers: Dict[str, Dict[str, Any]] = {}
     sender: Optional[threading.Thread] = None
     try:
-        _wait_for(lambda: httpx.get(f"http://127.0.0.1:{metrics_port}/readyz").status_code == 200,
+        wait_while_running(lambda: httpx.get(f"http://127.0.0.1:{metrics_port}/readyz").status_code == 200,
                   "xmem serve ready", serve)
 
         def admit_forever() -> None:
@@ -252,12 +253,12 @@ def stack(tmp_path_factory, cluster) -> Iterator[Dict[str, Any]]:
         sender = threading.Thread(target=admit_forever, daemon=True)
         sender.start()
         api = httpx.Client(base_url=f"http://127.0.0.1:{prom_port}/api/v1", timeout=10)
-        _wait_for(lambda: _ready(prom_port), "Prometheus ready", prom)
+        wait_while_running(lambda: _ready(prom_port), "Prometheus ready", prom)
         # Rules evaluated over the scrapes, with enough samples for 20 s rate windows.
-        _wait_for(lambda: bool(_query(api, "xmem:workload_gpu_memory_saved_bytes")),
+        wait_while_running(lambda: bool(_query(api, "xmem:workload_gpu_memory_saved_bytes")),
                   "recording rules over the scrapes", prom)
         # Both estimations ended (a real probe run takes some seconds) and were scraped.
-        _wait_for(lambda: bool(_query(api, "xmem_controller_estimations_succeeded_total > 0"))
+        wait_while_running(lambda: bool(_query(api, "xmem_controller_estimations_succeeded_total > 0"))
                   and bool(_query(api, "xmem_controller_estimations_failed_total > 0")),
                   "the controller's estimations", controller, timeout=150)
         time.sleep(3)
@@ -282,21 +283,6 @@ def _ready(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/-/ready").status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _wait_for(check, what: str, process: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"{what}: process exited ({process.returncode}):\n"
-                                 f"{process.stdout.read()}")
-        try:
-            if check():
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _query(api: httpx.Client, expr: str) -> List[Dict[str, Any]]:

@@ -77,6 +77,20 @@ def wait_for(check: Callable[[], Optional[T]], timeout: float, what: str,
         time.sleep(interval)
 
 
+def wait_while_running(check: Callable[[], Optional[T]], what: str,
+                       process: subprocess.Popen[Any], timeout: float = 60,
+                       interval: float = 0.2) -> T:
+    """``wait_for`` on a process the wait depends on: its exit ends the wait at once, with its
+    exit code and output in the failure."""
+    def alive() -> Optional[T]:
+        if process.poll() is not None:
+            output = process.stdout.read() if process.stdout else ""
+            raise Exited(f"{what}: {process.args[0]} exited ({process.returncode}):\n{output}")
+        return check()
+
+    return wait_for(alive, timeout, what, interval)
+
+
 def kubeconfig(path: Path, server: str, ca: Path, user: str, pair: Optional[Pair] = None,
                token: Optional[str] = None) -> Path:
     """A kubeconfig with one cluster, one user (client certificate or token), one context."""

@@ -19,8 +19,11 @@ client of the real API server with a node's own credentials (``system:node:<name
 - serves ``/containerLogs/<namespace>/<pod>/<container>`` over HTTPS with a certificate from the
   cluster CA, to the API server only (client certificate required), so ``pods/log`` works.
 
-The node advertises no GPU: the scheduler places GPU pods elsewhere (the kwok nodes). Only
-``restartPolicy: Never`` is run faithfully.
+The node advertises no GPU unless given one (``allocatable``): the scheduler places GPU pods
+elsewhere (the kwok nodes). ``restartPolicy: Never`` and ``OnFailure`` are run as a kubelet runs
+them: with ``OnFailure`` an app container that exits non-zero waits in ``CrashLoopBackOff``
+(``RESTART_BACKOFF`` here, the kubelet's 10 s doubling there) with its termination in
+``lastState`` and ``restartCount`` counted, then runs again in the same pod; ``Always`` is not.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from xmem_admission.cluster.kube import quantity
 
 MAX_MESSAGE = 4096  # the kubelet's limit on a termination message (4 KiB)
 PULL_BACKOFF = 0.3  # seconds between pull attempts (the kubelet backs off from 10 s; tests wait)
+RESTART_BACKOFF = 1.0  # seconds before a failed container runs again (the kubelet: 10 s, doubling)
 
 
 def unreachable(image: str) -> bool:
@@ -79,6 +83,7 @@ class ProcessNode:
         self._done: set = set()
         self._deleting: Dict[str, threading.Event] = {}
         self._logs: Dict[tuple, str] = {}
+        self._last: Dict[tuple, Dict[str, Any]] = {}  # (pod uid, container): its termination
         self._lock = threading.Lock()
         self._threads: List[threading.Thread] = []
         self._watcher: Any = None
@@ -446,6 +451,9 @@ class ProcessNode:
                         return "deadline" if late else None
                 results = self._run_batch(pod, pod_dir, batch, field, volumes, deleting,
                                           deadline, grace)
+                if not sequential:
+                    results = self._restart(pod, pod_dir, batch, results, volumes, deleting,
+                                            deadline, grace)
                 if results is None:
                     return "deadline"
                 if sequential and any(code != 0 for code in results):
@@ -480,10 +488,40 @@ class ProcessNode:
             deleting.wait(PULL_BACKOFF)
         return False
 
+    def _restart(self, pod: Dict[str, Any], pod_dir: str, batch: List[Dict[str, Any]],
+                 results: Optional[List[int]], volumes: Dict[str, str],
+                 deleting: threading.Event, deadline: Optional[float],
+                 grace: float) -> Optional[List[int]]:
+        """``restartPolicy: OnFailure``: the containers that exited non-zero wait in
+        CrashLoopBackOff and run again in this pod, until they succeed or the pod goes."""
+        if pod["spec"].get("restartPolicy") != "OnFailure":
+            return results
+        restarts = {c["name"]: 0 for c in batch}
+        while results is not None and any(code != 0 for code in results):
+            failed = [c for c, code in zip(batch, results) if code != 0]
+            for c in failed:
+                restarts[c["name"]] += 1
+            self._patch_status(pod, {"containerStatuses": [_backing_off(
+                c, restarts[c["name"]], self._last[(pod["metadata"]["uid"], c["name"])])
+                for c in failed]})
+            deleting.wait(RESTART_BACKOFF)
+            if deleting.is_set() or self._stop.is_set():
+                return results
+            again = self._run_batch(pod, pod_dir, failed, "containerStatuses", volumes,
+                                    deleting, deadline, grace, restarts)
+            if again is None:
+                return None
+            codes = dict(zip([c["name"] for c in failed], again))
+            results = [codes.get(c["name"], 0) for c in batch]
+        return results
+
     def _run_batch(self, pod: Dict[str, Any], pod_dir: str, batch: List[Dict[str, Any]],
                    field: str, volumes: Dict[str, str], deleting: threading.Event,
-                   deadline: Optional[float], grace: float) -> Optional[List[int]]:
+                   deadline: Optional[float], grace: float,
+                   restarts: Optional[Dict[str, int]] = None) -> Optional[List[int]]:
         m = pod["metadata"]
+        restarts = restarts or {}
+        last = {c["name"]: self._last.get((m["uid"], c["name"])) for c in batch}
         running: List[tuple] = []
         for c in batch:
             image = ctr.Image()
@@ -504,12 +542,17 @@ class ProcessNode:
             env = {k: paths.translate(v) for k, v in env.items()}
             argv = [paths.translate(a) for a in ctr.command_line(c, image, env)]
             cwd = paths.translate(c.get("workingDir") or pod_dir)
-            log_path = os.path.join(pod_dir, f"{c['name']}.log")
+            # One log per container instance, as the kubelet keeps <restartCount>.log: the log's
+            # tail in a restarted container's termination message is that instance's.
+            restart = restarts.get(c["name"], 0)
+            log_path = os.path.join(pod_dir, f"{c['name']}.{restart}.log" if restart
+                                    else f"{c['name']}.log")
             self._logs[(m["namespace"], m["name"], c["name"])] = log_path
             process = ctr.start(c["name"], argv, env, cwd, log_path, _memory_limit(c), now())
             running.append((c, process, message_file))
         self._patch_status(pod, {"phase": "Running" if field == "containerStatuses" else "Pending",
-                                 field: [_running(c, p) for c, p, _ in running]})
+                                 field: [_running(c, p, restarts.get(c["name"], 0),
+                                                  last[c["name"]]) for c, p, _ in running]})
         codes: Dict[str, int] = {}
         timed_out = False
         while len(codes) < len(running):
@@ -526,8 +569,11 @@ class ProcessNode:
                     if code is not None:
                         codes[c["name"]] = code
             time.sleep(0.05)
-        self._patch_status(pod, {field: [_terminated(c, p, codes[c["name"]], f)
-                                         for c, p, f in running]})
+        statuses = [_terminated(c, p, codes[c["name"]], f, restarts.get(c["name"], 0),
+                                last[c["name"]]) for c, p, f in running]
+        for c, status in zip([c for c, _, _ in running], statuses):
+            self._last[(m["uid"], c["name"])] = status["state"]["terminated"]
+        self._patch_status(pod, {field: statuses})
         for c, p, _ in running:
             if p.oom_killed:
                 self._event(pod, "Warning", "OOMKilling",
@@ -545,13 +591,31 @@ def _waiting(c: Dict[str, Any], reason: str, message: str = "") -> Dict[str, Any
             "restartCount": 0, "started": False, "state": {"waiting": waiting}}
 
 
-def _running(c: Dict[str, Any], p: ctr.Process) -> Dict[str, Any]:
-    return {"name": c["name"], "image": c["image"], "imageID": f"process://{c['image']}",
-            "containerID": f"process://{p.popen.pid}", "ready": True, "restartCount": 0,
-            "started": True, "state": {"running": {"startedAt": p.started_at}}}
+def _with_last(status: Dict[str, Any], restarts: int,
+               last: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    status["restartCount"] = restarts
+    if restarts and last is not None:
+        status["lastState"] = {"terminated": last}
+    return status
 
 
-def _terminated(c: Dict[str, Any], p: ctr.Process, code: int, message_file: str) -> Dict[str, Any]:
+def _running(c: Dict[str, Any], p: ctr.Process, restarts: int = 0,
+             last: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    return _with_last({"name": c["name"], "image": c["image"],
+                       "imageID": f"process://{c['image']}",
+                       "containerID": f"process://{p.popen.pid}", "ready": True,
+                       "started": True, "state": {"running": {"startedAt": p.started_at}}},
+                      restarts, last)
+
+
+def _backing_off(c: Dict[str, Any], restarts: int, last: Dict[str, Any]) -> Dict[str, Any]:
+    """A failed container waiting to run again (the kubelet's CrashLoopBackOff)."""
+    message = f"back-off {RESTART_BACKOFF:g}s restarting failed container={c['name']}"
+    return _with_last(_waiting(c, "CrashLoopBackOff", message), restarts, last)
+
+
+def _terminated(c: Dict[str, Any], p: ctr.Process, code: int, message_file: str,
+                restarts: int = 0, last: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     exit_code = 137 if p.oom_killed or code == -9 else (128 - code if code < 0 else code)
     reason = "OOMKilled" if p.oom_killed else "Completed" if exit_code == 0 else "Error"
     with open(message_file, "rb") as handle:
@@ -564,9 +628,10 @@ def _terminated(c: Dict[str, Any], p: ctr.Process, code: int, message_file: str)
                                   "containerID": f"process://{p.popen.pid}"}
     if message:
         terminated["message"] = message
-    return {"name": c["name"], "image": c["image"], "imageID": f"process://{c['image']}",
-            "containerID": f"process://{p.popen.pid}", "ready": False, "restartCount": 0,
-            "started": False, "state": {"terminated": terminated}}
+    return _with_last({"name": c["name"], "image": c["image"],
+                       "imageID": f"process://{c['image']}",
+                       "containerID": f"process://{p.popen.pid}", "ready": False,
+                       "started": False, "state": {"terminated": terminated}}, restarts, last)
 
 
 def _memory_limit(container: Dict[str, Any]) -> Optional[int]:

@@ -53,3 +53,47 @@ class TorchEnv(NamedTuple):
 # the two ends of the range that `make test` runs the probe's tests with.
 OLDEST = TorchEnv("2.2.2", "3.9")
 NEWEST = TorchEnv("2.15.0", "3.13")
+
+
+def _in_a_users_env() -> bool:
+    """Running the probe's tests with a user's torch (scripts/test-torch.sh), not the pin."""
+    return bool(os.environ.get("XMEM_TORCH_ENV"))
+
+
+def _running() -> str:
+    import sys
+
+    import torch
+
+    return f"torch {torch.__version__} on Python {sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def require_module(module: str) -> None:
+    """A test whose script imports a framework beside torch (torchvision, timm, ...): in a
+    user's torch environment where that framework does not install, the test says so and is
+    left out; in the development environment every framework is installed, and a missing one
+    fails the test where the script imports it."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec(module) is None and _in_a_users_env():
+        pytest.skip(f"{module} does not install beside {_running()} (its pin needs another)")
+
+
+def require_torch_save() -> None:
+    """A test whose script writes a checkpoint: in a user's torch environment where torch.save
+    itself fails, without the probe (torch 2.5 on Python 3.13.0: the C pickler's persistent_id
+    is read-only there), the test says so and is left out; with the pin it always runs."""
+    import io
+
+    import pytest
+    import torch
+
+    if not _in_a_users_env():
+        return
+    try:
+        torch.save({"w": torch.zeros(1)}, io.BytesIO())
+    except Exception as error:  # noqa: BLE001 - whatever torch.save raises here, said as is
+        pytest.skip(f"torch.save fails with {_running()} without the probe: "
+                    f"{type(error).__name__}: {error}")

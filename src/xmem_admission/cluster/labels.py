@@ -33,6 +33,9 @@ USER_SUSPENDED = PREFIX + "user-suspended"
 REQUEST_BYTES = PREFIX + "request-bytes"
 GPU_MODEL = PREFIX + "gpu-model"
 ESTIMATE_BYTES = PREFIX + "estimate-bytes"
+# On a pod sized after its workload ran out of GPU memory: how many OOMs in a row its request
+# grew from (informational; the request itself is ``request-bytes``).
+OOM_RETRY = PREFIX + "oom-retry"
 
 # Kueue's label naming the LocalQueue a workload is submitted to (Kueue's
 # constants.QueueLabel, pkg/controller/constants/constants.go in sigs.k8s.io/kueue v0.17.0): with

@@ -54,6 +54,9 @@ def register(sub: Any) -> None:
                      help="where to write one JSON line per row")
     gmn.add_argument("--sample", type=int, default=None, metavar="N",
                      help="N rows spread evenly over subset, architecture and OOM")
+    gmn.add_argument("--disjoint-from", type=int, default=None, metavar="M",
+                     help="with --sample N: draw the N rows from those outside the M-row "
+                     "sample (a second sample sharing no row with the first)")
     gmn.add_argument("--jobs", type=int, default=1, help="rows estimated in parallel")
     gmn.add_argument("--mode", choices=("auto", "fake", "profile"), default="auto")
     gmn.add_argument("--steps", type=int, default=3, help="optimizer steps traced per row")
@@ -129,8 +132,13 @@ def run_gpumemnet(args: argparse.Namespace) -> int:
 
     if args.jobs < 1 or (args.sample is not None and args.sample < 1) or args.steps < 1:
         raise RunsFileError("--jobs, --sample and --steps must be at least 1")
+    if args.disjoint_from is not None and (args.sample is None or args.disjoint_from < 1):
+        raise RunsFileError("--disjoint-from needs --sample, and must be at least 1")
     every = gmn.load_runs(args.runs)
-    rows = gmn.stratified_sample(every, args.sample) if args.sample else every
+    if args.sample and args.disjoint_from:
+        rows = gmn.disjoint_sample(every, args.sample, args.disjoint_from)
+    else:
+        rows = gmn.stratified_sample(every, args.sample) if args.sample else every
     if args.explain and args.explain not in {r.id for r in every}:
         raise RunsFileError(f"no row with id {args.explain!r} in {args.runs}")
     if args.explain and args.explain not in {r.id for r in rows}:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 EXIT_FITS_NONE = 3
 
@@ -42,12 +42,26 @@ def register(sub: Any) -> None:
                         help="optimizer steps to record before stopping the script (default 3)")
     parser.add_argument("--json", action="store_true",
                         help="print one JSON object on stdout (the script's stdout goes to "
-                        "stderr); its torch, python and interpreter keys say what traced it")
+                        "stderr); its torch, python and interpreter keys say what traced it, each GPU's "
+                        "conv_workspaces what sized its convolution workspaces (cuDNN's "
+                        "heuristics and which cuDNN, or the fitted rule and why)")
     parser.add_argument("--trace", metavar="OUT.json",
-                        help="also write the recorded allocation trace (xmem-trace v1)")
+                        help="also write the recorded allocation trace (xmem-trace v2)")
     parser.add_argument("--plot", metavar="OUT.png",
-                        help="also plot allocated and reserved memory over the trace "
-                        "(needs matplotlib)")
+                        help="also plot allocated and reserved memory over the trace, one "
+                        "panel per GPU with its capacity and request, steps and phases "
+                        "shaded (needs matplotlib)")
+    parser.add_argument("--report", metavar="OUT.html",
+                        help="also write one self-contained HTML page explaining the peak: "
+                        "the timeline stacked by category with steps and phases, each GPU's "
+                        "capacity and request, what holds the memory at the peak, and what "
+                        "would change it")
+    parser.add_argument("--alternatives", choices=("targets", "catalogue"), default=None,
+                        help="what would change the estimate, simulated again: on the target "
+                        "GPUs (expandable segments, margin and MIG rounding) or on every "
+                        "catalogue GPU too (one simulation each: slow for CNNs, whose cuDNN "
+                        "workspaces are planned per GPU); default targets, catalogue with "
+                        "--report")
     parser.add_argument("--alloc-conf", default=None,
                         help="PYTORCH_CUDA_ALLOC_CONF to simulate (default: the environment's)")
     parser.add_argument("--margin", type=float, default=5.0,
@@ -87,12 +101,18 @@ def run(args: argparse.Namespace) -> int:
                           python=args.python, bundle=bundle.cached())
     if args.trace:
         trace.dump(args.trace)
+    explained = _explain(trace, est, args)
     if args.plot:
-        _plot(trace, names, args, args.plot)
+        _plot(trace, est, explained, args, args.plot)
+    if args.report:
+        from xmem_admission.estimator import report
+
+        report.write(args.report, trace, est, explained, _allocator_config(args, trace),
+                     command=reproduce_command(command, args))
     if args.json:
-        print(json.dumps(est.to_dict()))
+        print(json.dumps(explained.into(est.to_dict())))
     else:
-        print(_table(est))
+        print(_table(est) + "\n" + "\n".join(explained.lines()))
     return 0 if any(g.fits for g in est.gpus) else EXIT_FITS_NONE
 
 
@@ -121,6 +141,9 @@ def _table(est: Any) -> str:
         rows.append((key,) + tuple(_gib(g.breakdown[key]) for g in est.gpus))
     lines += _columns(rows)
     for g in est.gpus:
+        if g.conv_workspaces:
+            lines.append(f"{g.gpu}: convolution workspaces: {conv_source_line(g.conv_workspaces)}")
+    for g in est.gpus:
         if not g.fits:
             short = g.total_bytes - g.capacity_bytes
             why = (f"simulated out of memory: {g.oom['message']}" if g.oom else
@@ -129,16 +152,67 @@ def _table(est: Any) -> str:
     return "\n".join(lines)
 
 
+def conv_source_line(info: Dict[str, Any]) -> str:
+    """One line saying what sized a GPU's convolution workspaces (``GPUEstimate.
+    conv_workspaces``): cuDNN's heuristics and which cuDNN, or the fitted rule and why."""
+    planned, by_rule = info.get("planned_calls", 0), info.get("rule_calls", 0)
+    text = {"cudnn-heuristics": f"cuDNN {info.get('cudnn')}'s own heuristics, planned on this "
+                                f"host for the GPU ({planned} calls)",
+            "fitted-rule": f"the fitted rule ({by_rule} calls; {info.get('rule')})",
+            "none": "none modelled"}.get(str(info.get("source")), str(info.get("source")))
+    if info.get("source") == "cudnn-heuristics" and by_rule:
+        text += f", the fitted rule for {by_rule} calls cuDNN could not plan"
+    if info.get("source") != "cudnn-heuristics" and info.get("heuristics_unavailable"):
+        text += f"; cuDNN's heuristics unavailable: {info['heuristics_unavailable']}"
+    if info.get("resident_bytes"):
+        text += (f"; {info['resident_bytes'] / 2**20:.0f} MiB held from the first convolution "
+                 f"on ({info.get('resident_source')})")
+    return text
+
+
 def _columns(rows: List[Tuple[str, ...]]) -> List[str]:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     return ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def _plot(trace: Any, names: List[str], args: argparse.Namespace, path: str) -> None:
+def _allocator_config(args: argparse.Namespace, trace: Any) -> Any:
+    from xmem_admission.estimator.estimate import allocator_config
+
+    return allocator_config(args.alloc_conf, trace.meta.get("torch"))
+
+
+def _explain(trace: Any, est: Any, args: argparse.Namespace) -> Any:
+    from xmem_admission.estimator import peak
+    from xmem_admission.estimator.estimate import resolve_gpus
+
+    config = _allocator_config(args, trace)
+    peaks = peak.explain(trace, resolve_gpus([g.gpu for g in est.gpus]), config)
+    everywhere = (args.alternatives or ("catalogue" if args.report else "targets")) == "catalogue"
+    return peak.Explained(peaks, peak.alternatives(trace, est.gpus, config,
+                                                   args.margin / 100.0, peaks,
+                                                   everywhere=everywhere))
+
+
+def reproduce_command(command: List[str], args: argparse.Namespace) -> str:
+    """The ``xmem estimate`` command line that reproduces this estimate."""
+    import shlex
+
+    words = ["xmem", "estimate"]
+    if args.gpu:
+        words += ["--gpu", args.gpu]
+    if args.mode != "auto":
+        words += ["--mode", args.mode]
+    words += ["--steps", str(args.steps)]
+    if args.alloc_conf is not None:
+        words += ["--alloc-conf", args.alloc_conf]
+    if args.margin != 5.0:
+        words += ["--margin", f"{args.margin:g}"]
+    return shlex.join(words + ["--", *command])
+
+
+def _plot(trace: Any, est: Any, explained: Any, args: argparse.Namespace, path: str) -> None:
     from xmem_admission.contract.errors import EstimateError
-    from xmem_admission.estimator.allocator.simulate import simulate
-    from xmem_admission.estimator.estimate import allocator_capacity, allocator_config, resolve_gpus
-    from xmem_admission.estimator.orchestrate import for_gpu
+    from xmem_admission.estimator import report
 
     try:
         import matplotlib
@@ -147,17 +221,4 @@ def _plot(trace: Any, names: List[str], args: argparse.Namespace, path: str) -> 
         import matplotlib.pyplot as plt
     except ImportError:
         raise EstimateError("--plot needs matplotlib (pip install matplotlib)") from None
-    config = allocator_config(args.alloc_conf, trace.meta.get("torch"))
-    fig, ax = plt.subplots(figsize=(10, 4))
-    for gpu in resolve_gpus(names):
-        sim = simulate(for_gpu(trace, gpu), config, capacity_bytes=allocator_capacity(gpu),
-                       timeline=True)
-        xs = [t[0] for t in sim.timeline or []]
-        ax.plot(xs, [t[2] / 2**30 for t in sim.timeline or []], label=f"{gpu.key} reserved")
-        ax.plot(xs, [t[1] / 2**30 for t in sim.timeline or []], label=f"{gpu.key} allocated",
-                linestyle="--")
-    ax.set_xlabel("allocation event")
-    ax.set_ylabel("GiB")
-    ax.legend(loc="upper left", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    report.plot(plt, path, trace, est, _allocator_config(args, trace), explained)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 MiB = 1024 * 1024
 # The phase of a convolution workspace's allocation in a simulated stream: an allocation the
@@ -46,6 +46,15 @@ MiB = 1024 * 1024
 TRANSIENT_PREFIX = "cudnn:"
 # The phase of the block that stands for ``ConvWorkspaceRule.resident_bytes``.
 RESIDENT_PHASE = "cudnn-resident"
+# Where cuDNN's heuristics gave a call's plans, its workspace allocation carries every workspace
+# PyTorch tries, in order: phase "cudnn:fwd plans=W1,W2,...,0", the allocation's size W1. The
+# simulator replays ``try_plans`` (Conv_v8.cpp): when W1 does not fit it tries W2, and so on;
+# a 0 is a plan that needs no workspace (it always runs); none left is torch's "GET was unable
+# to find an engine to execute this computation", a failed job.
+PLANS_FIELD = " plans="
+# The phase of the block ``cudnn.benchmark``'s search holds while it times the plans
+# (Conv_v8.cpp ``generate_and_filter_plans``), with the plans' workspaces as its fall-through.
+SEARCH_PREFIX = TRANSIENT_PREFIX + "benchmark-"
 
 
 class ConvCall(str, enum.Enum):
@@ -54,6 +63,14 @@ class ConvCall(str, enum.Enum):
     FORWARD = "fwd"
     BACKWARD_DATA = "bwd_data"
     BACKWARD_FILTER = "bwd_filter"
+
+
+class WorkspaceSource(str, enum.Enum):
+    """What sized the convolution workspaces of an estimate."""
+
+    HEURISTICS = "cudnn-heuristics"  # cuDNN's own plans, deviceless, for the target GPU
+    FITTED_RULE = "fitted-rule"  # ``RULES``: where no cuDNN here can plan without a GPU
+    NONE = "none"  # no convolution, or neither: no workspace modelled
 
 
 class ConvBasis(str, enum.Enum):
@@ -93,6 +110,53 @@ RULES: Dict[Tuple[int, int], ConvWorkspaceRule] = {
                                ConvCall.BACKWARD_FILTER: 1.5}, 576 * MiB, _GA100_SOURCE,
                               ConvBasis.SUM),
 }
+
+
+# What a process holds outside the caching allocator from its first cuDNN convolution on (the
+# handle, the kernels CUDA's lazy loading brings in) when cuDNN's heuristics size the
+# workspaces: no published figure, so FITTED on measured jobs of that architecture by
+# bench/fit_conv_resident.py (the median of measured minus simulated over the CNN rows, floor
+# already in), scored leave-one-out (bench/README.md, "cuDNN's heuristics in the estimate").
+# Architectures without a fit get none: their runtime overhead (the catalogue) carries it.
+HEURISTICS_RESIDENT: Dict[Tuple[int, int], Tuple[int, str]] = {
+    # FITTED, not documented: 512 MiB on GPUMemNet's 110-row A100-SXM4-40GB sample (57 CNN rows
+    # that ran; every left-out fit chose 512 too); leave-one-out CNN median 7.62%, p90 19.81%,
+    # 12.3% under, no OOM row predicted to fit (bench/README.md, "cuDNN's heuristics in the
+    # estimate"). cuDNN 9.24.0 planned the workspaces; the runs' own cuDNN was not recorded.
+    (8, 0): (512 * MiB, "fitted on 110 GPUMemNet A100-SXM4-40GB rows with cuDNN 9.24.0's "
+                        "workspaces (bench/fit_conv_resident.py; bench/README.md)"),
+}
+
+
+def heuristics_resident_bytes(compute_capability: Tuple[int, int]) -> Tuple[int, str]:
+    """(bytes, source) held from the first cuDNN convolution on, with cuDNN's own workspaces."""
+    return HEURISTICS_RESIDENT.get(tuple(compute_capability),  # type: ignore[arg-type]
+                                   (0, "no fitted figure for this architecture"))
+
+
+def tried_workspaces(workspaces: Sequence[int]) -> List[int]:
+    """The workspaces of ``workspaces`` (the plans in the order PyTorch tries them) that can
+    matter: each one smaller than every one before it, up to the first 0. A plan whose workspace
+    is not smaller than one that did not fit does not fit either."""
+    kept: List[int] = []
+    for size in workspaces:
+        if not kept or size < kept[-1]:
+            kept.append(int(size))
+        if size == 0:
+            break
+    return kept
+
+
+def plans_phase(name: str, workspaces: Sequence[int]) -> str:
+    """The phase of a workspace allocation that falls through ``workspaces`` in order."""
+    return f"{name}{PLANS_FIELD}{','.join(str(int(w)) for w in workspaces)}"
+
+
+def later_plans(phase: str) -> Optional[List[int]]:
+    """The workspaces tried after the first when it does not fit; None for a phase without
+    plans (a fitted rule's workspace, whose next plan is taken to need none)."""
+    _, found, sizes = phase.partition(PLANS_FIELD)
+    return [int(s) for s in sizes.split(",")[1:]] if found else None
 
 
 def rule_for(compute_capability: Tuple[int, int]) -> Optional[ConvWorkspaceRule]:

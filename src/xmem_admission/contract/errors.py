@@ -177,3 +177,12 @@ class KubeUnavailable(Exception):
 
 class NoClusterCredentials(XmemError):
     """Raised when neither in-cluster credentials nor a kubeconfig file can be loaded."""
+
+
+class PrometheusQueryError(Exception):
+    """Raised inside ``cluster.observations`` when a Prometheus query fails; its reader catches
+    it (a warning and a metric), so no caller ever sees it."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # the metric's label: unreachable, timeout, http, response

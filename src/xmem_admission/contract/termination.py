@@ -7,15 +7,21 @@ pod. The kubelet keeps at most 4096 bytes per container, so the result is built 
 rows are positional arrays, and free text (reason, traceback) is cut from the front until the
 whole message fits, because the end of a traceback is the useful part.
 
-Format, version 1 (one JSON object)::
+Format, version 2 (one JSON object)::
 
-    {"v": 1, "status": "ok", "mode": "fake", "steps": 3, "seconds": 12.4,
+    {"v": 2, "status": "ok", "mode": "fake", "steps": 3, "seconds": 12.4,
      "fallback": "",                       # why fake mode fell back to profile, if it did
      "gpus": [[gpu, capacity_bytes, peak_reserved_bytes, total_bytes,
-               recommended_request_bytes, fits, mig_profile], ...]}
+               recommended_request_bytes, fits, mig_profile], ...],
+     "peak": {"gpu": "H100-80GB",          # the first target GPU's peak, itemised (issue 32):
+              "groups": [[module, category, op, bytes], ...],   # largest first, at most 3
+              "cached": cached_free_bytes, "fragmentation": bytes}}
 
-    {"v": 1, "status": "script_error" | "no_step" | "needs_real_values" | "unsupported" |
+    {"v": 2, "status": "script_error" | "no_step" | "needs_real_values" | "unsupported" |
      "probe_error", "reason": "...", "exit_code": 1, "traceback": "..."}
+
+Version 1 (an older probe bundle's) is the same without ``peak``, and is still read. When a
+result would pass the limit, the peak's groups go first (from the last), then free text.
 
 Both halves of the house import this module (it is in the probe bundle and the controller reads
 it), so it is standard library only and Python 3.9 compatible.
@@ -28,10 +34,12 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from xmem_admission.contract.errors import TerminationMessageError
 
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
 LIMIT_BYTES = 4096  # kubelet: at most 4096 bytes of a termination message per container
 COLUMNS = ("gpu", "capacity_bytes", "peak_reserved_bytes", "total_bytes",
            "recommended_request_bytes", "fits", "mig_profile")
+PEAK_COLUMNS = ("module", "category", "op", "bytes")
 FAILURES = ("script_error", "no_step", "needs_real_values", "unsupported", "probe_error")
 
 
@@ -40,13 +48,21 @@ def _dump(data: Dict[str, Any]) -> str:
 
 
 def encode_ok(mode: str, steps: int, seconds: float, gpus: Sequence[Dict[str, Any]],
-              fallback: str = "") -> str:
-    """The success message from per-GPU results (objects with the ``COLUMNS`` fields)."""
+              fallback: str = "", peak: Optional[Dict[str, Any]] = None) -> str:
+    """The success message from per-GPU results (objects with the ``COLUMNS`` fields) and the
+    first GPU's itemised peak (``{gpu, groups: [[module, category, op, bytes]], cached,
+    fragmentation}``)."""
     rows: List[List[Any]] = [[g[c] for c in COLUMNS] for g in gpus]
     data: Dict[str, Any] = {"v": VERSION, "status": "ok", "mode": mode, "steps": steps,
                             "seconds": round(float(seconds), 1), "gpus": rows}
     if fallback:
         data["fallback"] = fallback
+    if peak is not None:
+        data["peak"] = {"gpu": peak["gpu"], "groups": [list(g) for g in peak["groups"]],
+                        "cached": int(peak["cached"]),
+                        "fragmentation": int(peak["fragmentation"])}
+        while data["peak"]["groups"] and len(_dump(data).encode("utf-8")) > LIMIT_BYTES:
+            data["peak"]["groups"].pop()
     return _fit(data, ("fallback",))
 
 
@@ -88,6 +104,14 @@ class Result:
         self.exit_code: int = int(data.get("exit_code", 0))
         self.traceback: str = data.get("traceback", "")
         self.gpus: List[Dict[str, Any]] = [dict(zip(COLUMNS, row)) for row in data.get("gpus") or []]
+        self.version: int = int(data.get("v", 1))
+        peak = data.get("peak") or {}
+        self.peak_gpu: str = str(peak.get("gpu", ""))
+        # the first GPU's largest groups at the peak: {module, category, op, bytes}
+        self.peak_groups: List[Dict[str, Any]] = [
+            dict(zip(PEAK_COLUMNS, g)) for g in peak.get("groups") or []]
+        self.peak_cached_bytes: int = int(peak.get("cached", 0))
+        self.peak_fragmentation_bytes: int = int(peak.get("fragmentation", 0))
 
     @property
     def ok(self) -> bool:
@@ -95,7 +119,8 @@ class Result:
 
 
 def decode(text: Optional[str]) -> Result:
-    """Read a termination message; anything but a well-formed version-1 result is an error."""
+    """Read a termination message; anything but a well-formed version-1 or -2 result is an
+    error."""
     if not text or not text.strip():
         raise TerminationMessageError("the estimation container left no termination message")
     try:
@@ -103,9 +128,11 @@ def decode(text: Optional[str]) -> Result:
     except ValueError:
         raise TerminationMessageError(
             f"the termination message is not an estimation result: {text[:200]!r}") from None
-    if not isinstance(data, dict) or data.get("v") != VERSION:
+    if not isinstance(data, dict) or data.get("v") not in READABLE or isinstance(data.get("v"),
+                                                                                bool):
         raise TerminationMessageError(
-            f"the termination message is not a version-{VERSION} estimation result: {text[:200]!r}")
+            f"the termination message is not a version-1 or -2 estimation result: "
+            f"{text[:200]!r}")
     status = data.get("status")
     if status == "ok":
         rows = data.get("gpus")
@@ -116,6 +143,26 @@ def decode(text: Optional[str]) -> Result:
             if not isinstance(row[0], str) or not all(
                     isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row[1:5]):
                 raise TerminationMessageError(f"malformed GPU row in the estimation result: {row!r}")
+        _check_peak(data.get("peak"))
     elif status not in FAILURES:
         raise TerminationMessageError(f"unknown status {status!r} in the estimation result")
     return Result(data)
+
+
+def _check_peak(peak: Any) -> None:
+    """A version-2 result's ``peak``: absent, or the GPU, groups of [module, category, op,
+    bytes] and two byte counts (the pod's own code wrote it: parsed strictly)."""
+    if peak is None:
+        return
+
+    def count(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    groups = peak.get("groups") if isinstance(peak, dict) else None
+    if not (isinstance(peak, dict) and isinstance(peak.get("gpu"), str)
+            and isinstance(groups, list) and count(peak.get("cached", 0))
+            and count(peak.get("fragmentation", 0))
+            and all(isinstance(g, list) and len(g) == len(PEAK_COLUMNS)
+                    and all(isinstance(v, str) for v in g[:3]) and count(g[3])
+                    for g in groups)):
+        raise TerminationMessageError(f"malformed peak in the estimation result: {peak!r:.200}")

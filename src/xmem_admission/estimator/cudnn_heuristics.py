@@ -501,9 +501,12 @@ class CudnnLibrary:
         return index, tuple(sorted(knobs)), notes
 
     def plans(self, description_json: str, conv: Convolution, call: ConvCall,
-              modes: Sequence[HeuristicMode] = DEFAULT_MODES) -> List[Plan]:
+              modes: Sequence[HeuristicMode] = DEFAULT_MODES,
+              stop: Optional[Callable[[Plan], bool]] = None) -> List[Plan]:
         """The plans cuDNN finalizes for one call, in the heuristics' order (see the module doc):
-        each mode of ``modes`` in turn, a plan offered by two modes kept at its first place.
+        each mode of ``modes`` in turn, a plan offered by two modes kept at its first place;
+        with ``stop``, none after the first plan for which it is true (finalizing a plan is
+        most of a query's cost).
 
         Raises ``CudnnPlanningUnavailable`` when this cuDNN is older than 9.11 or rejects the
         description; an empty list means no engine supports the convolution.
@@ -532,6 +535,8 @@ class CudnnLibrary:
                     found.append(Plan(engine, knobs,
                                       self._get_int(plan, _A_PLAN_WORKSPACE, "workspace size"),
                                       mode, notes))
+                    if stop is not None and stop(found[-1]):
+                        return found
             return found
         finally:
             descs.close()
@@ -588,14 +593,16 @@ def load_cudnn(path: Optional[str] = None) -> CudnnLibrary:
 
 def conv_plans(gpu: GPU, conv: Convolution, call: ConvCall,
                library: Optional[CudnnLibrary] = None,
-               modes: Sequence[HeuristicMode] = DEFAULT_MODES) -> List[Plan]:
-    """cuDNN's plans for one convolution call on a catalogue GPU, in the order a caller tries them.
+               modes: Sequence[HeuristicMode] = DEFAULT_MODES,
+               stop: Optional[Callable[[Plan], bool]] = None) -> List[Plan]:
+    """cuDNN's plans for one convolution call on a catalogue GPU, in the order a caller tries them
+    (``stop``: see ``CudnnLibrary.plans``).
 
     Raises ``CudnnPlanningUnavailable`` (naming the cuDNN version) where this environment's
     cuDNN cannot plan without the GPU.
     """
     lib = library or load_cudnn()
-    return lib.plans(description_json(device_description(gpu)), conv, call, modes)
+    return lib.plans(description_json(device_description(gpu)), conv, call, modes, stop)
 
 
 def conv_workspaces(gpu: GPU, conv: Convolution, call: ConvCall,
@@ -733,7 +740,8 @@ def torch_verdicts(gpu: GPU, conv: Convolution, call: ConvCall, allow_tf32: bool
                    deterministic: bool = False, *, heuristic_mode_b: bool = False,
                    benchmark: bool = False, compiled_cudnn: Optional[int] = None,
                    extra_errata: Sequence[ErrataRule] = (),
-                   library: Optional[CudnnLibrary] = None) -> List[TorchVerdict]:
+                   library: Optional[CudnnLibrary] = None,
+                   until_no_workspace: bool = False) -> List[TorchVerdict]:
     """Every plan of the heuristics PyTorch asks (see above), in order, with the reason it is
     dropped or None. ``allow_tf32`` and ``deterministic`` are torch.backends.cudnn's flags (the
     defaults are torch's); ``heuristic_mode_b`` is TORCH_CUDNN_USE_HEURISTIC_MODE_B, which
@@ -741,18 +749,24 @@ def torch_verdicts(gpu: GPU, conv: Convolution, call: ConvCall, allow_tf32: bool
     torch's find path always asks ``CUDNN_HEUR_MODE_INSTANT``; ``compiled_cudnn`` the cuDNN
     version torch was built with (``torch._C._cudnn.getCompileVersion()``; default the loaded
     library's, as a torch wheel pins the cuDNN it was built with); ``extra_errata`` the rules of
-    a CUDNN_ERRATA_JSON_FILE (``errata_from_env``)."""
+    a CUDNN_ERRATA_JSON_FILE (``errata_from_env``); ``until_no_workspace``: no plan after the
+    first one torch tries that needs no workspace (it always runs: try_plans never goes past
+    it), which spares finalizing the rest."""
     lib = library or load_cudnn()
     first = HeuristicMode.B if heuristic_mode_b and not benchmark else HeuristicMode.INSTANT
-    plans = conv_plans(gpu, conv, call, lib, (first, HeuristicMode.FALLBACK))
     version = lib.version if compiled_cudnn is None else compiled_cudnn
     rules = tuple(TORCH_ERRATA) + tuple(extra_errata)
-    verdicts = []
-    for plan in plans:
-        verdicts.append(TorchVerdict(plan, _torch_drops(plan, conv, call, allow_tf32,
-                                                        deterministic, rules, version,
-                                                        gpu.compute_capability)))
-    return verdicts
+
+    def dropped(plan: Plan) -> Optional[str]:
+        return _torch_drops(plan, conv, call, allow_tf32, deterministic, rules, version,
+                            gpu.compute_capability)
+
+    def runs_without_workspace(plan: Plan) -> bool:
+        return plan.workspace_bytes == 0 and dropped(plan) is None
+
+    plans = conv_plans(gpu, conv, call, lib, (first, HeuristicMode.FALLBACK),
+                       runs_without_workspace if until_no_workspace else None)
+    return [TorchVerdict(plan, dropped(plan)) for plan in plans]
 
 
 def _torch_drops(plan: Plan, conv: Convolution, call: ConvCall, allow_tf32: bool,

@@ -77,6 +77,9 @@ class GPUEstimate:
     mig_profile: Optional[str]
     breakdown: Dict[str, int]
     oom: Optional[Dict[str, Any]] = None
+    # what sized the convolution workspaces (cuDNN's heuristics and which cuDNN, or the fitted
+    # rule and why): ``orchestrate.ConvPlanner.describe``; None for a job without convolutions
+    conv_workspaces: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -143,8 +146,8 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
     results = []
     for gpu in gpus:
         nccl = nccl_bytes(trace, gpu, env)
-        sim = simulate(for_gpu(trace, gpu, env), config,
-                       capacity_bytes=allocator_capacity(gpu) - nccl)
+        stream = for_gpu(trace, gpu, env)
+        sim = simulate(stream, config, capacity_bytes=allocator_capacity(gpu) - nccl)
         overhead = gpu.overhead_bytes
         total = sim.peak_reserved_bytes + nccl + overhead
         fits = sim.oom is None and total <= gpu.capacity_bytes
@@ -159,6 +162,7 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
             breakdown=_breakdown(sim.allocated_by_category_at_peak_allocated,
                                  sim.peak_reserved_bytes, overhead, nccl),
             oom=sim.oom.to_dict() if sim.oom is not None else None,
+            conv_workspaces=stream.meta.get("conv_workspaces"),
         ))
     return results
 

@@ -13,11 +13,17 @@ moment, sized for the target GPU. They are never freed: PyTorch keeps a workspac
 
 The probe marks each convolution PyTorch runs through cuDNN (``cudnn:fwd``,
 ``cudnn:bwd_data+bwd_filter`` with the shapes, geometry, layout, dtype and cuDNN flags;
-``conv_marks``);
-each becomes a workspace allocated and freed at once, sized by the target GPU architecture's rule
-(``contract.cudnn``), in the order of ``cudnn_convolution_backward`` (data, then filter). The
-simulator treats a workspace it cannot allocate as PyTorch does: the next plan runs with a
-smaller one (``try_plans``), not an OOM.
+``conv_marks``); each call becomes a workspace allocated and freed at once, in the order of
+``cudnn_convolution_backward`` (data, then filter). Its size comes from cuDNN itself where this
+process can load a cuDNN that plans without a GPU (9.11 and newer, ``cudnn_heuristics``): the
+plans PyTorch tries for the call on the target GPU, in its order, ride on the allocation
+(``contract.cudnn.plans_phase``) and the simulator replays ``try_plans``: the first workspace
+the allocator can give is used, a plan needing none always runs. With ``cudnn.benchmark`` on,
+the first call of each shape also holds the search's block while the plans are timed, then
+empties the cache (``benchmark_search``). Where no such cuDNN is here, or for a mark it cannot
+plan (an older trace's, a 3-D convolution), the architecture's fitted rule (``contract.cudnn``)
+sizes it, or nothing where there is none; which of them answered is in the trace's meta
+(``conv_workspaces``) and the estimate's output.
 
 Standard library only (probe bundle).
 """
@@ -27,12 +33,26 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import List, Mapping, Optional, Tuple
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from xmem_admission.contract import cudnn
 from xmem_admission.contract.gpus import GPU
+from xmem_admission.estimator import cudnn_heuristics as heuristics
 from xmem_admission.estimator.conv_marks import ConvMark
-from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Alloc, Category, Event, Free, Trace
+from xmem_admission.estimator.trace import (
+    ALLOC,
+    EMPTY_CACHE,
+    FREE,
+    MARK,
+    Alloc,
+    Category,
+    EmptyCache,
+    Event,
+    Free,
+    Trace,
+)
 
 _WORKSPACE_CONFIG = re.compile(r"^(:\d+:\d+)+$")
 
@@ -70,8 +90,8 @@ def cublaslt_workspace_bytes(gpu: GPU, env: Optional[Mapping[str, str]] = None) 
 
 def conv_workspaces(label: str, rule: cudnn.ConvWorkspaceRule,
                     cap_bytes: Optional[int] = None) -> List[Tuple[str, int]]:
-    """(call, workspace bytes) for each cuDNN call of a ``cudnn:`` mark (``conv_marks``: marks
-    of older traces and newer ones alike), in the order they run."""
+    """(call, workspace bytes) by the fitted ``rule`` for each cuDNN call of a ``cudnn:`` mark
+    (``conv_marks``: marks of older traces and newer ones alike), in the order they run."""
     mark = ConvMark.parse(label)
 
     def nbytes(shape: Tuple[int, ...]) -> int:
@@ -82,41 +102,250 @@ def conv_workspaces(label: str, rule: cudnn.ConvWorkspaceRule,
             for call in mark.calls]
 
 
+@dataclass(frozen=True)
+class PlannedCall:
+    """One cuDNN call of a mark as cuDNN's heuristics size it: the workspaces PyTorch tries in
+    order (``tried_workspaces``), and with ``cudnn.benchmark`` those of the plans its search
+    times (largest first), empty when the call's plan is already cached."""
+
+    call: str
+    workspaces: Tuple[int, ...]
+    search: Tuple[int, ...] = ()
+
+
+class ConvPlanner:
+    """Sizes the convolution workspaces of one trace for one GPU: cuDNN's heuristics where a
+    cuDNN here plans without a GPU, else the architecture's fitted rule (``source``, and
+    ``cudnn`` the version that answered or could not). Keeps count of what answered."""
+
+    def __init__(self, gpu: GPU, env: Optional[Mapping[str, str]] = None,
+                 conv_rule: Optional[cudnn.ConvWorkspaceRule] = None,
+                 library: Optional[heuristics.CudnnLibrary] = None,
+                 use_heuristics: bool = True, resident_bytes: Optional[int] = None) -> None:
+        self.gpu = gpu
+        self.env: Mapping[str, str] = os.environ if env is None else env
+        self.rule = conv_rule if conv_rule is not None else cudnn.rule_for(
+            gpu.compute_capability)
+        self.cap = cudnn.workspace_cap_bytes(self.env)
+        self.library: Optional[heuristics.CudnnLibrary] = None
+        self.cudnn_version: Optional[str] = None
+        self.why_not = ""
+        if use_heuristics and conv_rule is None:
+            try:
+                lib = library or heuristics.load_cudnn()
+                self.cudnn_version = lib.version_text
+                if lib.deviceless:
+                    self.library = lib
+                else:
+                    self.why_not = (f"cuDNN {lib.version_text} ({lib.path}) cannot plan without"
+                                    " a GPU (deviceless plans need 9.11 or newer)")
+            except heuristics.CudnnPlanningUnavailable as err:
+                self.why_not = str(err)
+        elif conv_rule is not None:
+            self.why_not = "a rule was given"
+        else:
+            self.why_not = "cuDNN's heuristics not asked"
+        self._benchmarked: Set[Tuple[Any, ...]] = set()
+        self.planned_calls = 0
+        self.rule_calls = 0
+        self.unmodelled_calls = 0
+        self.unplannable: Dict[str, int] = {}
+        self.resident_override = resident_bytes
+        self.resident_bytes = 0
+        self.resident_source = ""
+
+    def hold_resident(self, planned: bool) -> int:
+        """The bytes held from the first convolution on (``planned``: that convolution was
+        sized by cuDNN's heuristics, else by the rule, whose own fitted figure goes with it)."""
+        if self.resident_override is not None:
+            size, source = self.resident_override, "given"
+        elif planned:
+            size, source = cudnn.heuristics_resident_bytes(self.gpu.compute_capability)
+        elif self.rule is not None:
+            size, source = self.rule.resident_bytes, self.rule.source
+        else:
+            size, source = 0, "no rule for this architecture"
+        self.resident_bytes, self.resident_source = size, source
+        return size
+
+    @property
+    def source(self) -> cudnn.WorkspaceSource:
+        if self.library is not None and self.planned_calls:
+            return cudnn.WorkspaceSource.HEURISTICS
+        if self.rule is not None and (self.rule_calls or self.library is None):
+            return cudnn.WorkspaceSource.FITTED_RULE
+        return cudnn.WorkspaceSource.NONE
+
+    def describe(self) -> Dict[str, Any]:
+        """What sized the workspaces: the trace's ``conv_workspaces`` meta."""
+        out: Dict[str, Any] = {"source": self.source.value, "cudnn": self.cudnn_version,
+                               "planned_calls": self.planned_calls,
+                               "rule_calls": self.rule_calls,
+                               "unmodelled_calls": self.unmodelled_calls,
+                               "resident_bytes": self.resident_bytes,
+                               "resident_source": self.resident_source}
+        if self.library is not None:
+            out["cudnn_library"] = self.library.path
+        if self.why_not:
+            out["heuristics_unavailable"] = self.why_not
+        if self.rule is not None:
+            out["rule"] = self.rule.source
+        if self.unplannable:
+            out["not_planned"] = dict(self.unplannable)
+        return out
+
+    def plan(self, mark: ConvMark) -> Optional[List[PlannedCall]]:
+        """The mark's calls sized by cuDNN's heuristics; None where they cannot (no deviceless
+        cuDNN here, or a mark it cannot plan: the reason is counted)."""
+        if self.library is None:
+            return None
+        try:
+            calls = heuristics.mark_calls(mark)
+        except ValueError as err:
+            reason = str(err)[:160]
+            self.unplannable[reason] = self.unplannable.get(reason, 0) + 1
+            return None
+        if calls and calls[0][0].dtype == "bfloat16" and self.gpu.compute_capability < (8, 0):
+            # supportsBFloat16ConvolutionWithCuDNNv8 (CUDAHooks.cpp): not cuDNN before 8.0
+            self.planned_calls += len(calls)
+            return [PlannedCall(name, ()) for name in mark.calls]
+        out: List[PlannedCall] = []
+        try:
+            for name, (conv, call) in zip(mark.calls, calls):
+                tried = self._workspaces(conv, call, mark, benchmark=False)
+                search: Tuple[int, ...] = ()
+                if mark.benchmark:
+                    key = (conv, call, mark.allow_tf32, mark.deterministic)
+                    if key not in self._benchmarked:  # get_plans_from_find: once per key
+                        self._benchmarked.add(key)
+                        search = tuple(sorted(set(self._workspaces(conv, call, mark,
+                                                                   benchmark=True)),
+                                              reverse=True))
+                out.append(PlannedCall(name, tuple(tried), search))
+        except heuristics.CudnnCallError as err:
+            reason = f"cuDNN refused the graph: {err}"[:200]
+            self.unplannable[reason] = self.unplannable.get(reason, 0) + 1
+            return None
+        self.planned_calls += len(out)
+        return out
+
+    def _workspaces(self, conv: heuristics.Convolution, call: cudnn.ConvCall, mark: ConvMark,
+                    benchmark: bool) -> List[int]:
+        sizes = _torch_workspaces(self.gpu, conv, call, mark.allow_tf32 is not False,
+                                  bool(mark.deterministic), benchmark,
+                                  self.env.get("TORCH_CUDNN_USE_HEURISTIC_MODE_B") == "1",
+                                  self.env.get("CUDNN_ERRATA_JSON_FILE", ""), self.library)
+        if self.cap is not None:  # CUDNN_CONV_WSCAP_DBG: only engines within the cap
+            sizes = [s for s in sizes if s <= self.cap]
+        return sizes if benchmark else cudnn.tried_workspaces(sizes)
+
+
+_PLAN_CACHE: Dict[Tuple[Any, ...], List[int]] = {}
+_PLAN_LOCK = threading.Lock()
+
+
+def _torch_workspaces(gpu: GPU, conv: heuristics.Convolution, call: cudnn.ConvCall,
+                      allow_tf32: bool, deterministic: bool, benchmark: bool,
+                      mode_b: bool, errata_file: str,
+                      library: Optional[heuristics.CudnnLibrary]) -> List[int]:
+    """``cudnn_heuristics.torch_workspaces``, remembered per process (about 8 ms a query)."""
+    key = (gpu.key, conv, call, allow_tf32, deterministic, benchmark, mode_b, errata_file,
+           library.path if library is not None else None)
+    with _PLAN_LOCK:
+        found = _PLAN_CACHE.get(key)
+    if found is None:
+        errata = heuristics.errata_from_env({"CUDNN_ERRATA_JSON_FILE": errata_file}
+                                            if errata_file else {})
+        found = heuristics.torch_workspaces(gpu, conv, call, allow_tf32, deterministic,
+                                            heuristic_mode_b=mode_b, benchmark=benchmark,
+                                            extra_errata=errata, library=library,
+                                            until_no_workspace=not benchmark)
+        with _PLAN_LOCK:
+            _PLAN_CACHE[key] = found
+    return list(found)
+
+
+@dataclass
+class _Stream:
+    """The events of the rewritten trace, with fresh ids for what the rewrite adds."""
+
+    events: List[Event]
+    next_id: int
+    category: str = field(default=Category.WORKSPACE.value)
+
+    def transient(self, size: int, phase: str) -> None:
+        self.events.append(Alloc(ALLOC, self.next_id, size, 0, self.category, phase))
+        self.events.append(Free(FREE, self.next_id))
+        self.next_id += 1
+
+    def held(self, size: int, phase: str) -> None:
+        self.events.append(Alloc(ALLOC, self.next_id, size, 0, self.category, phase))
+        self.next_id += 1
+
+
+def _emit_planned(stream: _Stream, planned: List[PlannedCall]) -> None:
+    for call in planned:
+        if call.search and call.search[0] > 0:
+            # get_plans_from_find (Conv_v8.cpp): generate_and_filter_plans holds the largest
+            # workspace that fits while it times every plan, then "Replicate v7 behavior: clear
+            # cached blocks" (emptyCache, _cudnn_get_conv_benchmark_empty_cache on by default)
+            stream.transient(call.search[0], cudnn.plans_phase(
+                f"{cudnn.SEARCH_PREFIX}{call.call}", cudnn.tried_workspaces(call.search)))
+            stream.events.append(EmptyCache(EMPTY_CACHE))
+        # the plan that runs: the fastest one timed is a measurement; the heuristics' order
+        # (try_plans) stands for it
+        if call.workspaces and call.workspaces[0] > 0:
+            stream.transient(call.workspaces[0], cudnn.plans_phase(
+                f"{cudnn.TRANSIENT_PREFIX}{call.call}", call.workspaces))
+
+
 def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
-            conv_rule: Optional[cudnn.ConvWorkspaceRule] = None) -> Trace:
+            conv_rule: Optional[cudnn.ConvWorkspaceRule] = None,
+            planner: Optional[ConvPlanner] = None) -> Trace:
     """Return a new trace for ``gpu``: cuBLAS marks replaced by that GPU's workspaces, cuDNN
-    marks by transient convolution workspaces (``conv_rule``, default the architecture's)."""
+    marks by transient convolution workspaces (cuDNN's heuristics where a cuDNN here plans
+    without a GPU, else ``conv_rule``, default the architecture's fitted rule; ``planner``
+    to choose). The meta's ``conv_workspaces`` says which answered."""
     workspace = cublas_workspace_bytes(gpu, env)
     lt_workspace = cublaslt_workspace_bytes(gpu, env)
-    rule = conv_rule if conv_rule is not None else cudnn.rule_for(gpu.compute_capability)
-    cap = cudnn.workspace_cap_bytes(env)
-    next_id = 1 + max((e.id for e in trace.events if e.op == ALLOC), default=0)
-    events: List[Event] = []
-    workspace_category = Category.WORKSPACE.value
+    if planner is None:
+        planner = ConvPlanner(gpu, env, conv_rule)
+    stream = _Stream([], 1 + max((e.id for e in trace.events if e.op == ALLOC), default=0))
+    events = stream.events
     resident_done = False
+    any_conv = False
     for event in trace.events:
         events.append(event)
         if event.op != MARK:
             continue
-        if event.label.startswith("cudnn:") and rule is not None:
-            if not resident_done and rule.resident_bytes > 0:
-                events.append(Alloc(ALLOC, next_id, rule.resident_bytes, 0,
-                                    workspace_category, cudnn.RESIDENT_PHASE))
-                next_id += 1
+        if event.label.startswith("cudnn:"):
+            any_conv = True
+            mark = ConvMark.parse(event.label)
+            planned = planner.plan(mark)
+            if planned is None and planner.rule is None:
+                planner.unmodelled_calls += len(mark.calls)
+                continue
+            if not resident_done:
+                resident = planner.hold_resident(planned is not None)
+                if resident > 0:
+                    stream.held(resident, cudnn.RESIDENT_PHASE)
             resident_done = True
-            for call, size in conv_workspaces(event.label, rule, cap):
+            if planned is not None:
+                _emit_planned(stream, planned)
+                continue
+            assert planner.rule is not None
+            planner.rule_calls += len(mark.calls)
+            for call, size in conv_workspaces(event.label, planner.rule, planner.cap):
                 if size > 0:
-                    events.append(Alloc(ALLOC, next_id, size, 0, workspace_category,
-                                        f"{cudnn.TRANSIENT_PREFIX}{call}"))
-                    events.append(Free(FREE, next_id))
-                    next_id += 1
+                    stream.transient(size, f"{cudnn.TRANSIENT_PREFIX}{call}")
             continue
         if not event.label.startswith("cublas:"):
             continue
         for size in (workspace, lt_workspace):
             if size > 0:
-                events.append(Alloc(ALLOC, next_id, size, 0, workspace_category, event.label))
-                next_id += 1
+                stream.held(size, event.label)
     meta = dict(trace.meta, gpu=gpu.key, cublas_workspace_bytes=workspace,
                 cublaslt_workspace_bytes=lt_workspace)
+    if any_conv:
+        meta["conv_workspaces"] = planner.describe()
     return Trace(events, meta)

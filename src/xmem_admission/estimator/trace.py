@@ -4,38 +4,80 @@ A trace is the ordered stream of allocation requests a CUDA run of the job would
 caching allocator. The probe writes it, the orchestration rewrites it (CPU -> CUDA differences),
 the simulator replays it. Standard library only (it runs in the probe bundle, Python >= 3.9).
 
-On-disk form (JSON, ``format: "xmem-trace"``, ``version: 1``)::
+On-disk form (JSON, ``format: "xmem-trace"``), version 2 (written)::
 
     {
       "format": "xmem-trace",
-      "version": 1,
+      "version": 2,
       "meta": {...},                      # free-form: tool, torch version, script, mode, steps
+      "sites": [                          # where allocations come from, each listed once:
+        ["activation", "forward", "GPT.blocks.0.mlp.up", "aten.mm"],
+        ...                               # category, phase, module path, op
+      ],
       "events": [
-        ["alloc", 7, 4096, 0, "activation", "forward"],   # id, bytes requested, stream,
-                                                          # category, phase (both optional)
-        ["free", 7],                                      # id of a live allocation
-        ["empty_cache"],                                  # torch.cuda.empty_cache()
-        ["mark", "step 1"]                                # a label (step boundaries, phases)
+        ["alloc", 7, 4096, 0, 0],         # id, bytes requested, stream, index into "sites"
+        ["free", 7],                      # id of a live allocation
+        ["empty_cache"],                  # torch.cuda.empty_cache()
+        ["mark", "step 1"]                # a label (step boundaries, phases)
       ]
     }
+
+Version 1 (still read: traces kept by ``xmem bench ... --resume`` and older probes) has no
+``sites``; its allocations carry category and phase themselves, and no module or op::
+
+        ["alloc", 7, 4096, 0, "activation", "forward"]   # id, size, stream, category, phase
+                                                          # (stream, category, phase optional)
+
+The module path is the ``nn.Module`` that was running when the block was made: the root
+module's class name, then the attribute names down to the module (``GPT.blocks.3.attn``; wrapper
+levels such as FSDP's ``_fsdp_wrapped_module`` are left out), empty outside any module. A block
+made by backward names the forward module whose autograd node made it; one made while
+activation checkpointing recomputes a module's forward in backward carries the suffix
+``RECOMPUTED``; one made by the script's loss computation outside any module (between the
+model's forward and backward, or by its backward nodes) is ``LOSS``. The op is the ATen operator that returned the block (``aten.mm``), or what made
+it outside the dispatcher (``ALL_GATHER`` for an FSDP unshard's storage); empty when unknown.
 
 Rules a valid trace obeys (``Trace.validate`` checks them): ids of live allocations are unique;
 a free names a live id; sizes are non-negative integers (the unrounded bytes the framework asked
 for, as ``requested_size`` in a PyTorch snapshot); streams are non-negative integers (0 is the
 default stream). Categories are the strings of ``Category``; an unknown category string is
 kept as is (a newer probe may know more), a missing one reads as ``other``.
+
+Interning makes an allocation event shorter than version 1's, so the attribution costs the
+trace no size (``bench/estimator_speed.py`` prints the figures).
 """
 
 from __future__ import annotations
 
 import enum
 import json
-from typing import Any, Dict, Final, Iterable, Iterator, List, Literal, NamedTuple, Optional, Union
+from typing import (
+    Any,
+    Dict,
+    Final,
+    Iterable,
+    Iterator,
+    List,
+    Literal,
+    NamedTuple,
+    Optional,
+    Tuple,
+    Union,
+)
 
 from xmem_admission.contract.errors import TraceError
 
 FORMAT = "xmem-trace"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+# Module-path suffix of blocks made while activation checkpointing recomputes a forward.
+RECOMPUTED = " (recomputed)"
+# Module path of blocks made between the model's forward and backward outside any module (the
+# script's loss), and by backward nodes made there.
+LOSS = "(loss)"
+# The op of a block made outside the dispatcher by an FSDP unshard (a storage regrown for the
+# all-gather).
+ALL_GATHER = "FSDP all-gather"
 
 ALLOC: Final = "alloc"
 FREE: Final = "free"
@@ -69,6 +111,8 @@ class Alloc(NamedTuple):
     stream: int
     category: str
     phase: str
+    module: str = ""  # the nn.Module path that made it (version 2)
+    source: str = ""  # the op that made it (version 2)
 
 
 class Free(NamedTuple):
@@ -111,8 +155,11 @@ class Trace:
         stream: int = 0,
         category: Union[Category, str] = Category.OTHER,
         phase: str = "",
+        module: str = "",
+        source: str = "",
     ) -> None:
-        self.events.append(Alloc(ALLOC, id, size, stream, _category_str(category), phase))
+        self.events.append(Alloc(ALLOC, id, size, stream, _category_str(category), phase,
+                                 module, source))
 
     def free(self, id: int) -> None:
         self.events.append(Free(FREE, id))
@@ -147,8 +194,19 @@ class Trace:
 
     # -- (de)serialising --------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
+        sites: Dict[Tuple[str, str, str, str], int] = {}
+        events: List[List[Any]] = []
+        for e in self.events:
+            if e.op == ALLOC:
+                key = (e.category, e.phase, e.module, e.source)
+                site = sites.get(key)
+                if site is None:
+                    site = sites[key] = len(sites)
+                events.append([ALLOC, e.id, e.size, e.stream, site])
+            else:
+                events.append(list(e))
         return {"format": FORMAT, "version": VERSION, "meta": self.meta,
-                "events": [list(e) for e in self.events]}
+                "sites": [list(key) for key in sites], "events": events}
 
     def dump(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as fh:
@@ -162,16 +220,18 @@ class Trace:
         if data.get("format") != FORMAT:
             raise TraceError(f"not an xmem trace: 'format' is {data.get('format')!r}, "
                              f"expected {FORMAT!r}")
-        if data.get("version") != VERSION:
-            raise TraceError(f"unsupported trace version {data.get('version')!r} "
-                             f"(this xmem reads version {VERSION})")
+        version = data.get("version")
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
+            raise TraceError(f"unsupported trace version {version!r} "
+                             f"(this xmem reads versions 1 and 2)")
         raw = data.get("events")
         if not isinstance(raw, list):
             raise TraceError("'events' must be a list")
         meta = data.get("meta", {})
         if not isinstance(meta, dict):
             raise TraceError("'meta' must be an object")
-        trace = cls(list(_parse_events(raw)), meta)
+        sites = _parse_sites(data.get("sites")) if version == 2 else None
+        trace = cls(list(_parse_events(raw, sites)), meta)
         trace.validate()
         return trace
 
@@ -200,25 +260,45 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _parse_events(raw: Iterable[Any]) -> Iterator[Event]:
+Site = Tuple[str, str, str, str]  # category, phase, module path, op
+
+
+def _parse_sites(raw: Any) -> List[Site]:
+    if not isinstance(raw, list):
+        raise TraceError("a version-2 trace needs 'sites', a list of [category, phase, module, "
+                         "op]")
+    sites: List[Site] = []
+    for index, item in enumerate(raw):
+        if not (isinstance(item, list) and len(item) == 4
+                and all(isinstance(v, str) for v in item)):
+            raise TraceError(f"site {index}: expected [category, phase, module, op] strings, "
+                             f"got {item!r:.80}")
+        sites.append((item[0] or Category.OTHER.value, item[1], item[2], item[3]))
+    return sites
+
+
+def _parse_events(raw: Iterable[Any], sites: Optional[List[Site]] = None) -> Iterator[Event]:
     for index, item in enumerate(raw):
         if not isinstance(item, list) or not item:
             raise TraceError(f"event {index}: expected a non-empty list, got {item!r:.60}")
         op = item[0]
-        if op == ALLOC:
+        if op == ALLOC and sites is not None:
+            if len(item) != 5:
+                raise TraceError(f"event {index}: 'alloc' takes id, size, stream, site")
+            ident, size, stream, site = item[1], item[2], item[3], item[4]
+            _check_alloc(index, ident, size, stream)
+            if not _is_count(site) or site >= len(sites):
+                raise TraceError(f"event {index}: site must index 'sites' (0-{len(sites) - 1}), "
+                                 f"got {site!r}")
+            yield Alloc(ALLOC, ident, size, stream, *sites[site])
+        elif op == ALLOC:
             if not 3 <= len(item) <= 6:
                 raise TraceError(f"event {index}: 'alloc' takes id, size[, stream, category, phase]")
             ident, size = item[1], item[2]
             stream = item[3] if len(item) > 3 else 0
             category = item[4] if len(item) > 4 and item[4] else Category.OTHER.value
             phase = item[5] if len(item) > 5 and item[5] else ""
-            if not isinstance(ident, int) or isinstance(ident, bool):
-                raise TraceError(f"event {index}: allocation id must be an integer, got {ident!r}")
-            if not _is_count(size):
-                raise TraceError(f"event {index}: size must be a non-negative integer, got {size!r}")
-            if not _is_count(stream):
-                raise TraceError(f"event {index}: stream must be a non-negative integer, "
-                                 f"got {stream!r}")
+            _check_alloc(index, ident, size, stream)
             if not isinstance(category, str) or not isinstance(phase, str):
                 raise TraceError(f"event {index}: category and phase must be strings")
             yield Alloc(ALLOC, ident, size, stream, category, phase)
@@ -235,3 +315,12 @@ def _parse_events(raw: Iterable[Any]) -> Iterator[Event]:
         else:
             raise TraceError(f"event {index}: unknown operation {op!r} "
                              f"(expected alloc, free, empty_cache or mark)")
+
+
+def _check_alloc(index: int, ident: Any, size: Any, stream: Any) -> None:
+    if not isinstance(ident, int) or isinstance(ident, bool):
+        raise TraceError(f"event {index}: allocation id must be an integer, got {ident!r}")
+    if not _is_count(size):
+        raise TraceError(f"event {index}: size must be a non-negative integer, got {size!r}")
+    if not _is_count(stream):
+        raise TraceError(f"event {index}: stream must be a non-negative integer, got {stream!r}")

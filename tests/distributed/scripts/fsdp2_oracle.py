@@ -18,6 +18,24 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fsdp2_gpt import build, make_optimizer, parser  # noqa: E402
 
+# torch 2.6's host stream (torch.cpu.Stream) has only wait_stream, where FSDP2 records and waits
+# on events between its all-gather streams (_fsdp_collectives.foreach_all_gather): the host runs
+# each op when it is called, so an event there is already complete. Stream order decides
+# nothing the tracker counts (it counts live tensors).
+if not hasattr(torch.cpu.Stream, "record_event"):
+    class _HostEvent:
+        def wait(self, stream=None):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def query(self):
+            return True
+
+    torch.cpu.Stream.record_event = lambda self, event=None: event or _HostEvent()
+    torch.cpu.Stream.wait_event = lambda self, event: None
+
 parser.add_argument("--world-size", type=int, required=True)
 parser.add_argument("--steps", type=int, default=3)
 args = parser.parse_args()

@@ -15,7 +15,9 @@ torch.cuda.set_device(device)
 layers = [nn.Linear(256, 256) for _ in range(4)]
 per_stage = len(layers) // world
 stage_module = nn.Sequential(*layers[rank * per_stage:(rank + 1) * per_stage]).to(device)
-stage = PipelineStage(stage_module, rank, world, device)
+# input_args: one microbatch's shape (required up to torch 2.5, optional from 2.6)
+stage = PipelineStage(stage_module, rank, world, device,
+                      input_args=torch.randn(16 // 4, 256, device=device))
 schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=lambda out, _t: out.square().mean())
 optimizer = torch.optim.AdamW(stage_module.parameters(), lr=1e-3)
 for _step in range(5):

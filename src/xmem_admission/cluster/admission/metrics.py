@@ -14,6 +14,10 @@ Series (all prefixed ``xmem_``):
   workload (the most recent ``WORKLOAD_SERIES`` workloads, so the series count stays bounded;
   label values from the request are cut to ``LABEL_CHARS`` characters with a digest of the
   whole, so a 1 MB name costs a scrape no more than a short one);
+- ``right_sized_requests_total{gpu_model,direction}``: requests of repeat jobs that earlier
+  runs' observed peaks ``raised`` or ``lowered`` (issue 31, ``policy.right_sizing``), and
+  ``right_sizing_given_back_bytes_total{gpu_model}``: the GPU memory per GPU that lowering took
+  off those requests (what the estimate alone would have asked for, minus the request given);
 - ``estimate_cache_requests_total{result}``: estimate store lookups, ``hit`` or ``miss``;
 - ``policy_errors_total{reason}``: policies that failed to load or reload, and internal errors.
 """
@@ -23,9 +27,12 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from xmem_admission.cluster.policy.sizing import Plan
 
 WORKLOAD_SERIES = 5000
 LABEL_CHARS = 253  # a Kubernetes name (DNS subdomain) is at most 253 characters
@@ -73,6 +80,15 @@ class AdmissionMetrics:
             "xmem_estimate_request_bytes", "GPU memory request per GPU given to a workload.",
             ("namespace", "workload", "kind", "gpu_model"), registry=r,
         )
+        self.right_sized = Counter(
+            "xmem_right_sized_requests", "Repeat jobs' requests corrected by what earlier runs "
+            "used (observed peaks), raised or lowered.", ("gpu_model", "direction"), registry=r,
+        )
+        self.given_back = Counter(
+            "xmem_right_sizing_given_back_bytes", "GPU memory per GPU taken off repeat jobs' "
+            "requests because earlier runs used less than estimated (right-sizing).",
+            ("gpu_model",), registry=r,
+        )
         self.cache = Counter(
             "xmem_estimate_cache_requests", "Estimate store lookups by result.",
             ("result",), registry=r,
@@ -83,6 +99,17 @@ class AdmissionMetrics:
         )
         self._series: OrderedDict[Tuple[str, str, str, str], None] = OrderedDict()
         self._lock = threading.Lock()
+
+    def right_sizing(self, plan: Plan) -> None:
+        """Count a plan that right-sizing corrected (no-op for any other)."""
+        if plan.uncorrected_request_bytes is None or \
+                plan.uncorrected_request_bytes == plan.request_bytes:
+            return
+        gpu = plan.target.gpu.key
+        lowered = plan.request_bytes < plan.uncorrected_request_bytes
+        self.right_sized.labels(gpu, "lowered" if lowered else "raised").inc()
+        if lowered:
+            self.given_back.labels(gpu).inc(plan.given_back_bytes)
 
     def record_request(self, namespace: str, workload: str, kind: str, gpu: str, value: int) -> None:
         """Set a workload's request gauge, dropping the oldest series beyond WORKLOAD_SERIES."""

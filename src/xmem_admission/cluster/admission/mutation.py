@@ -13,6 +13,19 @@ output writes nothing), which is what makes reinvocation give an empty patch:
 - ``record_fingerprint``: the workload gets ``xmem.io/fingerprint`` (the controller's key);
 - ``annotate_plan``: templates get the sizing annotations, unless they already carry a request;
 - ``apply_backend``: the request is written in the backend's form where none exists;
+- ``grow_after_oom``: a Pod its workload's controller creates after that workload's pod ran out
+  of GPU memory gets the request the xmem controller recorded for the retry (``ctx.retry``, from
+  the workload's ``GPUMemoryEstimate``, by the workload's uid, in its own namespace) in place of
+  the template's, where that is larger (issue 31); its ``xmem.io/request-bytes`` says so. The
+  backend's form xmem wrote into a repeat job's template at its CREATE is rewritten; a form
+  with any other value was set by hand and is never grown;
+- ``fallback_to_logs``: the GPU containers of a sized Pod get ``terminationMessagePolicy:
+  FallbackToLogsOnError``, so the kubelet puts the tail of a failed container's log (the last
+  80 lines, at most 2048 bytes) in its termination message, where the controller reads a CUDA
+  out-of-memory error without reading any log. The API server defaults the field to ``File``
+  before admission, so ``File`` is what every pod that chose nothing carries: it is replaced,
+  and any other value is the user's and kept. The two differ only for a container that failed
+  without writing a termination message, so nothing a container wrote is ever lost;
 - ``hold``: a workload without an estimate is suspended, with why and since when (one that
   already says it is held is suspended too: the annotation alone holds nothing).
 
@@ -49,7 +62,7 @@ from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.policy import sizing
 from xmem_admission.cluster.policy.model import Settings, UntrustedAnnotations
 from xmem_admission.cluster.policy.sizing import Plan
-from xmem_admission.cluster.policy.store import EstimateRecord
+from xmem_admission.cluster.policy.store import EstimateRecord, RetryGrant
 from xmem_admission.contract.errors import InvalidObjectError, QuantityError
 
 # The annotations that size a pod template: only the xmem controller writes them (the GPU
@@ -71,6 +84,7 @@ class Context:
     owned: bool = False  # a workload controller created this Pod for its owner
     can_hold: bool = True  # a controller runs that releases held workloads
     queued: bool = False  # Kueue holds it (policy integration kueue, a queue-name label)
+    retry: Optional[RetryGrant] = None  # the owning workload's grant after a GPU OOM
 
 
 @dataclass
@@ -133,6 +147,13 @@ def record_plan(ref: TemplateRef, ctx: Context) -> Optional[Plan]:
     return sizing.plan(ctx.record, ctx.settings, pinned)
 
 
+def right_sized_line(plan: Plan) -> str:
+    """The warning line of a request that earlier runs' observed peaks corrected (issue 31)."""
+    before = plan.uncorrected_request_bytes or plan.request_bytes
+    return (f"xmem: right-sized by earlier runs: request {gib(before)} -> "
+            f"{gib(plan.request_bytes)} GiB ({plan.correction})")[:500]
+
+
 # --- steps ----------------------------------------------------------------------------------
 
 
@@ -172,6 +193,54 @@ def apply_backend(draft: Draft, template: GpuTemplate, plan: Plan) -> List[str]:
         written = ", ".join(dict.fromkeys(applied.written))
         lines.append(f"xmem: {plan.target.gpu.key} request {gib(plan.request_bytes)} GiB: {written}")
     return lines
+
+
+FALLBACK_TO_LOGS = "FallbackToLogsOnError"
+DEFAULT_MESSAGE_POLICY = "File"  # what the API server's defaulting writes before admission
+
+
+def fallback_to_logs(draft: Draft, templates: Sequence[GpuTemplate]) -> None:
+    for ref, containers in templates:
+        for slot, _container, _count in containers:
+            path = ref.at("spec", *slot, "terminationMessagePolicy")
+            if draft.get(path) in (None, DEFAULT_MESSAGE_POLICY):
+                draft.set(path, FALLBACK_TO_LOGS)
+
+
+def grow_after_oom(draft: Draft, template: GpuTemplate, plan: Plan,
+                   grant: Optional[RetryGrant]) -> Tuple[Plan, List[str]]:
+    """The plan with the retry's request when the grant is larger (and the warning lines).
+
+    Containers without the backend's form get it from ``apply_backend`` with the grown plan.
+    A container that carries the form xmem wrote for the template's request (a repeat job
+    sized at its CREATE) has it rewritten; one that carries any other value set it by hand:
+    then nothing grows, and validation judges the request as it does at every CREATE.
+    """
+    if grant is None or grant.request_bytes <= plan.request_bytes or \
+            grant.gpu != plan.target.gpu.key:
+        return plan, []
+    ref, containers = template
+    gpu = plan.target.gpu
+    backend = backends.for_name(plan.target.backend)
+    pending = {slot for slot, _, _ in backend.pending(ref, containers, gpu)}
+    carrying = [c for c in containers if c[0] not in pending]
+    lines: List[str] = []
+    if carrying:
+        expected = backend.written_bytes(plan.request_bytes, gpu)
+        found = [backend.existing(ref.template, slot, c, gpu) for slot, c, _ in carrying]
+        if expected is None or any(f is None or f.bytes_per_gpu != expected for f in found):
+            return plan, []
+        applied = backend.rewrite(draft, ref, carrying, grant.request_bytes, gpu)
+        if not applied.written:
+            return plan, applied.warnings
+        lines += applied.warnings + [f"xmem: {gpu.key} request {gib(grant.request_bytes)} GiB: "
+                                     + ", ".join(dict.fromkeys(applied.written))]
+    draft.set(ref.at("metadata", "annotations", labels.REQUEST_BYTES), str(grant.request_bytes))
+    draft.set(ref.at("metadata", "annotations", labels.OOM_RETRY), str(grant.ooms))
+    after = f" (gave up: {grant.gave_up})" if grant.gave_up else ""
+    return Plan(plan.target, plan.estimate_bytes, grant.request_bytes), [
+        f"xmem: retry after {grant.ooms} CUDA out-of-memory failure(s): request "
+        f"{gib(plan.request_bytes)} -> {gib(grant.request_bytes)} GiB{after}"] + lines
 
 
 def hold(draft: Draft, integration: Integration, obj: Mapping[str, Any], ctx: Context) -> bool:
@@ -235,6 +304,8 @@ def mutate(
     if all(plan is not None for plan in carried):
         for template, plan in zip(templates, carried):
             assert plan is not None
+            plan, grown = grow_after_oom(draft, template, plan, ctx.retry)
+            outcome.warnings.extend(grown)
             outcome.carried.append(plan)
             outcome.warnings.extend(apply_backend(draft, template, plan))
     elif ctx.record is not None:
@@ -250,6 +321,8 @@ def mutate(
                     f"xmem: {plan.target.gpu.key} estimate {gib(plan.estimate_bytes)} GiB per GPU"
                     f" (fingerprint {ctx.fingerprint[:12]})"
                 )
+                if plan.correction:
+                    outcome.warnings.append(right_sized_line(plan))
             outcome.warnings.extend(apply_backend(draft, template, plan))
     elif integration.can_hold and ctx.queued:
         # Kueue owns the suspend flag: the xmem AdmissionCheck keeps the Workload Pending until
@@ -290,6 +363,8 @@ def mutate(
             )
             return obj, outcome
 
+    if not integration.can_hold and (outcome.carried or outcome.applied):
+        fallback_to_logs(draft, templates)
     after = draft.root
     if outcome.held:
         outcome.decision = Decision.HELD

@@ -70,10 +70,10 @@ def _estimate_plan(template: GpuTemplate, ctx: Context) -> Optional[Plan]:
 
 def _request_violations(template: GpuTemplate, plan: Plan, ctx: Context) -> List[Violation]:
     ref, containers = template
-    floor = sizing.floor_bytes(plan.estimate_bytes, ctx.settings)
+    floor = sizing.floor_bytes(plan.judged_bytes, ctx.settings)
     allowance = f"{ctx.settings.overcommit_percent:g}%"
     why = (
-        f"below the {plan.target.gpu.key} estimate of {gib(plan.estimate_bytes)} GiB less the "
+        f"below the {plan.target.gpu.key} estimate of {gib(plan.judged_bytes)} GiB less the "
         f"{allowance} overcommit allowance ({gib(floor)} GiB)"
     )
     found: List[Violation] = []

@@ -54,7 +54,12 @@ from xmem_admission.cluster.policy import fingerprint
 from xmem_admission.cluster.policy.model import Policy, Settings
 from xmem_admission.cluster.policy.sizing import covered
 from xmem_admission.cluster.policy.sources import PolicySource
-from xmem_admission.cluster.policy.store import EstimateRecord, EstimateStore, WorkloadRef
+from xmem_admission.cluster.policy.store import (
+    EstimateRecord,
+    EstimateStore,
+    RetryGrant,
+    WorkloadRef,
+)
 from xmem_admission.contract.errors import (
     InvalidObjectError,
     MalformedReviewError,
@@ -186,8 +191,10 @@ class Webhook:
             if templates else None
         queued = settings.kueue and integration.can_hold and bool(
             labels.kueue_queue(metadata.get("labels")))
+        retry = self._retry(req, integration, obj) if owned and trusted and templates else None
         ctx = Context(req.operation, req.namespace, settings, fp, record, self.clock(),
-                      trusted=trusted, owned=owned, can_hold=self.hold, queued=queued)
+                      trusted=trusted, owned=owned, can_hold=self.hold, queued=queued,
+                      retry=retry)
         if endpoint is Endpoint.MUTATE:
             return self._mutate(req, integration, obj, ctx, templates)
         by_controller = self.trust.is_controller(req.user) or (
@@ -213,6 +220,19 @@ class Webhook:
             return False, False
         holds = any(i.can_hold and i.kind == owner.get("kind") for i in integrations.ALL)
         return True, holds
+
+    def _retry(self, req: Request, integration: Integration,
+               obj: Dict[str, Any]) -> Optional[RetryGrant]:
+        """The OOM retry grant of the workload that owns this Pod (its controller created the
+        Pod, so the owner reference is its own): by the owner's uid, in the Pod's namespace
+        only, never one shared with it (the message the grant grew from is the tenant's)."""
+        if integration.can_hold or req.operation != "CREATE":
+            return None
+        owner = integration.owner(obj)
+        uid = owner.get("uid") if owner is not None else None
+        if not isinstance(uid, str) or not uid:
+            return None
+        return self.store.retry(req.namespace, uid)
 
     def _lookup(
         self, fp: str, namespace: str, shared: FrozenSet[str], settings: Settings,
@@ -263,6 +283,7 @@ class Webhook:
             for plan in outcome.applied:
                 gpu = plan.target.gpu.key
                 self.metrics.applied.labels(integration.kind, gpu, plan.target.backend.value).inc()
+                self.metrics.right_sizing(plan)
                 self.metrics.record_request(
                     req.namespace, workload.name, integration.kind, gpu, plan.request_bytes
                 )

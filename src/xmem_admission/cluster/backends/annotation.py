@@ -24,6 +24,9 @@ class AnnotationBackend(Backend):
     ) -> Optional[Existing]:
         return None  # the xmem.io/request-bytes annotation is checked for every backend
 
+    def written_bytes(self, request_bytes: int, gpu: gpus.GPU) -> Optional[int]:
+        return None  # no form: the annotation is the request
+
     def apply(
         self,
         draft: Draft,

@@ -122,6 +122,25 @@ class Backend(abc.ABC):
         """The containers without a request in this backend's form (the ones ``apply`` writes)."""
         return [c for c in containers if self.existing(ref.template, c[0], c[1], gpu) is None]
 
+    def written_bytes(self, request_bytes: int, gpu: gpus.GPU) -> Optional[int]:
+        """What ``existing`` reads back from the form ``apply`` writes for ``request_bytes``
+        (None: this backend writes no form). A form that reads back as anything else was not
+        written by xmem for that request."""
+        return mib(request_bytes) * MiB
+
+    def rewrite(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        """Write ``request_bytes`` over the form these containers carry, one xmem wrote for a
+        smaller request (a retry after a CUDA out-of-memory failure, issue 31: a repeat job's
+        template carries the form from Job CREATE). Nothing for a backend without a form."""
+        return Applied()
+
 
 class ContainerBackend(Backend):
     """A backend whose form lives in each container, so ``apply`` writes pending ones one by one.
@@ -158,3 +177,23 @@ class ContainerBackend(Backend):
         self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
     ) -> str:
         """Write one pending container's request; returns what was written, for the warning."""
+
+    def withdraw(self, draft: Draft, ref: TemplateRef, target: GpuContainer) -> None:
+        """Remove what ``write`` wrote that a later ``write`` would not overwrite (``rewrite``)."""
+
+    def rewrite(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        refusal = self.refusal(containers, request_bytes, gpu)
+        if refusal is not None:
+            return Applied(warnings=[refusal])
+        written = []
+        for target in containers:
+            self.withdraw(draft, ref, target)
+            written.append(self.write(draft, ref, target, request_bytes, gpu))
+        return Applied(written=written)

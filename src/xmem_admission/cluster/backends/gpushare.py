@@ -48,6 +48,9 @@ class GpushareBackend(ContainerBackend):
             return "xmem: gpushare needs one GPU count per pod; GPU requests left unchanged"
         return None
 
+    def written_bytes(self, request_bytes: int, gpu: gpus.GPU) -> Optional[int]:
+        return ceil_div(request_bytes, GiB) * GiB
+
     def write(
         self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
     ) -> str:

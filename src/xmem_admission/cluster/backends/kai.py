@@ -87,3 +87,16 @@ class KaiBackend(Backend):
             draft.set(ref.at("metadata", "annotations", KAI_CONTAINER), str(container.get("name")))
         out.written.append(f"{KAI_MEMORY} {mib(request_bytes)} MiB")
         return out
+
+    def rewrite(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        if KAI_MEMORY not in _annotations(ref.template):
+            return Applied()  # a gpu-fraction share is never xmem's
+        draft.set(ref.at("metadata", "annotations", KAI_MEMORY), str(mib(request_bytes)))
+        return Applied(written=[f"{KAI_MEMORY} {mib(request_bytes)} MiB"])

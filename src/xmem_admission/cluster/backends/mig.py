@@ -74,6 +74,14 @@ class MigMixedBackend(ContainerBackend):
     ) -> Optional[str]:
         return _no_slice(gpu, request_bytes)
 
+    def written_bytes(self, request_bytes: int, gpu: gpus.GPU) -> Optional[int]:
+        profile = gpus.smallest_mig_profile(gpu, request_bytes)
+        return profile.memory_bytes if profile is not None else None
+
+    def withdraw(self, draft: Draft, ref: TemplateRef, target: GpuContainer) -> None:
+        for name in mig_resources(target[1]):
+            drop_resource(draft, ref, target[0], name)
+
     def write(
         self, draft: Draft, ref: TemplateRef, target: GpuContainer, request_bytes: int, gpu: gpus.GPU
     ) -> str:
@@ -150,3 +158,24 @@ class MigSingleBackend(Backend):
                 draft.set(ref.at(*_TERMS, position, "matchExpressions"), list(current) + [expr])
         out.written.append(f"node {GPU_MEMORY_LABEL} >= {mib(request_bytes)} MiB")
         return out
+
+    def rewrite(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        refusal = _no_slice(gpu, request_bytes)
+        if refusal is not None:
+            return Applied(warnings=[refusal])
+        terms = draft.get(ref.at(*_TERMS))
+        for position in range(len(terms) if isinstance(terms, list) else 0):
+            current = draft.get(ref.at(*_TERMS, position, "matchExpressions")) or []
+            for index, expr in enumerate(current):
+                if isinstance(expr, dict) and expr.get("key") == GPU_MEMORY_LABEL and \
+                        expr.get("operator") == "Gt":
+                    draft.set(ref.at(*_TERMS, position, "matchExpressions", index, "values"),
+                              [str(mib(request_bytes) - 1)])
+        return Applied(written=[f"node {GPU_MEMORY_LABEL} >= {mib(request_bytes)} MiB"])

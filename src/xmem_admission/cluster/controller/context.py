@@ -10,13 +10,14 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional, Set, Tuple
 
 from xmem_admission.cluster.controller.metrics import ControllerMetrics
 from xmem_admission.cluster.integrations.base import Integration
 from xmem_admission.cluster.kube.client import EVENT, Kind, Kube, Obj
 from xmem_admission.cluster.kube.informer import Informer, WorkQueue
+from xmem_admission.cluster.observations import PeakReader, PrometheusSource
 from xmem_admission.contract.errors import KubeApiError, KubeUnavailable
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,24 @@ class Context:
     deadline_slack: float = 60.0  # beyond activeDeadlineSeconds before the controller gives up
     max_attempts: int = 3  # estimation pods per attempt lost to eviction or deletion
     now: Callable[[], datetime.datetime] = utcnow
+    sized_pods: Optional[Informer] = None  # pods of opted-in workloads (``oom_retries``)
+    # Finished workloads (uids) looked at with nothing to record: no sized pod, or Prometheus
+    # failed (a warning and a metric; never retried, never a write): ``observed_peaks``.
+    looked: Set[str] = field(default_factory=set)
+    _readers: Dict[Any, PeakReader] = field(default_factory=dict)
+
+    def peak_reader(self, prometheus: Any) -> PeakReader:
+        """The reader for the policy's ``rightSizing.prometheus`` (one per setting)."""
+        reader = self._readers.get(prometheus)
+        if reader is None:
+            source = PrometheusSource(
+                prometheus.url, bearer_token_file=prometheus.bearer_token_file,
+                ca_file=prometheus.ca_file, tenant=prometheus.tenant,
+                timeout_seconds=prometheus.timeout_seconds,
+                slack_seconds=prometheus.slack_seconds)
+            reader = PeakReader(source, metrics=self.metrics.peaks)
+            self._readers = {prometheus: reader}  # the previous setting's reader is dropped
+        return reader
 
     def settings(self, namespace: str) -> Optional[Any]:
         """The policy's settings for a namespace, or None while no policy is loaded."""

@@ -37,7 +37,7 @@ from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.integrations import gpu_templates
 from xmem_admission.cluster.kube.client import GME, POD, Obj
 from xmem_admission.cluster.policy import sizing
-from xmem_admission.contract import termination
+from xmem_admission.contract import probe_env, termination
 from xmem_admission.contract.errors import InvalidObjectError, TerminationMessageError
 
 log = logging.getLogger(__name__)
@@ -349,7 +349,7 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
             outcome: Outcome) -> None:
     now = ctx.now()
     status["completionTime"] = records.stamp(now)
-    for key in ("reason", "message", "estimates"):
+    for key in ("reason", "message", "estimates", "peak", "reproduce"):
         status.pop(key, None)
     if outcome.result is not None:
         result = outcome.result
@@ -357,6 +357,11 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
                       seconds=result.seconds, estimates=records.estimates_from(result.gpus))
         if result.fallback:
             status["fallbackReason"] = result.fallback[:1000]
+        peak = records.peak_from(result)
+        if peak is not None:
+            status["peak"] = peak
+        if pod is not None:
+            status["reproduce"] = records.reproduce(gme, pod, result.steps, _probe_mode(pod))
         _summary(ctx, gme, status)
     else:
         status.update(phase=records.FAILED, reason=outcome.reason,
@@ -375,6 +380,15 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
         ctx.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"],
                             pod["metadata"]["uid"])
     _enqueue_workloads(ctx, gme)
+
+
+def _probe_mode(pod: Obj) -> str:
+    """The probe mode an estimation pod was given (auto, fake or profile)."""
+    container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+    for env in container.get("env") or []:
+        if env.get("name") == probe_env.MODE:
+            return str(env.get("value") or "")
+    return ""
 
 
 def _fill_error(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:

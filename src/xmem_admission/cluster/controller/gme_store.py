@@ -8,6 +8,10 @@ namespaced (``policy.store.choose``): a GME sizes the workloads of its own names
 namespaces the policy shares estimates with, never others; within one namespace the most
 recently completed record wins. ``xmem serve`` uses it in a cluster instead of the in-memory
 store (``KubeStore(kube).start()``).
+
+``retry`` answers, by (namespace, workload uid), the grant the controller recorded in a GME's
+``status.oomRetries`` after that workload's pod ran out of GPU memory (issue 31): indexed from
+every GME whatever its phase, and only ever for the GME's own namespace.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Collection, Dict, Optional, Tuple
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.kube.client import GME, Kube, Obj
 from xmem_admission.cluster.kube.informer import Informer
-from xmem_admission.cluster.policy.store import EstimateRecord, choose
+from xmem_admission.cluster.policy.store import EstimateRecord, RetryGrant, choose
 from xmem_admission.contract.errors import KubeApiError
 
 
@@ -32,6 +36,8 @@ class KubeStore:
         self._records: Dict[str, Dict[Tuple[str, str], EstimateRecord]] = {}
         self._best: Dict[str, Dict[str, EstimateRecord]] = {}  # fingerprint -> namespace -> newest
         self._where: Dict[Tuple[str, str], str] = {}  # (namespace, name) -> fingerprint
+        self._grants: Dict[Tuple[str, str], Dict[str, RetryGrant]] = {}  # (ns, name) -> by uid
+        self._retries: Dict[Tuple[str, str], RetryGrant] = {}  # (namespace, workload uid)
         self.informer = Informer(kube, GME, self._on_event)
 
     def start(self, timeout: float = 30.0) -> KubeStore:
@@ -49,6 +55,9 @@ class KubeStore:
             shared: Collection[str] = ()) -> Optional[EstimateRecord]:
         found = self._best.get(fingerprint)  # a dict read: atomic, no lock on the hot path
         return choose(found, namespace, shared) if found else None
+
+    def retry(self, namespace: str, workload_uid: str) -> Optional[RetryGrant]:
+        return self._retries.get((namespace, workload_uid))
 
     def put(self, record: EstimateRecord) -> None:
         namespace = record.workload.namespace if record.workload and record.workload.namespace \
@@ -68,7 +77,15 @@ class KubeStore:
         m = gme["metadata"]
         key = (m.get("namespace", ""), m["name"])
         record = None if kind == "DELETED" else records.record(gme)
+        grants = {} if kind == "DELETED" else {g.workload_uid: g for g in records.retry_grants(gme)}
         with self._lock:
+            retries = dict(self._retries)
+            for uid in self._grants.pop(key, {}):
+                retries.pop((key[0], uid), None)
+            if grants:
+                self._grants[key] = grants
+                retries.update({(key[0], uid): g for uid, g in grants.items()})
+            self._retries = retries  # replaced whole: readers never see it half-built
             old = self._where.pop(key, None)
             if old is not None:
                 self._records.get(old, {}).pop(key, None)

@@ -19,7 +19,15 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from xmem_admission.cluster.controller import admission_checks, estimation_pods, records, workloads
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.controller import (
+    admission_checks,
+    estimation_pods,
+    observed_peaks,
+    oom_retries,
+    records,
+    workloads,
+)
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.controller.metrics import ControllerMetrics
 from xmem_admission.cluster.integrations import ALL as INTEGRATIONS
@@ -33,10 +41,14 @@ log = logging.getLogger(__name__)
 
 # The kinds the controller can release: every registered integration that can be held.
 KINDS: Dict[str, Integration] = {i.kind: i for i in INTEGRATIONS if i.can_hold}
-# ("workload", kind, namespace, name), ("estimate", namespace, name), and with Kueue
-# ("kueue", namespace, name) for a Kueue Workload, ("check", name) for an AdmissionCheck.
+# ("workload", kind, namespace, name), ("estimate", namespace, name), ("oom", namespace, pod)
+# for a sized workload's pod that ran out of GPU memory, ("ended", kind, namespace, name) for a
+# sized workload that finished (``observed_peaks``), and with Kueue ("kueue", namespace,
+# name) for a Kueue Workload, ("check", name) for an AdmissionCheck.
 QueueKey = Tuple[Any, ...]
 POD_SELECTOR = f"{records.MANAGED_BY[0]}={records.MANAGED_BY[1]},{records.COMPONENT[0]}={records.COMPONENT[1]}"
+# The pods of workloads xmem sizes: the webhook copies the opt-in label into their templates.
+SIZED_POD_SELECTOR = f"{labels.OPT_IN}={labels.OPT_IN_VALUE}"
 
 
 class Controller:
@@ -71,6 +83,8 @@ class Controller:
             pods=Informer(kube, POD, self._on_pod, label_selector=POD_SELECTOR),
             queue=self.queue, metrics=self.metrics, probe_image=probe_image, identity=identity,
             log_lines=log_lines, deadline_slack=deadline_slack,
+            sized_pods=Informer(kube, POD, self._on_sized_pod,
+                                label_selector=SIZED_POD_SELECTOR),
         )
         # Kueue's AdmissionCheck (admission_checks), served under this controllerName when set.
         self.kueue_check = kueue_check
@@ -84,10 +98,12 @@ class Controller:
     # --- events -> work ---------------------------------------------------------------------
 
     def _on_workload(self, kind: str) -> Any:
-        def handler(_type: str, obj: Obj) -> None:
+        def handler(type_: str, obj: Obj) -> None:
+            m = obj["metadata"]
             if workloads.is_held(obj):
-                m = obj["metadata"]
                 self.queue.add(("workload", kind, m.get("namespace", ""), m["name"]))
+            elif type_ != "DELETED" and observed_peaks.wants(self.ctx, kind, obj):
+                self.queue.add(("ended", kind, m.get("namespace", ""), m["name"]))
         return handler
 
     def _on_estimate(self, _type: str, gme: Obj) -> None:
@@ -123,13 +139,19 @@ class Controller:
             if ref.get("kind") == GME.kind:
                 self.queue.add(("estimate", m.get("namespace", ""), ref.get("name")))
 
+    def _on_sized_pod(self, type_: str, pod: Obj) -> None:
+        if type_ != "DELETED" and oom_retries.failure(pod) is not None:
+            m = pod["metadata"]
+            self.queue.add(("oom", m.get("namespace", ""), m["name"]))
+
     # --- lifecycle --------------------------------------------------------------------------
 
     def informers(self) -> List[Informer]:
         kueue: List[Informer] = [i for i in (self.admission_checks, self.kueue_workloads)
                                  if i is not None]
+        sized = [self.ctx.sized_pods] if self.ctx.sized_pods is not None else []
         return [w.informer for w in self.ctx.workloads.values()] + [self.ctx.estimates,
-                                                                    self.ctx.pods] + kueue
+                                                                    self.ctx.pods] + sized + kueue
 
     def start(self) -> Controller:
         self._stop.clear()
@@ -137,7 +159,9 @@ class Controller:
         self.policy.refresh()
         for informer in self.informers():
             informer.start()
-        for informer in (self.ctx.estimates, self.ctx.pods):
+        needed = [self.ctx.estimates, self.ctx.pods] + (
+            [self.ctx.sized_pods] if self.ctx.sized_pods is not None else [])
+        for informer in needed:
             if not informer.synced.wait(self.sync_timeout):
                 raise KubeUnavailable(f"could not list {informer.kind.plural}: {informer.error}")
         for workload in self.ctx.workloads.values():  # an absent CRD (no PyTorchJob) is no stop
@@ -208,10 +232,12 @@ class Controller:
 
     def reconcile(self, key: QueueKey) -> Optional[float]:
         """One reconcile of a queue key; the delay after which to look again, or None."""
-        if key[0] == "workload":
+        if key[0] in ("workload", "ended"):
             _, kind, namespace, name = key
             if not self.ctx.workloads[kind].informer.synced.is_set():
                 return 5.0
+            if key[0] == "ended":
+                return observed_peaks.reconcile(self.ctx, kind, namespace, name)
             return workloads.reconcile(self.ctx, kind, namespace, name)
         if key[0] in ("kueue", "check"):
             checks, queued = self.admission_checks, self.kueue_workloads
@@ -224,6 +250,8 @@ class Controller:
             return admission_checks.reconcile(self.ctx, queued, checks, self.kueue_check,
                                               key[1], key[2])
         _, namespace, name = key
+        if key[0] == "oom":
+            return oom_retries.reconcile(self.ctx, namespace, name)
         return estimation_pods.reconcile(self.ctx, namespace, name)
 
     def _refresh_policy(self) -> None:
@@ -248,6 +276,11 @@ class Controller:
                 ages.setdefault(kind, []).append(
                     (now - workloads.held_since(obj)).total_seconds())
         self.metrics.set_held(ages, tuple(self.ctx.workloads))
+        for kind, workload in self.ctx.workloads.items():  # an end whose record a write lost
+            for obj in workload.informer.items():
+                if observed_peaks.wants(self.ctx, kind, obj):
+                    m = obj["metadata"]
+                    self.queue.add(("ended", kind, m.get("namespace", ""), m["name"]))
         if self.admission_checks is not None and self.kueue_workloads is not None:
             for check in self.admission_checks.items():
                 self.queue.add(("check", check["metadata"]["name"]))
@@ -255,6 +288,9 @@ class Controller:
                 wl, self.admission_checks, self.kueue_check or ""))
             for wl in pending:
                 self._on_kueue("SYNC", wl)
+        if self.ctx.sized_pods is not None:  # an OOM whose record a failed write lost
+            for pod in self.ctx.sized_pods.find(lambda p: oom_retries.failure(p) is not None):
+                self._on_sized_pod("SYNC", pod)
         counts: Dict[str, int] = {}
         for gme in self.ctx.estimates.items():
             m = gme["metadata"]

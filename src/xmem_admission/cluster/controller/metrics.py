@@ -14,7 +14,18 @@ Series (all prefixed ``xmem_controller_``):
 - ``released_workloads_total{kind,outcome}``: ``estimated``, ``default``, ``unchanged``;
 - ``estimates{gpu_model}``: recorded estimates that cover each GPU model;
 - ``reconcile_errors_total{kind}``: reconciles that failed and were requeued;
-- ``leader``: 1 while this replica leads.
+- ``leader``: 1 while this replica leads;
+- ``oom_underestimates_caught_total{source}``: pods of sized workloads that ran out of GPU
+  memory, by the message that said so (``pytorch``, ``hami-core``, ``cuda-error``, ...);
+  ``oom_retries_total{backend}``: of those, the ones whose workload's next pod was sized bigger;
+  ``oom_gave_up_total{backend}``: the ones that ended their workload's retries with a terminal
+  reason (issue 31, ``controller.oom_retries``); ``oom_avoided_total{backend}``: workloads
+  retried bigger after an OOM that then completed (OOMs avoided on the second try, counted
+  when the workload ends, ``controller.observed_peaks``);
+- ``observed_peaks_total{source}`` and ``observed_peak_failures_total{reason}``: finished
+  workloads' peaks read from Prometheus (``cluster.observations``), and reads that failed
+  (right-sizing, issue 31; what the peaks give back is the webhook's
+  ``xmem_right_sizing_given_back_bytes_total``).
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from __future__ import annotations
 from typing import Dict, Iterable, Mapping, Optional, Set, Tuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from xmem_admission.cluster.observations import PeakMetrics
 
 # Estimations take from seconds (fake mode, small models) to the policy's deadline (15 min).
 DURATION_BUCKETS = (5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
@@ -63,6 +76,21 @@ class ControllerMetrics:
         self.lease_errors = Counter("xmem_controller_lease_errors",
                                     "Lease reads and writes the API server refused (401, 403).",
                                     ("code",), registry=r)
+        self.oom_caught = Counter("xmem_controller_oom_underestimates_caught",
+                                  "Pods of sized workloads that ran out of GPU memory, by the "
+                                  "message that said so.", ("source",), registry=r)
+        self.oom_retries = Counter("xmem_controller_oom_retries",
+                                   "Out-of-memory failures after which the workload's next pod "
+                                   "was sized bigger.", ("backend",), registry=r)
+        self.oom_gave_up = Counter("xmem_controller_oom_gave_up",
+                                   "Out-of-memory failures at the largest request a retry may "
+                                   "have: the workload's retries ended with a reason.",
+                                   ("backend",), registry=r)
+        self.oom_avoided = Counter("xmem_controller_oom_avoided",
+                                   "Workloads whose pods ran out of GPU memory and that then "
+                                   "completed with the larger request of a retry.",
+                                   ("backend",), registry=r)
+        self.peaks = PeakMetrics(r)
         self._gpu_models: Set[str] = set()
 
     def set_held(self, ages_by_kind: Mapping[str, Iterable[float]], kinds: Tuple[str, ...]) -> None:

@@ -11,27 +11,61 @@ the estimation's state and result::
     phase: Pending | Running | Succeeded | Failed
     attempt, podName, startTime, completionTime, reason, message
     mode, steps, seconds, fallbackReason                  # from the probe
+    peak: {gpu, largest, groups: [{module, category, op, bytes, size}],
+           cachedBytes, fragmentationBytes}               # what holds the memory at the peak
+    reproduce                                             # the `xmem estimate` command line
     estimates: [{gpu, capacityBytes, peakReservedBytes, totalBytes,
                  recommendedRequestBytes, fits, migProfile}]
     gpu, estimateBytes, estimate, requestBytes, request   # the policy's choice, for kubectl
     actualBytes, actual, error                            # actualBytes: set by whoever measures
+    oomRetries: [{workload: {kind, name, uid}, ooms, pod, podUID, container, time, gpu,
+                  backend, failedRequestBytes, requestBytes, migProfile, source, exception,
+                  askedBytes, allocatedBytes, reservedBytes, inUseBytes, needBytes,
+                  gaveUp, message, outcome}]           # issue 31: see ``oom_retries``
+    runs: [{workload: {kind, name, uid}, gpu, estimateBytes, requestBytes, completed,
+            finished, pods, observedPeakBytes, source, series}]  # issue 31: ``observed_peaks``
+    observedPeakBytes, observedPeak, observedRatio        # the latest run's peak, for kubectl
 
+``oomRetries`` has one entry per workload whose pods ran out of GPU memory (the newest
+``MAX_RETRY_ENTRIES``): what the last out-of-memory message said (bytes asked for, allocated
+and reserved by PyTorch, in use by the process), the request it failed at, how many in a row,
+and either the request the workload's next pod gets or, once no larger request can help, the
+terminal reason (``gaveUp``; ``requestBytes`` is then the last request tried).
+``outcome`` is set once the workload ended (``Completed`` or ``Failed``): a retried workload
+that completed is an OOM avoided on the second try.
+
+``runs`` has one entry per finished workload of the fingerprint the controller saw end (the
+newest ``MAX_RUNS``): the GPU model it ran on, the estimate its request was sized from (the
+estimator's figure, ``xmem.io/estimate-bytes``, never a corrected one), the request, whether it
+completed, and the peak its pods used per GPU as Prometheus saw it (absent when no series
+covered the pods). ``policy.right_sizing`` corrects the next run's estimate from them.
 A new attempt (the same fingerprint held again after a failure) bumps ``attempt`` and names a
 new pod ``<name>-<attempt>``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any, Dict, List, Optional
 
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.quantity import gib
-from xmem_admission.cluster.policy.store import EstimateRecord, GPUEstimate, WorkloadRef
+from xmem_admission.cluster.policy.store import (
+    EstimateRecord,
+    GPUEstimate,
+    RetryGrant,
+    Run,
+    WorkloadRef,
+)
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 TERMINAL = (SUCCEEDED, FAILED)
+OOM_RETRIES = "oomRetries"
+MAX_RETRY_ENTRIES = 50  # workloads of one fingerprint with out-of-memory history kept
+RUNS = "runs"
+MAX_RUNS = 100  # finished runs of one fingerprint kept: policy.model.MAX_RIGHT_SIZING_RUNS
 FINGERPRINT_LABEL = labels.FINGERPRINT  # label on GMEs and estimation pods
 MANAGED_BY = ("app.kubernetes.io/managed-by", "xmem-admission")
 COMPONENT = ("app.kubernetes.io/component", "estimation")
@@ -113,6 +147,38 @@ def estimates_from(gpus: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
              "migProfile": g["mig_profile"]} for g in gpus]
 
 
+def peak_from(result: Any) -> Optional[Dict[str, Any]]:
+    """A version-2 result's itemised peak in the status's form (None for a version-1 result)."""
+    if not result.peak_groups:
+        return None
+    groups = [{"module": g["module"], "category": g["category"], "op": g["op"],
+               "bytes": g["bytes"], "size": human(g["bytes"])} for g in result.peak_groups]
+    return {"gpu": result.peak_gpu, "largest": largest_text(groups[0]), "groups": groups,
+            "cachedBytes": result.peak_cached_bytes,
+            "fragmentationBytes": result.peak_fragmentation_bytes}
+
+
+def largest_text(group: Dict[str, Any]) -> str:
+    """A peak group in words, for the kubectl column and the Event."""
+    op = f" ({group['op']})" if group.get("op") else ""
+    return f"{group['module']} {group['category']}{op} {human(int(group['bytes']))}"[:200]
+
+
+def reproduce(gme: Obj, pod: Obj, steps: int, mode: str) -> str:
+    """The ``xmem estimate`` command that reproduces an estimation pod's estimate locally: its
+    container's command and arguments, for the estimate's GPUs, steps and mode."""
+    import shlex
+
+    container = (pod.get("spec") or {}).get("containers") or [{}]
+    words = [str(w) for w in (container[0].get("command") or []) + (container[0].get("args")
+                                                                    or [])]
+    gpus = ",".join((gme.get("spec") or {}).get("gpus") or [])
+    flags = ["--gpu", gpus] if gpus else []
+    if mode and mode != "auto":
+        flags += ["--mode", mode]
+    return shlex.join(["xmem", "estimate", *flags, "--steps", str(steps), "--", *words])[:4000]
+
+
 def record(gme: Obj) -> Optional[EstimateRecord]:
     """The store's record for a succeeded GME (None for any other phase or a malformed one)."""
     status = gme.get("status") or {}
@@ -135,9 +201,11 @@ def record(gme: Obj) -> Optional[EstimateRecord]:
     from xmem_admission.contract.errors import EstimateRecordError
 
     try:
-        return EstimateRecord.from_dict(raw, f"GPUMemoryEstimate {gme['metadata'].get('name')}")
+        found = EstimateRecord.from_dict(raw, f"GPUMemoryEstimate {gme['metadata'].get('name')}")
     except EstimateRecordError:
         return None
+    runs = tuple(run for run in (_run(e) for e in run_entries(gme)) if run is not None)
+    return dataclasses.replace(found, runs=runs) if runs else found
 
 
 def from_record(rec: EstimateRecord, namespace: str) -> Obj:
@@ -172,3 +240,91 @@ def error_text(estimate_bytes: int, actual_bytes: int) -> str:
     if actual_bytes <= 0:
         return ""
     return f"{100.0 * (estimate_bytes - actual_bytes) / actual_bytes:+.1f}%"
+
+
+def _entries(gme: Optional[Obj], field: str) -> List[Dict[str, Any]]:
+    """A status list of per-workload entries (malformed ones skipped)."""
+    found = ((gme or {}).get("status") or {}).get(field) or []
+    if not isinstance(found, list):
+        return []
+    return [e for e in found if isinstance(e, dict) and isinstance(e.get("workload"), dict)]
+
+
+def _entry(gme: Optional[Obj], field: str, workload_uid: str) -> Optional[Dict[str, Any]]:
+    for entry in _entries(gme, field):
+        if entry["workload"].get("uid") == workload_uid:
+            return entry
+    return None
+
+
+def retry_entries(gme: Optional[Obj]) -> List[Dict[str, Any]]:
+    """The ``status.oomRetries`` entries (malformed ones skipped)."""
+    return _entries(gme, OOM_RETRIES)
+
+
+def retry_entry(gme: Optional[Obj], workload_uid: str) -> Optional[Dict[str, Any]]:
+    """The entry of one workload, by uid, or None."""
+    return _entry(gme, OOM_RETRIES, workload_uid)
+
+
+def retry_grants(gme: Obj) -> List[RetryGrant]:
+    """The webhook's view of ``status.oomRetries``: one grant per workload with a request."""
+    namespace = gme["metadata"].get("namespace", "")
+    out: List[RetryGrant] = []
+    for entry in retry_entries(gme):
+        uid, gpu, request = entry["workload"].get("uid"), entry.get("gpu"), \
+            entry.get("requestBytes")
+        ooms = entry.get("ooms")
+        if not isinstance(uid, str) or not uid or not isinstance(gpu, str) or \
+                isinstance(request, bool) or not isinstance(request, int) or request <= 0 or \
+                isinstance(ooms, bool) or not isinstance(ooms, int):
+            continue
+        profile = entry.get("migProfile")
+        gave_up = entry.get("gaveUp")
+        out.append(RetryGrant(namespace, uid, gpu, request, ooms,
+                              profile if isinstance(profile, str) else None,
+                              gave_up if isinstance(gave_up, str) and gave_up else None))
+    return out
+
+
+def _count(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def run_entries(gme: Optional[Obj]) -> List[Dict[str, Any]]:
+    """The ``status.runs`` entries (malformed ones skipped)."""
+    return _entries(gme, RUNS)
+
+
+def run_entry(gme: Optional[Obj], workload_uid: str) -> Optional[Dict[str, Any]]:
+    """The run of one workload, by uid, or None."""
+    return _entry(gme, RUNS, workload_uid)
+
+
+def _run(entry: Dict[str, Any]) -> Optional[Run]:
+    """A run as right-sizing reads it (None without the figures it needs)."""
+    gpu, estimate, peak = entry.get("gpu"), _count(entry.get("estimateBytes")), \
+        _count(entry.get("observedPeakBytes"))
+    finished = parse_time(entry.get("finished"))
+    if not isinstance(gpu, str) or estimate is None or peak is None or finished is None:
+        return None
+    return Run(gpu, estimate, peak, entry.get("completed") is True, finished.timestamp())
+
+
+def ratio_text(peak_bytes: int, estimate_bytes: int) -> str:
+    """Observed peak / estimate for the kubectl column: ``1.08`` (above 1: used more)."""
+    return f"{peak_bytes / estimate_bytes:.2f}" if estimate_bytes > 0 else ""
+
+
+def with_run(status: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
+    """The status with the workload's run replaced (the newest ``MAX_RUNS`` kept) and the
+    kubectl columns showing the newest run with a peak."""
+    uid = entry["workload"]["uid"]
+    kept = [e for e in run_entries({"status": status}) if e["workload"].get("uid") != uid]
+    kept = (kept + [entry])[-MAX_RUNS:]
+    out = dict(status, **{RUNS: kept})
+    peak, estimate = _count(entry.get("observedPeakBytes")), _count(entry.get("estimateBytes"))
+    if peak is not None and estimate is not None:
+        out.update(observedPeakBytes=peak, observedPeak=human(peak),
+                   observedRatio=ratio_text(peak, estimate))
+    return out

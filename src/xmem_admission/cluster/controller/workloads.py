@@ -234,6 +234,9 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
                    f"requesting {', '.join(requesting)}")
     else:
         message = "GPU memory estimated; the pod templates already carry a request"
+    largest = ((gme.get("status") or {}).get("peak") or {}).get("largest")
+    if largest:
+        message += f"; largest at the peak: {largest}"
     if labels.USER_SUSPENDED in annotations_of(obj):
         message += " (left suspended, as its owner had it)"
     ctx.emit(obj, "Normal", "Estimated", f"xmem: {message}")

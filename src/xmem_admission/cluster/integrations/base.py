@@ -71,6 +71,9 @@ class Integration(abc.ABC):
     can_hold: ClassVar[bool]
     # Where the suspend flag lives, for kinds that can be held.
     suspend_path: ClassVar[Tuple[str, ...]] = ()
+    # The status conditions (status "True") that say the workload ended, and how.
+    completed_conditions: ClassVar[Tuple[str, ...]] = ()
+    failed_conditions: ClassVar[Tuple[str, ...]] = ()
 
     @property
     def resource(self) -> Kind:
@@ -98,6 +101,19 @@ class Integration(abc.ABC):
         if not self.can_hold:
             raise TypeError(f"{self.kind} cannot be held")
         draft.set(self.suspend_path, False)
+
+    def finished(self, obj: Mapping[str, Any]) -> Optional[bool]:
+        """True once the workload completed, False once it failed, None while it runs (or for
+        kinds that never finish as a whole)."""
+        status = obj.get("status")
+        conditions = status.get("conditions") if isinstance(status, dict) else None
+        true = {c.get("type") for c in conditions or [] if isinstance(c, dict)
+                and c.get("status") == "True"}
+        if true & set(self.completed_conditions):
+            return True
+        if true & set(self.failed_conditions):
+            return False
+        return None
 
     def owner(self, obj: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
         """The controlling ownerReference (or the first one), None for a bare object."""

@@ -20,6 +20,9 @@ class JobIntegration(Integration):
     plural = "jobs"
     can_hold = True
     suspend_path = ("spec", "suspend")
+    # The Job controller's terminal conditions (batch/v1 JobConditionType: Complete, Failed).
+    completed_conditions = ("Complete",)
+    failed_conditions = ("Failed",)
 
     def pod_templates(self, obj: Mapping[str, Any]) -> List[TemplateRef]:
         path = ("spec", "template")

@@ -33,6 +33,10 @@ class PyTorchJobIntegration(Integration):
     plural = "pytorchjobs"
     can_hold = True
     suspend_path = ("spec", "runPolicy", "suspend")
+    # kubeflow/training-operator's JobConditionType (pkg/apis/kubeflow.org/v1/common_types.go):
+    # Succeeded and Failed are terminal.
+    completed_conditions = ("Succeeded",)
+    failed_conditions = ("Failed",)
 
     def pod_templates(self, obj: Mapping[str, Any]) -> List[TemplateRef]:
         replicas = object_at(obj, ("spec", "pytorchReplicaSpecs"))

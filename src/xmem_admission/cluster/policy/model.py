@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import fnmatch
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
 
@@ -106,11 +107,28 @@ class OomRetry:
 
 
 @dataclass(frozen=True)
+class Prometheus:
+    """Where the controller reads what finished workloads used (``spec.rightSizing.prometheus``,
+    cluster-wide; ``cluster.observations.PrometheusSource`` is built from it). Credentials are
+    files in the controller's container (a mounted Secret: the chart's
+    ``controller.prometheus``), never values in the policy, which every tenant may read."""
+
+    url: str  # http(s)://host[:port][/path]: the query API's base
+    bearer_token_file: Optional[str] = None  # read at each read, so a rotated token is used
+    ca_file: Optional[str] = None  # CA bundle for an https URL (the system's when unset)
+    tenant: Optional[str] = None  # sent as X-Scope-OrgID (Cortex, Mimir, Thanos)
+    timeout_seconds: float = 10.0  # all the queries of one workload's read together
+    slack_seconds: float = 15.0  # each pod's window widened by this on both sides: the last
+    # scrape before the pod ended may be stamped up to one scrape interval later
+
+
+@dataclass(frozen=True)
 class RightSizing:
     """How the peaks that earlier runs of a workload used correct its next request (issue 31)."""
 
     runs: int = 3  # how many of a fingerprint's latest runs count (0: observed peaks never do)
     lower_requests: bool = False  # whether an observed peak may lower a request or only raise it
+    prometheus: Optional[Prometheus] = None  # None: no peak is observed, nothing is corrected
 
 
 @dataclass(frozen=True)
@@ -180,6 +198,7 @@ DEFAULTS: Dict[str, Any] = {
 # and at most the last 100 runs of a fingerprint count (choices of this project).
 MAX_GROWTH_PERCENT = 1000
 MAX_RIGHT_SIZING_RUNS = 100
+MAX_PROMETHEUS_SECONDS = 300  # a read runs in a controller worker: minutes would stall others
 
 
 def _fail(where: str, message: str) -> PolicyError:
@@ -304,10 +323,49 @@ def _oom_retry(raw: Any, where: str) -> OomRetry:
     return OomRetry(enabled=enabled, max_request_bytes=cap, growth_percent=growth)
 
 
+def _text(raw: Mapping[str, Any], key: str, where: str) -> Optional[str]:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(f"{where}.{key}", f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _prometheus(raw: Any, where: str) -> Prometheus:
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be an object with url")
+    _check_keys(raw, ("url", "bearerTokenFile", "caFile", "tenant", "timeoutSeconds",
+                      "slackSeconds"), where)
+    url = _text(raw, "url", where)
+    if url is None:
+        raise _fail(f"{where}.url", "is required (the Prometheus query API's base URL)")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+        raise _fail(f"{where}.url", f"must be http(s)://host[:port][/path], got {url!r}")
+    for key in ("bearerTokenFile", "caFile"):
+        path = _text(raw, key, where)
+        if path is not None and not path.startswith("/"):
+            raise _fail(f"{where}.{key}", f"must be an absolute path in the controller's "
+                        f"container, got {path!r}")
+    if raw.get("caFile") is not None and parts.scheme != "https":
+        raise _fail(f"{where}.caFile", "is for an https url")
+    base = Prometheus(url)
+    timeout = _number(raw.get("timeoutSeconds", base.timeout_seconds), f"{where}.timeoutSeconds",
+                      0, MAX_PROMETHEUS_SECONDS)
+    if timeout == 0:
+        raise _fail(f"{where}.timeoutSeconds", "must be above 0")
+    return Prometheus(url=url, bearer_token_file=_text(raw, "bearerTokenFile", where),
+                      ca_file=_text(raw, "caFile", where), tenant=_text(raw, "tenant", where),
+                      timeout_seconds=timeout,
+                      slack_seconds=_number(raw.get("slackSeconds", base.slack_seconds),
+                                            f"{where}.slackSeconds", 0, MAX_PROMETHEUS_SECONDS))
+
+
 def _right_sizing(raw: Any, where: str) -> RightSizing:
     if not isinstance(raw, dict):
         raise _fail(where, "must be an object")
-    _check_keys(raw, ("runs", "lowerRequests"), where)
+    _check_keys(raw, ("runs", "lowerRequests", "prometheus"), where)
     base = RightSizing()
     runs = _int(raw.get("runs", base.runs), f"{where}.runs", 0)
     if runs > MAX_RIGHT_SIZING_RUNS:
@@ -315,7 +373,9 @@ def _right_sizing(raw: Any, where: str) -> RightSizing:
     lower = raw.get("lowerRequests", base.lower_requests)
     if not isinstance(lower, bool):
         raise _fail(f"{where}.lowerRequests", "must be true or false")
-    return RightSizing(runs=runs, lower_requests=lower)
+    prometheus = _prometheus(raw["prometheus"], f"{where}.prometheus") \
+        if raw.get("prometheus") is not None else None
+    return RightSizing(runs=runs, lower_requests=lower, prometheus=prometheus)
 
 
 def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
@@ -431,6 +491,11 @@ class Policy:
         return frozenset(out)
 
     @property
+    def prometheus(self) -> Optional[Prometheus]:
+        """Where finished workloads' peaks are read (``spec.rightSizing.prometheus``)."""
+        return self.defaults.right_sizing.prometheus
+
+    @property
     def max_concurrent(self) -> int:
         """Estimation pods running at once in the whole cluster (``spec.estimation``)."""
         return self.defaults.estimation.max_concurrent
@@ -479,6 +544,11 @@ class Policy:
             if "maxConcurrent" in (fields.get("estimation") or {}):
                 raise _fail(f"{where}.estimation.maxConcurrent", "is cluster-wide: set it in "
                             "spec.estimation")
+            if isinstance(fields.get("rightSizing"), dict) and \
+                    "prometheus" in fields["rightSizing"]:
+                raise _fail(f"{where}.rightSizing.prometheus", "is cluster-wide (the "
+                            "controller reads every namespace's peaks from it): set it in "
+                            "spec.rightSizing")
             origin = {k: where for k in fields}
             overrides.append((tuple(patterns), _settings(merge(merged, fields), origin)))
         return cls(name, defaults, tuple(overrides), sharing=_sharing(spec.get("estimateSharing")))

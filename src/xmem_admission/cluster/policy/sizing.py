@@ -16,6 +16,13 @@ Overcommit is the admin's accepted risk: it lowers requests to pack more jobs, a
 the allowance for requests set by hand: validation accepts any request >= E * (1 - overcommit).
 The target GPU is the first GPU of the policy (in its order) whose capacity holds E, unless the
 workload pins one with ``xmem.io/gpu-model``.
+
+A repeat job (the record carries runs: what earlier runs of the fingerprint in the workload's
+own namespace used, issue 31) is sized from E corrected by ``right_sizing.correct`` within the
+policy's ``rightSizing``; E itself stays the plan's estimate (``xmem.io/estimate-bytes``), so
+each run's observed peak is compared with the estimator's figure, never with a corrected one
+(which would undo the correction on the run after). Validation's floor is taken from the lower
+of E and the corrected estimate (``Plan.judged_bytes``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Dict, List, Optional
 
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.quantity import ceil_div, gib
+from xmem_admission.cluster.policy import right_sizing
 from xmem_admission.cluster.policy.model import Settings, Target
 from xmem_admission.cluster.policy.store import EstimateRecord
 from xmem_admission.contract import gpus
@@ -41,6 +49,25 @@ class Plan:
     target: Target
     estimate_bytes: int
     request_bytes: int
+    # The request E alone would get, the corrected estimate the request was sized from, and
+    # why, when earlier runs corrected it (right-sizing, issue 31); None: the request is E's.
+    uncorrected_request_bytes: Optional[int] = None
+    correction: str = ""
+    corrected_bytes: Optional[int] = None
+
+    @property
+    def judged_bytes(self) -> int:
+        """What validation's floor is taken from: the lower of the estimate and the corrected
+        one, so a request right-sizing lowered (or sized before a later run raised the
+        correction) is never refused for it."""
+        return min(self.estimate_bytes, self.corrected_bytes or self.estimate_bytes)
+
+    @property
+    def given_back_bytes(self) -> int:
+        """Bytes per GPU that right-sizing took off the request E alone would get (0 if none)."""
+        if self.uncorrected_request_bytes is None:
+            return 0
+        return max(0, self.uncorrected_request_bytes - self.request_bytes)
 
     def annotations(self) -> Dict[str, str]:
         """The pod-template annotations that carry this plan to Pod CREATE."""
@@ -99,7 +126,15 @@ def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = Non
         if estimate is None or not fits(estimate.total_bytes, target.gpu):
             continue
         request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes)
-        return Plan(target, estimate.total_bytes, request)
+        if not record.runs:
+            return Plan(target, estimate.total_bytes, request)
+        fixed = right_sizing.correct(estimate.total_bytes, target.gpu.key, record.runs,
+                                     settings.right_sizing)
+        if fixed.estimate_bytes == estimate.total_bytes:
+            return Plan(target, estimate.total_bytes, request)
+        corrected = size_request(fixed.estimate_bytes, settings, target.gpu.capacity_bytes)
+        return Plan(target, estimate.total_bytes, corrected, request, fixed.reason,
+                    fixed.estimate_bytes)
     return None
 
 

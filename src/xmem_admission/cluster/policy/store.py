@@ -37,6 +37,7 @@ Other keys (``mode``, ``steps``, ``seconds``, ``breakdown``, ...) are allowed an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -84,13 +85,27 @@ class WorkloadRef:
 
 
 @dataclass(frozen=True)
+class Run:
+    """One earlier run of a fingerprint in a namespace, as the controller recorded it when the
+    workload finished (``GPUMemoryEstimate`` ``status.runs``; issue 31, ``policy.right_sizing``)."""
+
+    gpu: str  # catalogue key of the GPU model it ran on
+    estimate_bytes: int  # the estimate (total bytes for that GPU) its request was sized from
+    peak_bytes: int  # the observed peak per GPU (``observations.ObservedPeak.peak_bytes``)
+    completed: bool  # the workload succeeded (not failed, evicted or deleted before the end)
+    finished: float  # when it finished (Unix seconds): the latest runs count
+
+
+@dataclass(frozen=True)
 class EstimateRecord:
-    """Every GPU model's estimate for one fingerprint."""
+    """Every GPU model's estimate for one fingerprint, and (issue 31) what the fingerprint's
+    earlier runs in the record's namespace used."""
 
     fingerprint: str
     gpus: Tuple[GPUEstimate, ...]
     workload: Optional[WorkloadRef] = None
     created: Optional[str] = None
+    runs: Tuple[Run, ...] = ()  # only ever the record's own namespace's (``choose``)
 
     def for_gpu(self, key: str) -> Optional[GPUEstimate]:
         """The estimate for a catalogue key, or None when this record does not cover it."""
@@ -176,6 +191,25 @@ def _gpu_estimate(entry: Any, where: str) -> GPUEstimate:
     )
 
 
+@dataclass(frozen=True)
+class RetryGrant:
+    """What the next pod of one workload asks for after its pods ran out of GPU memory (issue 31).
+
+    The controller writes it on the workload's ``GPUMemoryEstimate`` (``status.oomRetries``,
+    writable by the controller only); the webhook applies it at Pod CREATE to the pods that
+    workload's controller creates, by the workload's uid, in the workload's own namespace only:
+    the out-of-memory message it grew from was written by the tenant's code.
+    """
+
+    namespace: str
+    workload_uid: str
+    gpu: str  # catalogue key the growth was computed for
+    request_bytes: int  # per GPU; after giving up, the last request tried
+    ooms: int  # out-of-memory failures in a row
+    mig_profile: Optional[str] = None
+    gave_up: Optional[str] = None  # the terminal reason, once no larger request can help
+
+
 class EstimateStore(Protocol):
     """Where recorded estimates live; ``get`` must answer from memory (it is on the request path)."""
 
@@ -186,6 +220,9 @@ class EstimateStore(Protocol):
     def put(self, record: EstimateRecord) -> None:
         """Record (or replace) the estimate for ``record.fingerprint`` in its namespace."""
 
+    def retry(self, namespace: str, workload_uid: str) -> Optional[RetryGrant]:
+        """The grant for a workload's next pod after an out-of-memory failure, or None."""
+
 
 ANY_NAMESPACE = ""  # where a record without a namespace (the admin's own files) is kept
 
@@ -193,14 +230,17 @@ ANY_NAMESPACE = ""  # where a record without a namespace (the admin's own files)
 def choose(found: Mapping[str, EstimateRecord], namespace: str,
            shared: Collection[str] = ()) -> Optional[EstimateRecord]:
     """Of one fingerprint's records by namespace: the workload's own, else the newest of the
-    namespaces shared with it, else one recorded for every namespace; never any other."""
+    namespaces shared with it, else one recorded for every namespace; never any other.
+
+    The runs (what earlier runs used) come only with the workload's own namespace's record:
+    those peaks were produced by that namespace's code, so an estimate shared with another
+    namespace goes without them."""
     own = found.get(namespace)
     if own is not None:
         return own
     allowed = [found[n] for n in shared if n != namespace and n in found]
-    if allowed:
-        return max(allowed, key=lambda r: r.created or "")
-    return found.get(ANY_NAMESPACE)
+    other = max(allowed, key=lambda r: r.created or "") if allowed else found.get(ANY_NAMESPACE)
+    return dataclasses.replace(other, runs=()) if other is not None and other.runs else other
 
 
 def namespace_of(record: EstimateRecord) -> str:
@@ -213,6 +253,7 @@ class MemoryStore:
     def __init__(self, records: Iterable[EstimateRecord] = ()):
         self._lock = threading.Lock()
         self._records: Dict[str, Dict[str, EstimateRecord]] = {}
+        self._retries: Dict[Tuple[str, str], RetryGrant] = {}
         for record in records:
             self.put(record)
 
@@ -227,9 +268,18 @@ class MemoryStore:
             found[namespace_of(record)] = record
             self._records[record.fingerprint] = found
 
+    def retry(self, namespace: str, workload_uid: str) -> Optional[RetryGrant]:
+        return self._retries.get((namespace, workload_uid))
+
+    def put_retry(self, grant: RetryGrant) -> None:
+        """Record a grant (stand-alone serving has no controller to write one from an OOM)."""
+        with self._lock:
+            self._retries[(grant.namespace, grant.workload_uid)] = grant
+
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
+            self._retries.clear()
 
     def __len__(self) -> int:
         return sum(len(found) for found in self._records.values())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
-from xmem_admission.contract.cudnn import TRANSIENT_PREFIX
+from xmem_admission.contract.cudnn import TRANSIENT_PREFIX, later_plans
 from xmem_admission.contract.errors import SimulatedOutOfMemory, TraceError
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
 from xmem_admission.estimator.allocator.caching import CachingAllocator
@@ -137,14 +137,20 @@ def simulate(
             try:
                 block = malloc(size, event.stream)
             except SimulatedOutOfMemory as exc:
-                if event.phase.startswith(TRANSIENT_PREFIX):
-                    # a cuDNN workspace that does not fit: PyTorch runs the next plan, which
-                    # needs less (Conv_v8.cpp, try_plans), so no OOM and no block
+                try:
+                    if not event.phase.startswith(TRANSIENT_PREFIX):
+                        raise
+                    # a cuDNN workspace that does not fit: PyTorch runs the next plan
+                    # (Conv_v8.cpp, try_plans), no OOM
+                    next_block = _next_plan(malloc, event.phase, event.stream, exc)
+                except SimulatedOutOfMemory as failed:
+                    oom = _oom_info(index, failed)
+                    num_events = index + 1
+                    break
+                if next_block is None:
                     live[ident] = None
                     continue
-                oom = _oom_info(index, exc)
-                num_events = index + 1
-                break
+                block = next_block
             block.tag = ci
             live[ident] = block
             sums[ci] += block.size
@@ -191,6 +197,24 @@ def simulate(
         config=config,
         capacity_bytes=capacity_bytes,
     )
+
+
+def _next_plan(malloc: Any, phase: str, stream: int, failed: SimulatedOutOfMemory) -> Any:
+    """``try_plans`` after a convolution's first workspace did not fit: the block of the first
+    later plan the allocator gives, None when a plan that needs no workspace runs (or, for a
+    workspace without its plans, the fitted rule's, the next plan is taken to need none);
+    the last failure is raised when no plan is left (torch: "unable to find an engine")."""
+    sizes = later_plans(phase)
+    if sizes is None:
+        return None
+    for size in sizes:
+        if size == 0:
+            return None
+        try:
+            return malloc(size, stream)
+        except SimulatedOutOfMemory as exc:
+            failed = exc
+    raise failed
 
 
 def _oom_info(index: int, exc: SimulatedOutOfMemory) -> OutOfMemoryInfo:

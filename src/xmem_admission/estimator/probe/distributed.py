@@ -149,6 +149,7 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
     _patch_ddp(patches, world, device_mode)
     _patch_fake_collectives(patches)
     _patch_fsdp1_device_id(patches)
+    _patch_fsdp1(patches, world.tracker)
     _refuse_pipelines(patches)
     _refuse_deepspeed(patches)
     return world
@@ -253,6 +254,58 @@ def _refuse_deepspeed(patches: Any) -> None:
         _DEEPSPEED_IMPORT.arm(patches, patch)
 
 
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _release() -> Tuple[int, int]:
+    """The running torch's (major, minor) release."""
+    from xmem_admission.contract.torch_version import parse
+
+    return parse(_torch_version()).release
+
+
+def _loses_cpp_storages(tracker: Any) -> bool:
+    """Fake mode with torch 2.3 (``_refuse_fake_on_2_3``)."""
+    return bool(tracker.fake) and _release() == (2, 3)
+
+
+def _refuse_fake_on_2_3(tracker: Any, what: str) -> None:
+    """torch 2.3's fake mode loses storages that torch's C++ holds: DDP's reducer rebuilds its
+    buckets after the first iteration and they are recorded freed in the backward pass while
+    the reducer still holds them (tests/distributed/test_ddp_buckets.py with 2.3.1: no
+    communication bytes left at the step's end; 2.2 and 2.4 keep them), and FSDP1's unsharded
+    flat parameter is not seen freed (its own check "Expects storage to be freed" fails,
+    test_fsdp1_sharding.py). An estimate without them is an under-estimate by the gradients'
+    size, so such a job asks for real values: ``auto`` traces it in profile mode, which holds
+    both (the same tests pass there)."""
+    if _loses_cpp_storages(tracker):
+        from xmem_admission.estimator.probe.virtual_cuda import NeedsRealValues
+
+        raise NeedsRealValues(
+            f"{what} cannot be traced in fake mode with torch {_torch_version()}: profile mode "
+            f"traces them")
+
+
+def _patch_fsdp1(patches: Any, tracker: Any) -> None:
+    """FSDP1 with torch 2.3 in fake mode asks for real values (``_refuse_fake_on_2_3``)."""
+    if not _loses_cpp_storages(tracker):
+        return
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        return
+    real_init = FullyShardedDataParallel.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        _refuse_fake_on_2_3(tracker, "FSDP's sharded and unsharded parameters")
+        real_init(self, *args, **kwargs)
+
+    patches.set(FullyShardedDataParallel, "__init__", init)
+
+
 def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:
     """DDP's reducer allocates its buckets in C++ with the parameters' tensor options and no
     tensor input (reducer.cpp, ``initialize_buckets``: ``at::empty({total_length}, options)``),
@@ -291,6 +344,7 @@ def _patch_ddp(patches: Any, world: FakeWorld, device_mode: Any) -> None:
     in_place_allreduce.__annotations__ = {}
 
     def init_helper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _refuse_fake_on_2_3(tracker, "DDP's gradient buckets")
         with device_mode.on(FLOATING_ON_GPU):
             return real_init_helper(self, *args, **kwargs)
 
@@ -368,21 +422,54 @@ def _patch_meshes(patches: Any, tracker: Any) -> None:
         return torch.device("cuda", 0)
 
     patches.set(mesh_class, "__init__", init)
+    _patch_dtensor_new(patches, tracker)
     if tracker.fake:
         _patch_fake_dispatch(patches, tracker)
-        _patch_dtensor_new(patches, tracker)
         _patch_foreach_sharding(patches)
         _patch_shard_chunks(patches)
     patches.set(_fsdp_init, "_get_device_from_mesh", device_from_mesh)
     patches.set(_fully_shard, "_get_device_from_mesh", device_from_mesh)
+    _patch_all_gather_copy_in(patches)
+
+
+def _patch_all_gather_copy_in(patches: Any) -> None:
+    """Up to 2.8 FSDP2's ``fsdp::all_gather_copy_in`` op makes the all-gather buffer inside its
+    own kernel (``_fsdp_collectives.py``: ``torch.empty(..., device=device)`` in the op's CPU
+    and CUDA implementation; from 2.9 the caller allocates it and passes it in). A kernel runs
+    below the tracker, so with real host tensors (profile mode) that ``empty`` of the virtual
+    GPU reached the CUDA runtime (2.6: "Found no NVIDIA driver"). The op's steps run at the
+    script's level instead, where the buffer is made and recorded like any other: the buffer of
+    ``world_size`` x the rank's input, this rank's slice of it, the inputs copied in."""
+    import torch
+
+    try:
+        schema = torch.ops.fsdp.all_gather_copy_in.default._schema
+    except (AttributeError, RuntimeError):  # not defined by this torch
+        return
+    if "device" not in [argument.name for argument in schema.arguments]:
+        return  # 2.9+: the caller's buffer
+
+    def all_gather_copy_in(inputs: Any, split_sizes: Any, input_numel: int, world_size: int,
+                           rank: int, dtype: Any, device: Any, *_group: Any) -> Any:
+        # 2.8 adds group_name and allocate_memory_from_process_group (the buffer from the
+        # process group's own allocator when set, from the caching allocator otherwise:
+        # _fsdp_collectives.py, allocate_memory); the fake group has no allocator of its own
+        output = torch.empty((input_numel * world_size,), dtype=dtype, device=device)
+        own = output.narrow(0, input_numel * rank, input_numel)
+        with torch.no_grad():
+            torch._foreach_copy_(list(torch.split(own, split_sizes)), list(inputs))
+        return own, output
+
+    patches.set(torch.ops.fsdp, "all_gather_copy_in", all_gather_copy_in)
 
 
 def _patch_dtensor_new(patches: Any, tracker: Any) -> None:
     """Up to 2.7 DTensor's constructor is Python (``DTensor.__new__``: ``_make_wrapper_subclass``
-    with ``device=local_tensor.device``), where a fake shard would report the virtual GPU and
-    make a "cuda" DTensor over host storage: FSDP2 then refuses the gradient ("attempting to
-    assign a gradient with device type 'cuda' to a tensor with device type 'cpu'", 2.6). The
-    constructor reads the real device, as the C++ one of later releases does."""
+    with ``device=local_tensor.device``), where a shard on the virtual GPU (fake or, in
+    profile mode, a host tensor answered by ``DeviceMode``) would report ``cuda:0`` and make a
+    "cuda" DTensor over host storage: FSDP2 then refuses the gradient ("attempting to assign a
+    gradient with device type 'cuda' to a tensor with device type 'cpu'", 2.6). The constructor
+    reads the real device, as the C++ one of later releases does."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:

@@ -148,23 +148,24 @@ class _StepHooks:
             self.tracker.enter_phase("forward")
             if module not in self._seen_roots:
                 self._seen_roots.add(module)
-                from xmem_admission.estimator.trace import Category
-
-                for tensor in list(module.parameters()) + list(module.buffers()):
-                    self.tracker.tag(tensor, Category.PARAMETER)
+                self.tracker.tag_parameters(module)
                 for sub in module.modules():
                     self._modules.add(sub)
         self.depth += 1
+        self.tracker.modules.enter(module)
 
-    def _forward_post(self, _module: Any, _inputs: Any, _output: Any) -> None:
+    def _forward_post(self, module: Any, _inputs: Any, _output: Any) -> None:
+        self.tracker.modules.exit(module)
         self.depth = max(0, self.depth - 1)
         if self.depth == 0 and self.tracker.phase == "forward":
             self.tracker.enter_phase("loss")
+            self.tracker.modules.leave_forward()
 
     def _backward(self, *args: Any, **kwargs: Any) -> Any:
         self.step_boundary()
         self.depth = 0
         previous = self.tracker.phase
+        self.tracker.modules.reset()
         self.tracker.enter_phase("backward")
         try:
             return self._real_backward(*args, **kwargs)

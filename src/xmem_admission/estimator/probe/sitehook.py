@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract import probe_env
 
@@ -219,7 +219,7 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
         per_gpu = estimate_trace(result.trace, gpus, config, env=dict(os.environ))
         write_result(path, termination.encode_ok(
             result.mode, result.steps, result.seconds, [g.to_dict() for g in per_gpu],
-            os.environ.get(probe_env.FALLBACK, "")))
+            os.environ.get(probe_env.FALLBACK, ""), _peak(result.trace, gpus[0], config)))
         print(f"xmem probe: {result.steps} steps traced in {result.seconds:.1f} s; estimates for "
               f"{', '.join(g.gpu for g in per_gpu)} written", file=sys.stderr, flush=True)
         return 0
@@ -235,6 +235,15 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
     write_result(path, termination.encode_failure(result.status, result.reason,
                                                   result.exit_code or 1, result.traceback))
     return result.exit_code or 1
+
+
+def _peak(trace: Any, gpu: Any, config: Any) -> Dict[str, Any]:
+    """The first target GPU's peak for the compact result: its three largest groups."""
+    from xmem_admission.estimator import peak
+
+    found = peak.explain(trace, [gpu], config, env=dict(os.environ))[0]
+    return {"gpu": found.gpu, "groups": peak.compact(found),
+            "cached": found.cached_free_bytes, "fragmentation": found.fragmentation_bytes}
 
 
 SITECUSTOMIZE = f'''"""xmem probe bundle: start the probe in estimation pods ({probe_env.ON}={probe_env.ON_VALUE}), see

@@ -78,9 +78,21 @@ class Patches:
         self._saved: List[Tuple[Any, str, Any, bool]] = []
 
     def set(self, obj: Any, name: str, value: Any) -> None:
-        existed = name in vars(obj) if isinstance(obj, type) else hasattr(obj, name)
-        self._saved.append((obj, name, getattr(obj, name, None), existed))
+        self.keep(obj, name)
         setattr(obj, name, value)
+
+    def keep(self, obj: Any, name: str) -> None:
+        """Remember ``obj.name`` as it is now (or that it is absent), changing nothing. A class
+        keeps what its own ``__dict__`` holds: ``getattr`` would unwrap a staticmethod or bind a
+        classmethod, and putting that back changes the class (a second probe run in the same
+        process then found DTensor's ``__new__`` a plain function, not the staticmethod it
+        patches)."""
+        if isinstance(obj, type):
+            existed = name in vars(obj)
+            old = vars(obj).get(name)
+        else:
+            existed, old = hasattr(obj, name), getattr(obj, name, None)
+        self._saved.append((obj, name, old, existed))
 
     def restore(self) -> None:
         while self._saved:
@@ -221,9 +233,9 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
 
     context = getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None)
     if isinstance(context, threading.local):  # 2.3+
-        p.set(context, "device_context", getattr(context, "device_context", None))
+        p.keep(context, "device_context")
     elif hasattr(torch, "_GLOBAL_DEVICE_CONTEXT"):  # 2.2: a module global
-        p.set(torch, "_GLOBAL_DEVICE_CONTEXT", context)
+        p.keep(torch, "_GLOBAL_DEVICE_CONTEXT")
     real_get_default = getattr(torch, "get_default_device", None)  # 2.3+
     if real_get_default is not None:
         def get_default_device() -> Any:

@@ -20,6 +20,7 @@ Runs inside users' images: Python >= 3.9, torch >= 2.2, no other dependency.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import traceback
 import weakref
@@ -35,7 +36,15 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from xmem_admission.estimator.conv_marks import ConvFlags, ConvMark, as_2d, routes_to_cudnn
-from xmem_admission.estimator.trace import ALLOC, Alloc, Category, Trace
+from xmem_admission.estimator.trace import (
+    ALL_GATHER,
+    ALLOC,
+    LOSS,
+    RECOMPUTED,
+    Alloc,
+    Category,
+    Trace,
+)
 
 aten = torch.ops.aten
 Args = Tuple[Any, ...]
@@ -236,16 +245,155 @@ def where_in_script() -> str:
 
 
 class _Block:
-    __slots__ = ("ident", "nbytes", "category", "phase", "phase_seq", "event")
+    __slots__ = ("ident", "nbytes", "category", "phase", "phase_seq", "event", "module")
 
     def __init__(self, ident: int, nbytes: int, category: str, phase: str, phase_seq: int,
-                 event: int) -> None:
+                 event: int, module: str) -> None:
         self.ident = ident
         self.nbytes = nbytes
         self.category = category
         self.phase = phase
         self.phase_seq = phase_seq
         self.event = event
+        self.module = module
+
+
+# Attributes through which a wrapper holds the module it wraps: the level is left out of module
+# paths (DDP's and DataParallel's ``module``, FSDP1's ``_fsdp_wrapped_module``,
+# checkpoint_wrapper's ``_checkpoint_wrapped_module``, torch.compile's ``_orig_mod``).
+# The classes that hold it (empty: any).
+_WRAPPER_ATTRS: Dict[str, Tuple[str, ...]] = {
+    "_fsdp_wrapped_module": (), "_checkpoint_wrapped_module": (), "_orig_mod": (),
+    "module": ("DistributedDataParallel", "DataParallel")}
+# An autograd node made outside the thread's sequence (AccumulateGrad's, UINT64_MAX in
+# torch/csrc/autograd/function.h) belongs to no forward module.
+_NO_SEQUENCE = 1 << 63
+
+
+class _ModuleTracker:
+    """The ``nn.Module`` running now, and which module made each autograd node.
+
+    Module paths come from the probe's global forward hooks (``enter``/``exit``). Autograd
+    numbers its nodes in creation order on each thread (``Node::sequence_nr``,
+    torch/csrc/autograd/function.h, from ``at::sequence_number::get_and_increment``); at each
+    module boundary the next number is noted, so a backward node's number names the forward
+    module that was running when the node was made (``module_of_node``). Python has no
+    binding that reads the counter, so it is read by making one node (a view of a leaf) with
+    the dispatcher's and torch-function modes off: two module boundaries per module call, a
+    few microseconds each.
+    """
+
+    def __init__(self) -> None:
+        self.stack: List[Tuple[Any, str]] = []
+        self.path = ""
+        self.outside = ""  # the path outside any module: LOSS after a forward, else ""
+        self._paths: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._starts: List[int] = []
+        self._at: List[str] = []
+        self._leaf: Optional[torch.Tensor] = None
+
+    def _next_sequence_nr(self) -> int:
+        if self._leaf is None:
+            with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+                self._leaf = torch.zeros(1, requires_grad=True)
+        with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch(), \
+                torch.enable_grad():
+            node = self._leaf.view(1).grad_fn
+        return int(node._sequence_nr()) + 1 if node is not None else 0
+
+    def _boundary(self) -> None:
+        try:
+            start = self._next_sequence_nr()
+        except Exception:  # noqa: BLE001 - a torch without these guards: forward paths only
+            return
+        if self._starts and self._starts[-1] == start:
+            self._at[-1] = self.path
+        else:
+            self._starts.append(start)
+            self._at.append(self.path)
+
+    def path_of(self, module: Any) -> str:
+        path = self._paths.get(module)
+        if path is None:
+            path = self._name(module)
+            try:
+                self._paths[module] = path
+            except TypeError:  # not weakly referenceable: named again next time
+                pass
+        return path
+
+    def _name(self, module: Any) -> str:
+        if not self.stack:
+            return type(module).__name__
+        parent, parent_path = self.stack[-1]
+        return child_path(parent, parent_path, module, _child_name(parent, module),
+                          len(self.stack) == 1)
+
+    def enter(self, module: Any) -> None:
+        if not self.stack:
+            self.outside = ""
+        path = self.path_of(module)
+        self.stack.append((module, path))
+        self.path = path
+        self._boundary()
+
+    def exit(self, module: Any) -> None:
+        stack = self.stack
+        for depth in range(len(stack) - 1, -1, -1):
+            if stack[depth][0] is module:
+                del stack[depth:]
+                break
+        else:
+            return
+        self.path = stack[-1][1] if stack else self.outside
+        self._boundary()
+
+    def leave_forward(self) -> None:
+        """The model's forward is over: what runs outside modules now is the loss."""
+        if not self.stack:
+            self.outside = self.path = LOSS
+            self._boundary()
+
+    def reset(self) -> None:
+        """A backward starts: any forward left open (one that raised) is over."""
+        self.stack.clear()
+        self.outside = self.path = ""
+        self._boundary()
+
+    def module_of_node(self, sequence_nr: int) -> str:
+        if sequence_nr >= _NO_SEQUENCE:
+            return ""
+        at = bisect.bisect_right(self._starts, sequence_nr) - 1
+        return self._at[at] if at >= 0 else ""
+
+
+def child_path(parent: Any, parent_path: str, child: Any, attr: Optional[str],
+               parent_is_root: bool) -> str:
+    """The module path of ``child``, held by ``parent`` under ``attr`` (None: not held)."""
+    if attr is None:
+        return f"{parent_path}.{type(child).__name__}"
+    owners = _WRAPPER_ATTRS.get(attr.split(".")[-1])
+    if owners is not None and (not owners or type(parent).__name__ in owners):
+        # a wrapper level: the wrapped module takes the wrapper's path (under a root wrapper,
+        # its own class name, as a root has)
+        return type(child).__name__ if parent_is_root else parent_path
+    return f"{parent_path}.{attr}"
+
+
+def _child_name(parent: Any, child: Any) -> Optional[str]:
+    """The attribute path under which ``parent`` holds ``child`` (None: it does not)."""
+    for name, sub in getattr(parent, "_modules", {}).items():
+        if sub is child:
+            return str(name)
+    named = getattr(parent, "named_modules", None)
+    if named is not None:
+        try:
+            for name, sub in named():
+                if sub is child and name:
+                    return str(name)
+        except Exception:  # noqa: BLE001 - a module whose children cannot be listed
+            return None
+    return None
 
 
 class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is read as Any
@@ -285,6 +433,12 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         # The autograd node whose ops run now, and the first block id made under it.
         self._node_key: Optional[Tuple[int, int]] = None
         self._node_first_block = 0
+        # Attribution (trace v2): the module running, the module of the autograd node running,
+        # and the op whose outputs are being recorded.
+        self.modules = _ModuleTracker()
+        self._node_module = ""
+        self._source = ""
+        self._source_names: Dict[Any, str] = {}
 
     # -- phases -----------------------------------------------------------------------------
     def enter_phase(self, phase: str) -> None:
@@ -298,18 +452,43 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         except (RuntimeError, NotImplementedError):
             return False
 
-    def tag(self, tensor: Optional[torch.Tensor], category: Category) -> None:
-        """Give the GPU block behind ``tensor`` an explicit category (parameter, gradient...)."""
+    def tag(self, tensor: Optional[torch.Tensor], category: Category,
+            module: Optional[str] = None) -> None:
+        """Give the GPU block behind ``tensor`` an explicit category (parameter, gradient...)
+        and, when given, the module it belongs to."""
         if tensor is None:
             return
         try:
             block = self._storages.get(_local(tensor).untyped_storage())
         except (RuntimeError, NotImplementedError):
             return
-        if block is None or block.category == category.value:
+        if block is None:
+            return
+        if module is not None and block.module != module:
+            block.module = module
+            event = self.trace.events[block.event]
+            if event.op == ALLOC:
+                self.trace.events[block.event] = event._replace(module=module)
+        if block.category == category.value:
             return
         block.category = category.value
         self._recategorize(block, category.value)
+
+    def tag_parameters(self, root: Any) -> None:
+        """Tag a root module's parameters and buffers, each with the module that holds it."""
+        todo = [(root, self.modules.path_of(root), root is not None and not self.modules.stack)]
+        seen: Set[int] = set()
+        while todo:
+            module, path, is_root = todo.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            for tensor in (list(module.parameters(recurse=False))
+                           + list(module.buffers(recurse=False))):
+                self.tag(tensor, Category.PARAMETER, path)
+            for attr, child in module._modules.items():
+                if child is not None:
+                    todo.append((child, child_path(module, path, child, attr, is_root), False))
 
     def address(self, storage: Any) -> int:
         """A stable, distinct stand-in address for a fake storage (512-byte aligned, as the
@@ -369,6 +548,7 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
                 return func(*args, **kwargs)
         if self.on_parameter_update is not None and self.phase in ("after_backward", "optimizer"):
             self.on_parameter_update(self._updates_parameter(func, args))
+        self._source = func
         if self.phase == "backward":
             self._note_autograd_node()
             if self._engine_accumulates(func, args, kwargs):
@@ -477,12 +657,15 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         node = _current_autograd_node()
         if node is None:
             self._node_key = None
+            self._node_module = ""
             return
         sequence_nr = getattr(node, "_sequence_nr", None)
-        key = (id(node), sequence_nr() if sequence_nr is not None else 0)
+        number = sequence_nr() if sequence_nr is not None else _NO_SEQUENCE
+        key = (id(node), number)
         if key != self._node_key:  # the first op under this node: the node starts here
             self._node_key = key
             self._node_first_block = self._next_id
+            self._node_module = self.modules.module_of_node(number)
 
     def _engine_accumulates(self, func: Any, args: Args, kwargs: Kwargs) -> bool:
         """Is this ``add`` autograd summing two gradients of one input (a residual, a tied weight)?
@@ -652,9 +835,22 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         return cached
 
     # -- allocations ------------------------------------------------------------------------
+    def _owner(self, index: int, inputs: List[torch.Tensor]) -> str:
+        """In an optimizer step (outside any module): the module of the block the op's matching
+        input lives in, for the optimizer's state and its foreach temporaries (``zeros_like(p)``'s parameter; element
+        ``index`` of a foreach op's first list)."""
+        if self.phase != "optimizer" or not inputs:
+            return ""
+        t = inputs[index] if index < len(inputs) else inputs[0]
+        try:
+            block = self._storages.get(_local(t).untyped_storage())
+        except (RuntimeError, NotImplementedError):
+            return ""
+        return block.module if block is not None else ""
+
     def _record_outputs(self, out: Any, inputs: List[torch.Tensor]) -> None:
         cuda = None  # decided lazily: most outputs of most ops are new storages
-        for t in tree_flatten(out)[0]:
+        for index, t in enumerate(tree_flatten(out)[0]):
             if not isinstance(t, torch.Tensor):
                 continue
             try:
@@ -673,7 +869,7 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
                              and t.dtype.is_floating_point)):
                 self._storages[st] = None
                 continue
-            self._new_block(st)
+            self._new_block(st, self._owner(index, inputs) if not self.modules.path else "")
 
     def _output_on_cuda(self, inputs: List[torch.Tensor]) -> bool:
         flag = self.device_flag
@@ -690,7 +886,7 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
                 continue
         return False
 
-    def _new_block(self, st: Any) -> None:
+    def _new_block(self, st: Any, inherited: str = "") -> None:
         nbytes = st.nbytes()
         if nbytes == 0:
             # A zero-byte request never reaches cudaMalloc nor a block: the caching allocator
@@ -700,13 +896,25 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             return
         ident = self._next_id
         self._next_id += 1
-        category = _PHASE_CATEGORY.get(self.phase)
-        if self.phase == "forward":
+        phase = self.phase
+        category = _PHASE_CATEGORY.get(phase)
+        if phase == "forward":
             self.forward_allocations += 1
         if category is None:
             category = Category.INPUT.value if self.device_flag == "cuda" else Category.OTHER.value
-        block = _Block(ident, nbytes, category, self.phase, self.phase_seq, len(self.trace.events))
-        self.trace.events.append(Alloc(ALLOC, ident, nbytes, 0, category, self.phase))
+        if phase == "backward":
+            module = (self.modules.path + RECOMPUTED if self.modules.stack
+                      else self._node_module)
+        else:
+            module = self.modules.path or inherited
+        func = self._source
+        source = self._source_names.get(func) if func is not None else ""
+        if source is None:
+            source = self._source_names[func] = _source_name(func)
+        block = _Block(ident, nbytes, category, phase, self.phase_seq, len(self.trace.events),
+                       module)
+        self.trace.events.append(Alloc(ALLOC, ident, nbytes, 0, category, phase, module,
+                                       source))
         self._storages[st] = block
         self.live_bytes += nbytes
         if self.live_bytes > self.peak_live_bytes:
@@ -735,7 +943,11 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         except (RuntimeError, NotImplementedError):
             return
         if block is not None and st.nbytes() != max(block.nbytes, 0):
-            self._resized(st, block)
+            previous, self._source = self._source, ALL_GATHER
+            try:
+                self._resized(st, block)
+            finally:
+                self._source = previous
 
     def _on_free(self, block: _Block) -> None:
         if block.nbytes < 0:
@@ -779,6 +991,14 @@ _MISSING = object()
 # The autograd node being evaluated on this thread: None outside backward (and always, on a
 # torch without the binding). Looked up once: the tracker asks at every op of a backward.
 _current_autograd_node = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+def _source_name(func: Any) -> str:
+    """An op's name for the trace: ``aten.mm``, ``c10d.allgather_``; a string as it is."""
+    if isinstance(func, str):
+        return func
+    packet = getattr(func, "__name__", str(func)).split(".")[0]
+    return f"{getattr(func, 'namespace', 'aten')}.{packet}"
 
 
 def _op_name(func: Any) -> str:

@@ -241,7 +241,10 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
         return out
 
     def _device(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
-        return CUDA0 if self.tracker.is_cuda(args[0]) else func(*args, **kwargs)
+        # torch's own code run for an op (the tracker's dispatch depth) sees the real device
+        if self.tracker.dispatch_depth == 0 and self.tracker.is_cuda(args[0]):
+            return CUDA0
+        return func(*args, **kwargs)
 
     # -- autograd ---------------------------------------------------------------------------
     # A torch-function mode is switched off while its handler runs, so a backward pass started
