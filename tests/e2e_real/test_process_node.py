@@ -106,15 +106,19 @@ def test_env_volumes_and_paths_are_those_of_the_pod_spec(core, ns):
         "world hello world env", "from config map"]
 
 
-def test_a_pod_asking_for_a_gpu_stays_pending_unschedulable_on_a_node_without_one(core, ns):
+def test_a_pod_asking_for_a_gpu_stays_pending_unschedulable_on_a_node_without_one(
+        cluster, core, ns):
+    # Held to this node by name: the session may also hold a GPU process node (the OOM-retry,
+    # right-sizing and Kueue tests start one), which would otherwise take the pod.
     core.create_namespaced_pod(ns, _pod("gpu", ["true"], container={
-        "resources": {"limits": {"nvidia.com/gpu": "1"}}}))
+        "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+        nodeSelector={"kubernetes.io/hostname": cluster.node.name}))
 
     def unschedulable() -> bool:
         conditions = core.read_namespaced_pod("gpu", ns).status.conditions or []
         return any(c.reason == "Unschedulable" for c in conditions)
 
-    wait_for(unschedulable, 30, "the scheduler's Unschedulable condition")
+    wait_for(unschedulable, 60, "the scheduler's Unschedulable condition")
     assert core.read_namespaced_pod("gpu", ns).spec.node_name is None
 
 
@@ -145,3 +149,51 @@ def test_an_image_from_an_unreachable_registry_waits_in_image_pull_backoff(core,
     assert pod.status.phase == "Pending"
     events = core.list_namespaced_event(ns, field_selector="involvedObject.name=unpullable")
     assert "Error: ErrImagePull" in {e.message for e in events.items}
+
+
+def test_fallback_to_logs_keeps_the_last_80_lines_and_2048_bytes_as_the_kubelet_does(core, ns):
+    """The kubelet reads the last 80 lines of the log into a 2048-byte ring (kubelet
+    kuberuntime readLastStringFromContainerLogs; kubecontainer
+    MaxContainerTerminationMessageLogLines and MaxContainerTerminationMessageLogLength), stdout
+    and stderr together, only for a failed container that wrote no message."""
+    short = "import sys\nfor i in range(100): print(f'l{i:03d}', file=sys.stderr if i % 2 else " \
+            "sys.stdout, flush=True)\nraise SystemExit(1)"
+    wide = "for i in range(100): print(f'line {i:03d} ' + 'x' * 40, flush=True)\nraise SystemExit(2)"
+    written = "open('/dev/termination-log', 'w').write('mine'); print('noise'); raise SystemExit(1)"
+    for name, program in (("short", short), ("wide", wide), ("written", written)):
+        core.create_namespaced_pod(ns, _pod(name, ["python", "-c", program], container={
+            "terminationMessagePolicy": "FallbackToLogsOnError"}))
+    assert _terminated(_finished(core, ns, "short")).message == "".join(
+        f"l{i:03d}\n" for i in range(20, 100))
+    lines = "".join(f"line {i:03d} " + "x" * 40 + "\n" for i in range(20, 100))
+    assert _terminated(_finished(core, ns, "wide")).message == lines[-2048:]
+    assert _terminated(_finished(core, ns, "written")).message == "mine"
+
+
+def test_on_failure_a_failed_container_runs_again_in_the_same_pod_as_the_kubelet_runs_it(
+        core, ns):
+    """restartPolicy OnFailure: the container that exited non-zero backs off, with its
+    termination (and message) in lastState and restartCount counted, then runs again."""
+    program = ("import pathlib; f = pathlib.Path('/scratch/runs'); n = int(f.read_text()) if "
+               "f.exists() else 0; f.write_text(str(n + 1)); print(f'run {n}'); "
+               "raise SystemExit(0 if n >= 2 else 1)")
+    body = _pod("again", ["python", "-c", program], restartPolicy="OnFailure",
+                volumes=[{"name": "work", "emptyDir": {}}],
+                container={"terminationMessagePolicy": "FallbackToLogsOnError",
+                           "volumeMounts": [{"name": "work", "mountPath": "/scratch"}]})
+    core.create_namespaced_pod(ns, body)
+    def backing_off_pod() -> Any:
+        pod = core.read_namespaced_pod("again", ns)
+        waiting = pod.status.container_statuses and pod.status.container_statuses[0].state.waiting
+        return pod if waiting and waiting.reason == "CrashLoopBackOff" else None
+
+    backing_off = wait_for(backing_off_pod, 60, "the container to back off")
+    status = backing_off.status.container_statuses[0]
+    assert status.restart_count >= 1 and status.last_state.terminated.exit_code == 1
+    assert backing_off.status.phase == "Running"
+    finished = _finished(core, ns, "again")
+    status = finished.status.container_statuses[0]
+    assert finished.status.phase == "Succeeded" and status.restart_count == 2
+    assert status.state.terminated.exit_code == 0
+    assert (status.last_state.terminated.exit_code, status.last_state.terminated.message) == (
+        1, "run 1\n")
