@@ -208,3 +208,9 @@ def test_the_frontend_plans_the_same_engines_in_the_same_order(lib, shape, call)
     positions = [ours.index(plan) for plan in theirs]
     assert positions == sorted(positions)
     assert len(ours) - len(theirs) <= 2
+
+
+@pytest.mark.parametrize("number,text", [(92400, "9.24.0"), (90100, "9.1.0"), (91100, "9.11.0"),
+                                         (8902, "8.9.2"), (8600, "8.6.0"), (7605, "7.6.5")])
+def test_cudnn_version_numbers_read_as_their_release_in_both_numbering_schemes(number, text):
+    assert ch.version_text(number) == text

@@ -308,6 +308,15 @@ class _Descriptors:
         self._made.clear()
 
 
+def version_text(version: int) -> str:
+    """"9.24.0" for 92400, "8.9.2" for 8902: cudnn_version.h defines CUDNN_VERSION as
+    major * 10000 + minor * 100 + patch from cuDNN 9, major * 1000 + minor * 100 + patch before
+    (cuDNN 8's cudnn_version.h; torch 2.2-2.3 bring 8.9.2)."""
+    major, rest = divmod(version, 10000 if version >= 90000 else 1000)
+    minor, patch = divmod(rest, 100)
+    return f"{major}.{minor}.{patch}"
+
+
 class CudnnLibrary:
     """A loaded libcudnn: its version, and deviceless planning of convolutions."""
 
@@ -339,10 +348,7 @@ class CudnnLibrary:
 
     @property
     def version_text(self) -> str:
-        """"9.24.0" for 92400 (cuDNN 9: major * 10000 + minor * 100 + patch)."""
-        major, rest = divmod(self.version, 10000)
-        minor, patch = divmod(rest, 100)
-        return f"{major}.{minor}.{patch}"
+        return version_text(self.version)
 
     @property
     def deviceless(self) -> bool:
