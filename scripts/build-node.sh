@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# The real node's binaries (#29, item 3, in progress): the kubelet of the pinned Kubernetes
-# release, from the same k8s.io/kubernetes module as the control plane (scripts/build-kube.sh),
-# and containerd 2.x with its runc shim, from their Go modules, into
+# The real node's binaries (#29, item 3): the kubelet of the pinned Kubernetes release, from the
+# same k8s.io/kubernetes module as the control plane (scripts/build-kube.sh), containerd 2.x with
+# its runc shim, and a local image registry (distribution v3), from their Go modules, into
 # ~/.cache/xmem-admission/node/<versions>/bin. runc and the CNI plugins come from Debian's
-# packages (runc, containernetworking-plugins). Not yet part of `make tools` (`make node-tools`).
+# packages (runc, containernetworking-plugins: scripts/install-image-tools.sh). Not part of
+# `make tools`: `make node-tools`, and `make node-test` runs the node's test with it
+# (tests/realnode, the fixture tests/realkube/kubelet.py).
 #
-# Measured here (2 cores, cold module cache): 874 s for the three, 132 MB. By hand, kubelet
-# v1.36.3 in standalone mode (failCgroupV1: false, cgroupDriver: cgroupfs, failSwapOn: false)
-# reached containerd v2.4.2 over CRI ("Container runtime initialized ... version=v2.4.2") and
-# answered /healthz; it made its root directory a bind mount and kubepods cgroups in every v1
-# hierarchy, which a fixture must undo (umount, rmdir) when it stops it. No pod has run on it yet.
+# Measured here (2 cores, cold module cache, nice 19 beside a CI run): 871 s for the four, 156 MB
+# (containerd and its shim 3 min, the registry 2 min, the kubelet 8 min); 874 s for the first
+# three alone before. The node these make ran its first pods on 2026-12-03
+# (tests/realnode/test_a_pod_runs_on_a_real_kubelet.py: versions and findings in its docstring).
 set -euo pipefail
 
 source "$(dirname "$0")/go-cache.sh"
 source "$ROOT/scripts/kube-versions.env"
 source "$ROOT/scripts/node-versions.env"
 cache_begin node "${XMEM_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xmem-admission/node}" \
-  "k8s-${KUBERNETES_VERSION}_containerd-${CONTAINERD_VERSION}_r${NODE_BUILD_RECIPE}"
+  "k8s-${KUBERNETES_VERSION}_containerd-${CONTAINERD_VERSION}_registry-${DISTRIBUTION_VERSION}_r${NODE_BUILD_RECIPE}"
 mkdir -p "$DEST/bin"
 
 build_kubelet() {
@@ -53,8 +54,44 @@ build_containerd() {
   export GOFLAGS=-mod=mod
 }
 
+# The registry's own cmd/registry links every storage driver (S3, Azure, GCS and their SDKs); the
+# node needs the file system driver and htpasswd authentication only, so a main of ours runs the
+# same root command (registry.RootCmd: `registry serve CONFIG`, `registry --version`) with just
+# those registered: fewer packages to compile on a 2-core machine.
+build_registry() {
+  [ -x "$DEST/bin/registry" ] && return 0
+  local module=github.com/distribution/distribution/v3 mod="$WORK/wrap-registry"
+  log "$module $DISTRIBUTION_VERSION: registry"
+  mkdir -p "$mod"
+  printf 'module xmem.local/build/registry\n\ngo 1.26\n\nrequire %s %s\n' \
+    "$module" "$DISTRIBUTION_VERSION" >"$mod/go.mod"
+  cat >"$mod/main.go" <<GO
+package main
+
+import (
+	"os"
+
+	"$module/registry"
+	_ "$module/registry/auth/htpasswd"
+	_ "$module/registry/storage/driver/filesystem"
+)
+
+func main() {
+	if err := registry.RootCmd.Execute(); err != nil {
+		os.Exit(1)
+	}
+}
+GO
+  (cd "$mod" && "$GO" mod tidy)
+  (cd "$mod" && $NICE "$GO" build -trimpath -o "$WORK/registry" -ldflags \
+    "-s -w -X $module/version.version=$DISTRIBUTION_VERSION" .)
+  mv -f "$WORK/registry" "$DEST/bin/registry"
+}
+
 build_containerd
+build_registry
 build_kubelet
 "$DEST/bin/kubelet" --version >&2
 "$DEST/bin/containerd" --version >&2
+"$DEST/bin/registry" --version >&2
 cache_finish

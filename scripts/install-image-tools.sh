@@ -7,12 +7,16 @@
 #   runc        the OCI runtime (crun, podman's other choice, refuses cgroup v1 "hybrid" hosts)
 #   mmdebstrap  makes a Debian root file system from Debian's packages: the base image when no
 #               registry can be pulled from (scripts/base-image.sh)
+#   containernetworking-plugins
+#               the CNI plugins (bridge, host-local, loopback, portmap in /usr/lib/cni) of the
+#               real node's pod network (tests/realkube/kubelet.py)
+#   iptables    what those plugins and the kubelet program the host's firewall with
 #
 # Unlike scripts/install-tools.sh this fails (exit 1) when a tool cannot be installed: `make
 # image` cannot do without them.
 set -euo pipefail
 
-PACKAGES=(podman runc mmdebstrap)
+PACKAGES=(podman runc mmdebstrap containernetworking-plugins iptables)
 missing=()
 for package in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" \

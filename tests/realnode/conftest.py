@@ -1,0 +1,92 @@
+"""The real node's tests (#29, item 3): a kubelet, containerd, runc, CNI bridge networking and a
+local image registry on this machine (``tests/realkube/kubelet.py``), under a control plane of
+their own.
+
+They build things (the node's binaries: about 15 minutes cold; a Debian base image: about a
+minute) and need root, so they are not part of `make test`: `make node-test` builds what they need
+and runs them with XMEM_REAL_NODE_TESTS=1. Without it each module skips itself, naming that
+command. The fixtures below go through the project's own scripts, each of which returns at once
+when its result exists (the cache entries, the image in podman's store).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import pytest
+
+if TYPE_CHECKING:
+    from tests.realkube.controlplane import ControlPlane
+    from tests.realkube.kubelet import RealNode
+
+ROOT = Path(__file__).resolve().parents[2]
+ENABLED = os.environ.get("XMEM_REAL_NODE_TESTS") == "1"
+SKIP_REASON = ("the real node's tests build and run a kubelet, containerd and images as root "
+               "(minutes): run them with `make node-test` (XMEM_REAL_NODE_TESTS=1)")
+
+
+def _script(*argv: str, timeout: float = 3600) -> str:
+    """Run one of the project's scripts; its last line of output."""
+    result = subprocess.run(["bash", *argv], cwd=ROOT, capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stderr[-4000:]}"
+    lines = result.stdout.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+@pytest.fixture(scope="session")
+def node_built() -> None:
+    """Debian's runc, CNI plugins, iptables and podman; the control plane; the node's binaries."""
+    if not ENABLED:
+        pytest.skip(SKIP_REASON)
+    from tests.realkube import kubelet
+
+    _script("scripts/install-image-tools.sh", timeout=900)
+    _script("scripts/build-kube.sh")
+    _script("scripts/build-node.sh")
+    reason = kubelet.missing()
+    if reason:
+        pytest.fail(reason)
+
+
+@pytest.fixture(scope="session")
+def base_image(node_built: None) -> str:
+    """A Debian bookworm image with Python (scripts/base-image.sh), in podman's store."""
+    return _script("scripts/base-image.sh", "bookworm", timeout=900)
+
+
+@pytest.fixture(scope="session")
+def sandbox_image(base_image: str) -> str:
+    from tests.realkube import kubelet
+
+    return kubelet.pause_image(base_image)
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory, node_built: None) -> Iterator[ControlPlane]:
+    from tests.realkube.controlplane import ControlPlane
+
+    running = ControlPlane(tmp_path_factory.mktemp("plane"))
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def real_node(plane: ControlPlane, sandbox_image: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    """A started RealNode; stopped (and everything it made removed) after the test, also when
+    the test stopped it itself."""
+    from tests.realkube.kubelet import RealNode
+
+    node = RealNode(plane, tmp_path_factory.mktemp("node"))
+    try:
+        node.start(sandbox_image)
+        yield node
+    finally:
+        node.stop()
