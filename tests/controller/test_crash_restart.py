@@ -66,7 +66,14 @@ def test_a_controller_killed_after_a_write_is_finished_by_a_new_process(harness,
     # several more resyncs, in which a second release would show.
     expected = 0 if point == "workload released" else 1
     # the Event follows the release at once; 60 s leaves room for a loaded 2-core machine
-    wait(lambda: len(estimated()) == expected, 60, f"{expected} Estimated event(s)")
+    try:
+        wait(lambda: len(estimated()) == expected, 60, f"{expected} Estimated event(s)")
+    except TimeoutError as exc:
+        # what the two controllers did, for a failure that explains itself
+        reasons = [(e["reason"], e.get("reportingInstance")) for e in harness.events("train")]
+        raise AssertionError(f"{exc}; the workload's events: {reasons}; first's log ends: "
+                             f"{harness.log_of('first')[-1500:]!r}; second's log ends: "
+                             f"{harness.log_of('second')[-1500:]!r}") from None
     wait(lambda: _held_gauge(harness, "second") == 0.0, 30, "the successor's resync")
     _holds(lambda: len(estimated()) == expected and second.poll() is None, 4 * RESYNC_SECONDS,
            f"exactly {expected} Estimated event(s) while the successor runs")
