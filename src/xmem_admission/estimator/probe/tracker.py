@@ -396,6 +396,30 @@ def _child_name(parent: Any, child: Any) -> Optional[str]:
     return None
 
 
+_VIEW_SIZES: List[bool] = []
+
+
+def _views_resize_storages() -> bool:
+    """Does this torch's fake mode report a view's extent as its storage's size?
+
+    torch 2.3's does: after ``base[:, :64]`` of a fake (1, 128) int64 tensor, ``base``'s and the
+    view's ``untyped_storage().nbytes()`` read 512, not 1,024; another view sets it again
+    (measured here with 2.3.1; 2.2.2, 2.8.0 and 2.14.1 keep 1,024). A view never allocates nor
+    resizes on a GPU, and the size such a view reports is never above the storage's, so there a
+    storage only counts as resized when it grows past its block (``torch.Tensor.resize_`` grows
+    storages and never shrinks them; shrinking takes ``UntypedStorage.resize_``, which FSDP uses,
+    and FSDP is traced with real values on 2.3: ``distributed._refuse_fake_on_2_3``). Asked of
+    torch itself, once, so a vendor's build of any release is judged by what it does."""
+    if not _VIEW_SIZES:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with _disable_current_modes(), FakeTensorMode():
+            base = torch.empty(4, dtype=torch.uint8)
+            view = base[:2]
+            _VIEW_SIZES.append(view.untyped_storage().nbytes() != 4)
+    return _VIEW_SIZES[0]
+
+
 class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is read as Any
     """Records the GPU allocation stream of the ops that run under it."""
 
@@ -404,6 +428,8 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         self.trace = trace
         self.fake = fake
         self.fake_mode = fake_mode
+        # Whether a view op rewrites the size its fake storage reports (``_views_resize_storages``).
+        self._view_sizes = fake and _views_resize_storages()
         # storage -> _Block for GPU storages; host storages map to None. Weak keys only.
         self._storages = WeakIdKeyDictionary()
         self._shadows = WeakIdKeyDictionary()
@@ -860,7 +886,8 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             known = st in self._storages
             if known:
                 block = self._storages[st]
-                if block is not None and st.nbytes() != max(block.nbytes, 0):
+                if block is not None and st.nbytes() != max(block.nbytes, 0) and not (
+                        self._view_sizes and st.nbytes() < block.nbytes):
                     self._resized(st, block)
                 continue
             if cuda is None:
