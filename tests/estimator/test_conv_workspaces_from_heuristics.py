@@ -178,3 +178,27 @@ def test_planning_stops_at_the_first_plan_torch_runs_without_a_workspace(devicel
                                     until_no_workspace=True)
         assert short == every[:every.index(0) + 1]
         assert cudnn.tried_workspaces(short) == cudnn.tried_workspaces(every)
+
+
+def test_a_trace_from_a_torch_whose_cudnn_cannot_plan_takes_the_rule_wherever_it_is_simulated(
+        deviceless_cudnn):
+    # A trace made beside torch 2.2's cuDNN 8.9.2: the estimation pod there takes the rule, so
+    # `xmem estimate --python` does too, though this process's cuDNN plans deviceless.
+    old = traced(MARK)
+    old.meta["cudnn"] = 8902
+    info = for_gpu(old, A100, env={}).meta["conv_workspaces"]
+    assert info["source"] == "fitted-rule" and info["rule_calls"] == 1
+    assert info["cudnn"] == "8.9.2"
+    assert "the traced torch's cuDNN 8.9.2 cannot plan without a GPU" in \
+        info["heuristics_unavailable"]
+    recent = traced(MARK)
+    recent.meta["cudnn"] = deviceless_cudnn.version
+    assert for_gpu(recent, A100, env={}).meta["conv_workspaces"]["source"] == "cudnn-heuristics"
+
+
+def test_the_probe_records_its_torchs_cudnn_in_the_trace(probe_run, script):
+    import torch
+
+    result, _ = probe_run([script("tiny_cnn.py")], "fake")
+    assert result.status == "ok", result.reason
+    assert result.trace.meta["cudnn"] == torch.backends.cudnn.version()

@@ -121,7 +121,8 @@ class ConvPlanner:
     def __init__(self, gpu: GPU, env: Optional[Mapping[str, str]] = None,
                  conv_rule: Optional[cudnn.ConvWorkspaceRule] = None,
                  library: Optional[heuristics.CudnnLibrary] = None,
-                 use_heuristics: bool = True, resident_bytes: Optional[int] = None) -> None:
+                 use_heuristics: bool = True, resident_bytes: Optional[int] = None,
+                 traced_cudnn: Optional[int] = None) -> None:
         self.gpu = gpu
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.rule = conv_rule if conv_rule is not None else cudnn.rule_for(
@@ -130,7 +131,16 @@ class ConvPlanner:
         self.library: Optional[heuristics.CudnnLibrary] = None
         self.cudnn_version: Optional[str] = None
         self.why_not = ""
-        if use_heuristics and conv_rule is None:
+        if (use_heuristics and conv_rule is None and library is None and traced_cudnn
+                and traced_cudnn < heuristics.DEVICELESS_MIN_VERSION):
+            # The trace comes from a torch whose cuDNN cannot plan without a GPU (torch 2.2-2.6
+            # bring 8.9 and 9.1): the estimation pod beside it takes the rule, and so does any
+            # other place that simulates its trace (`xmem estimate --python`), whatever cuDNN
+            # this process has.
+            self.cudnn_version = heuristics.version_text(traced_cudnn)
+            self.why_not = (f"the traced torch's cuDNN {self.cudnn_version} cannot plan without"
+                            " a GPU (deviceless plans need 9.11 or newer)")
+        elif use_heuristics and conv_rule is None:
             try:
                 lib = library or heuristics.load_cudnn()
                 self.cudnn_version = lib.version_text
@@ -309,7 +319,9 @@ def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
     workspace = cublas_workspace_bytes(gpu, env)
     lt_workspace = cublaslt_workspace_bytes(gpu, env)
     if planner is None:
-        planner = ConvPlanner(gpu, env, conv_rule)
+        traced = trace.meta.get("cudnn")
+        planner = ConvPlanner(gpu, env, conv_rule,
+                              traced_cudnn=traced if isinstance(traced, int) else None)
     stream = _Stream([], 1 + max((e.id for e in trace.events if e.op == ALLOC), default=0))
     events = stream.events
     resident_done = False

@@ -337,6 +337,19 @@ def _forked_child() -> None:
     _CHILD_MODES_OFF[-1].__enter__()
 
 
+def _cudnn_version() -> Optional[int]:
+    """The traced torch's cuDNN (``torch.backends.cudnn.version()``, 8902 for 8.9.2), None
+    without one: whoever simulates the trace elsewhere (``xmem estimate --python``) plans its
+    convolutions as cuDNN beside this torch would (``orchestrate.ConvPlanner``)."""
+    import torch
+
+    try:
+        version = torch.backends.cudnn.version()
+    except Exception:  # noqa: BLE001 - a library that does not load is no cuDNN here
+        return None
+    return int(version) if version else None
+
+
 def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> ProbeResult:
     """Run the script given by ``argv`` (no interpreter) in this process and trace it."""
     import torch
@@ -359,7 +372,8 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     props = patching.VirtualDeviceProperties(device["name"], int(device["total_memory"]),
                                              capability, int(device.get("multi_processor_count", 1)))
     trace = Trace(meta={"tool": "xmem-probe", "mode": mode, "torch": torch.__version__,
-                        "device": device["name"], "command": list(argv)})
+                        "cudnn": _cudnn_version(), "device": device["name"],
+                        "command": list(argv)})
     fake_mode = None
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
