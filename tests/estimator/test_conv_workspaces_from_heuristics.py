@@ -104,7 +104,7 @@ def _older_cudnn() -> str:
             capture_output=True, text=True, check=True).stdout.strip()
         if int(version) < ch.DEVICELESS_MIN_VERSION:
             return path
-    pytest.skip("no cuDNN older than 9.11 here (make compat's torch 2.4-2.6 environments)")
+    pytest.skip("no cuDNN 9 older than 9.11 here (make compat's torch 2.4-2.10 environments)")
 
 
 _OLDER = """
