@@ -46,13 +46,15 @@ GPU = "A100-80GB"
 
 # Each minor release's newest patch, with the oldest and newest Python of 3.9-3.13 it has wheels
 # for on PyPI (`pip index versions torch --python-version 3.X --only-binary=:all:`, 2026-12-02:
-# 3.9 up to 2.8, 3.13 from 2.5; 2.2-2.4 have 3.12 at most, 2.9 on start at 3.10).
+# 3.9 up to 2.8, 3.13 from 2.5; 2.2-2.4 have 3.12 at most, 2.9 on start at 3.10, 2.15 at 3.11:
+# `pip install --dry-run --only-binary=:all: --python-version 3.10 torch==2.15.0` finds none,
+# 2026-12-03).
 MATRIX: List[Tuple[str, Tuple[str, ...]]] = [
     ("2.2.2", ("3.9", "3.12")), ("2.3.1", ("3.9", "3.12")), ("2.4.1", ("3.9", "3.12")),
     ("2.5.1", ("3.9", "3.13")), ("2.6.0", ("3.9", "3.13")), ("2.7.1", ("3.9", "3.13")),
     ("2.8.0", ("3.9", "3.13")), ("2.9.1", ("3.10", "3.13")), ("2.10.0", ("3.10", "3.13")),
     ("2.11.0", ("3.10", "3.13")), ("2.12.1", ("3.10", "3.13")), ("2.13.0", ("3.10", "3.13")),
-    ("2.14.1", ("3.10", "3.13")), ("2.15.0", ("3.10", "3.13")),
+    ("2.14.1", ("3.10", "3.13")), ("2.15.0", ("3.11", "3.13")),
 ]
 # Below the range: refused with it, never traced.
 OUTSIDE = [("2.1.2", ("3.10",))]
