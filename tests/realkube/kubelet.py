@@ -129,22 +129,16 @@ def cache_key() -> str:
             f"_registry-{v['DISTRIBUTION_VERSION']}_r{v['NODE_BUILD_RECIPE']}")
 
 
+_BUILD = "`make node-tools` (scripts/build-node.sh)"
+
+
 def home() -> Path:
-    cache = os.environ.get("XMEM_NODE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "xmem-admission",
-        "node")
-    entry = Path(cache) / cache_key()
-    if not (entry / ".complete").is_file():
-        raise NodeToolsMissing(f"the real node is not built ({entry} is missing): run "
-                               f"`make node-tools` (scripts/build-node.sh)")
-    return entry
+    return tools.cache_entry("XMEM_NODE_CACHE", "node", cache_key(), "the real node", _BUILD,
+                             NodeToolsMissing)
 
 
 def binary(name: str) -> str:
-    path = home() / "bin" / name
-    if not os.access(path, os.X_OK):
-        raise NodeToolsMissing(f"{path} is missing: run `make node-tools`")
-    return str(path)
+    return tools.executable(home(), name, _BUILD, NodeToolsMissing)
 
 
 def host_tool(name: str) -> str:

@@ -39,23 +39,38 @@ def cache_key() -> str:
             f"_cm-{v['CERT_MANAGER_VERSION']}_r{v['KUBE_BUILD_RECIPE']}")
 
 
-def home() -> Path:
-    """The built cache entry; raises ``ToolsMissing`` naming the command that builds it."""
-    cache = os.environ.get("XMEM_KUBE_CACHE") or os.path.join(
+def cache_entry(variable: str, folder: str, key: str, what: str, build: str,
+                missing: type = ToolsMissing) -> Path:
+    """A build script's finished cache entry (``$variable``, else ~/.cache/xmem-admission/
+    ``folder``, then ``key``); raises ``missing`` naming ``what`` and the ``build`` command."""
+    cache = os.environ.get(variable) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "xmem-admission",
-        "kube")
-    entry = Path(cache) / cache_key()
+        folder)
+    entry = Path(cache) / key
     if not (entry / ".complete").is_file():
-        raise ToolsMissing(f"the Kubernetes control plane is not built ({entry} is missing): "
-                           f"run `make tools` (scripts/build-kube.sh)")
+        raise missing(f"{what} is not built ({entry} is missing): run {build}")
     return entry
 
 
-def binary(name: str) -> str:
-    path = home() / "bin" / name
+def executable(entry: Path, name: str, build: str, missing: type = ToolsMissing) -> str:
+    """``entry``/bin/``name``, or ``missing`` naming the ``build`` command."""
+    path = entry / "bin" / name
     if not os.access(path, os.X_OK):
-        raise ToolsMissing(f"{path} is missing: run `make tools` (scripts/build-kube.sh)")
+        raise missing(f"{path} is missing: run {build}")
     return str(path)
+
+
+_BUILD = "`make tools` (scripts/build-kube.sh)"
+
+
+def home() -> Path:
+    """The built cache entry; raises ``ToolsMissing`` naming the command that builds it."""
+    return cache_entry("XMEM_KUBE_CACHE", "kube", cache_key(),
+                       "the Kubernetes control plane", _BUILD)
+
+
+def binary(name: str) -> str:
+    return executable(home(), name, _BUILD)
 
 
 def kwok_stages() -> Path:
