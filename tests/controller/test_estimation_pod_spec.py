@@ -86,7 +86,8 @@ def test_it_runs_the_same_program_without_any_gpu_or_gpu_node_placement():
 def test_inputs_are_mounted_read_only_and_host_paths_and_tokens_are_left_out():
     pod = _build(_rich_job())
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    assert set(volumes) == {"code", "data", "scratch", podspec.PROBE_VOLUME}
+    assert set(volumes) == {"code", "data", "scratch", podspec.PROBE_VOLUME,
+                            podspec.SCRATCH_VOLUME}
     assert volumes["data"]["persistentVolumeClaim"]["readOnly"] is True
     mounts = {m["name"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
     assert mounts["code"]["readOnly"] and mounts["data"]["readOnly"]
@@ -104,6 +105,52 @@ def test_the_probe_is_injected_by_an_init_container_and_pythonpath_first():
     assert (env["XMEM_PROBE"], env["XMEM_PROBE_STEPS"], env["XMEM_PROBE_MODE"]) == ("1", "5", "profile")
     assert env["XMEM_PROBE_GPUS"] == "A100-80GB,H100-80GB"
     assert env["XMEM_RESULT_PATH"] == pod["spec"]["containers"][0]["terminationMessagePath"]
+
+
+def test_an_image_whose_pythonpath_the_pod_spec_does_not_set_gets_it_read_from_the_image():
+    job = training_job("train")  # no PYTHONPATH in the pod spec
+    job["spec"]["template"]["spec"]["containers"][0].update(
+        image="registry.example/team/train:7", imagePullPolicy="Always",
+        securityContext={"runAsUser": 1000})
+    pod = _build(job)
+    probe, image_env = pod["spec"]["initContainers"]
+    assert probe["name"] == podspec.INIT_NAME
+    # the workload's image, pulled as the workload's (same policy, same pull secrets)
+    assert (image_env["name"], image_env["image"], image_env["imagePullPolicy"]) == \
+        (podspec.IMAGE_ENV_NAME, "registry.example/team/train:7", "Always")
+    assert image_env["command"][:3] == ["python", "-S", "-c"]  # the command's interpreter
+    assert image_env["command"][-1] == f"{podspec.PROBE_DIR}/image-env.json"
+    assert "env" not in image_env  # nothing of ours hides the image's PYTHONPATH
+    context = image_env["securityContext"]
+    assert (context["runAsUser"], context["readOnlyRootFilesystem"]) == (1000, True)
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert _env(pod)["PYTHONPATH"] == podspec.PROBE_DIR
+    # a pod spec's PYTHONPATH replaces the image's in the workload's pod too: nothing to read
+    assert [c["name"] for c in _build(_rich_job())["spec"]["initContainers"]] == \
+        [podspec.INIT_NAME]
+
+
+@pytest.mark.parametrize(("command", "python"), [
+    (["python", "train.py"], "python"),
+    (["/opt/conda/bin/python3.11", "-u", "train.py"], "/opt/conda/bin/python3.11"),
+    (["torchrun", "--nproc-per-node", "1", "train.py"], "python3"),
+    (["bash", "-c", "python train.py"], "python3"),
+    (None, "python3"),  # the image's own ENTRYPOINT/CMD
+])
+def test_the_image_is_read_with_the_interpreter_the_command_names(command, python):
+    container = {"name": "train", "image": "img", "command": command}
+    assert podspec.interpreter(container) == python
+
+
+def test_the_probe_gets_a_scratch_folder_for_an_unwritable_home_or_tmp():
+    pod = _build(training_job("train"))
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes[podspec.SCRATCH_VOLUME] == {"name": podspec.SCRATCH_VOLUME,
+                                               "emptyDir": {"sizeLimit": "2Gi"}}
+    [mount] = [m for m in pod["spec"]["containers"][0]["volumeMounts"]
+               if m["name"] == podspec.SCRATCH_VOLUME]
+    assert mount == {"name": podspec.SCRATCH_VOLUME, "mountPath": podspec.SCRATCH_DIR}
+    assert _env(pod)["XMEM_PROBE_SCRATCH"] == podspec.SCRATCH_DIR
 
 
 def test_a_pythonpath_from_a_reference_is_kept_by_expansion():

@@ -197,3 +197,73 @@ def test_a_bundle_copied_alone_runs_the_probe_where_only_torch_is_installed(tmp_
     result = run["result"]
     assert result.ok and result.steps == 2
     assert all(g["total_bytes"] > g["peak_reserved_bytes"] > 0 for g in result.gpus)
+
+
+def _own_copy(built: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "probe"
+    shutil.copytree(built, target)
+    return target
+
+
+IMAGE_PATH_SCRIPT = (
+    "import json, os, subprocess, sys\n"
+    "import from_the_image\n"
+    "child = subprocess.run([sys.executable, '-c', 'import os; print(os.environ[\"PYTHONPATH\"])'],"
+    " capture_output=True, text=True).stdout.strip()\n"
+    "print(json.dumps({'path': sys.path, 'env': os.environ['PYTHONPATH'], 'child': child,"
+    " 'module': from_the_image.__file__}))\n")
+
+
+def test_the_images_own_pythonpath_follows_the_bundle_in_sys_path_and_child_processes(
+        built, tmp_path):
+    import json
+
+    probe = _own_copy(built, tmp_path)
+    lib, src = tmp_path / "image-lib", tmp_path / "image-src"
+    lib.mkdir()
+    src.mkdir()
+    (src / "from_the_image.py").write_text("")
+    # what the estimation pod's second init container records from the image's ENV
+    (probe / "image-env.json").write_text(json.dumps({"PYTHONPATH": f"{lib}:{src}"}))
+    run = _run(probe, [sys.executable, "-c", IMAGE_PATH_SCRIPT], tmp_path)
+    assert run["code"] == 0, run["output"]
+    seen = json.loads(run["output"].strip().splitlines()[-1])
+    at = seen["path"].index(str(probe))
+    assert seen["path"][at:at + 3] == [str(probe), str(lib), str(src)]
+    assert seen["env"] == seen["child"] == f"{probe}:{lib}:{src}"
+    assert seen["module"] == str(src / "from_the_image.py")
+
+
+def test_an_image_without_pythonpath_leaves_the_path_as_the_pod_spec_made_it(built, tmp_path):
+    probe = _own_copy(built, tmp_path)
+    (probe / "image-env.json").write_text('{"PYTHONPATH": null}')
+    run = _run(probe, [sys.executable, "-c", "import os; print(os.environ['PYTHONPATH'])"],
+               tmp_path)
+    assert (run["code"], run["output"].strip()) == (0, str(probe))
+
+
+def test_an_unusable_home_and_tmp_are_replaced_by_the_pods_scratch_folder(built, tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    script = ("import os, tempfile; print(os.environ['HOME'], tempfile.gettempdir(), "
+              "os.environ.get('XDG_CACHE_HOME', '-'))")
+    run = _run(built, [sys.executable, "-c", script], tmp_path, HOME="/nonexistent",
+               TMPDIR="/nonexistent/tmp", XMEM_PROBE_SCRATCH=str(scratch))
+    assert run["code"] == 0, run["output"]
+    assert run["output"].split() == [str(scratch), str(scratch / "tmp"), "-"]
+    # usable ones are the image's and stay
+    kept = _run(built, [sys.executable, "-c", script], tmp_path,
+                XMEM_PROBE_SCRATCH=str(scratch))
+    assert kept["output"].split()[0] == str(tmp_path)
+
+
+def test_an_image_whose_python_has_no_torch_ends_with_that_reason(built, tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")],
+                   check=True)
+    shutil.copy(REPO / "examples/train_gpt.py", tmp_path / "train_gpt.py")
+    run = _run(built, [str(tmp_path / "venv/bin/python"), "train_gpt.py", *TINY_GPT], tmp_path)
+    assert run["code"] == 1
+    result = run["result"]
+    assert result.status == "no_torch"
+    assert "cannot import torch: No module named 'torch'" in result.reason
+    assert str(tmp_path / "venv/bin/python") in result.reason

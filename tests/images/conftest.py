@@ -11,21 +11,16 @@ localhost/xmem-*` to free their disk.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterator, Tuple
 
 import pytest
 
-from tests.realkube.podman_pod import image_size, podman_ready
+from tests.realkube import images
 
-ROOT = Path(__file__).resolve().parents[2]
 ENABLED = os.environ.get("XMEM_IMAGE_TESTS") == "1"
 collect_ignore_glob = [] if ENABLED else ["test_*.py"]
-
-SIZES: Dict[str, int] = {}  # image -> bytes, printed at the end of the run
 
 
 @dataclass(frozen=True)
@@ -34,30 +29,11 @@ class ProjectImage:
     context: Path  # the build context: what the Dockerfile copied, as it was at the build
 
 
-def _build(*command: str, env: Optional[Mapping[str, str]] = None) -> str:
-    """Run an image build script; its last line of output is the image's reference."""
-    reason = podman_ready()
-    if reason:
-        pytest.fail(reason)
-    result = subprocess.run(["bash", *command], cwd=ROOT, capture_output=True, text=True,
-                            timeout=3600, env=dict(os.environ, **(env or {})))
-    assert result.returncode == 0, result.stderr[-4000:]
-    reference = result.stdout.strip().splitlines()[-1]
-    SIZES[reference] = image_size(reference)
-    return reference
-
-
 @pytest.fixture(scope="session")
 def project_build(tmp_path_factory: pytest.TempPathFactory) -> ProjectImage:
-    """The project's image (`make image`), from a copy of the files its Dockerfile copies (the
-    sources may change while it builds); the layers of an unchanged copy are reused."""
+    """The project's image (`make image`), from a copy of the sources taken at one instant."""
     context = tmp_path_factory.mktemp("context")
-    for name in ("pyproject.toml", "README.md", ".dockerignore"):
-        shutil.copy2(ROOT / name, context / name)
-    shutil.copytree(ROOT / "src", context / "src",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
-    reference = _build("scripts/build-image.sh", env={"XMEM_BUILD_CONTEXT": str(context)})
-    return ProjectImage(reference, context)
+    return ProjectImage(_built(lambda: images.project_image(context)), context)
 
 
 @pytest.fixture(scope="session")
@@ -72,12 +48,19 @@ def training_image() -> Iterator[Callable[[str, str], str]]:
 
     def get(torch: str, python: str) -> str:
         if (torch, python) not in built:
-            built[(torch, python)] = _build("scripts/training-image.sh", torch, python)
+            built[(torch, python)] = _built(lambda: images.training_image(torch, python))
         return built[(torch, python)]
 
     yield get
 
 
+def _built(make: Callable[[], str]) -> str:
+    try:
+        return make()
+    except images.ImageBuildFailed as err:
+        pytest.fail(str(err))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for reference, size in sorted(SIZES.items()):
-        terminalreporter.write_line(f"image {reference}: {size / 1e6:.0f} MB")
+    for line in images.summary().splitlines():
+        terminalreporter.write_line(line)

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequence
 
 import yaml
 
@@ -62,6 +62,14 @@ def render_chart(values: Optional[Dict[str, Any]] = None,
     return [d for d in yaml.safe_load_all(out) if d]
 
 
+class Node(Protocol):
+    """Where the cluster's CPU pods run: the process node, or a real kubelet (``RealNode``)."""
+
+    name: str
+
+    def stop(self) -> None: ...
+
+
 def plural(obj: Dict[str, Any]) -> str:
     return {"CustomResourceDefinition": "customresourcedefinitions"}.get(obj["kind"], "")
 
@@ -69,11 +77,18 @@ def plural(obj: Dict[str, Any]) -> str:
 class Cluster:
     """See the module docstring."""
 
-    def __init__(self, root: Path, kwok_stages: Iterable[str] = TEST_STAGES) -> None:
+    def __init__(self, root: Path, kwok_stages: Iterable[str] = TEST_STAGES,
+                 start_node: Optional[Callable[[ControlPlane], Node]] = None,
+                 probe_image: str = PROBE_IMAGE) -> None:
+        """``start_node`` starts the node for the cluster's CPU pods once the control plane
+        runs (default: the process node); ``probe_image`` is the controller's
+        ``--probe-image`` (the process node runs no image, so any reference does there)."""
         self.root = Path(root)
         self.plane = ControlPlane(self.root)
         self.kwok = Kwok(self.plane, kwok_stages)
-        self.node: Optional[ProcessNode] = None
+        self.node: Optional[Node] = None
+        self.start_node = start_node or self._process_node
+        self.probe_image = probe_image
         self.processes: List[subprocess.Popen] = []
         self._dynamic: Any = None
 
@@ -83,7 +98,7 @@ class Cluster:
         self.plane.start()
         self.api = self.plane.api_client()
         self.kwok.start()
-        self.node = ProcessNode(self.plane, path_prefix=[os.path.dirname(sys.executable)]).start()
+        self.node = self.start_node(self.plane)
         objects = [o for o in render_chart() if o["kind"] in CHART_KINDS
                    and not (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
         objects.append(yaml.safe_load(tools.crd("kubeflow.org_pytorchjobs.yaml").read_text()))
@@ -97,6 +112,10 @@ class Cluster:
         self.controller_kubeconfig = self.plane.service_account_kubeconfig(NAMESPACE,
                                                                            CONTROLLER_SA)
         return self
+
+    @staticmethod
+    def _process_node(plane: ControlPlane) -> ProcessNode:
+        return ProcessNode(plane, path_prefix=[os.path.dirname(sys.executable)]).start()
 
     def stop(self) -> None:
         for process in self.processes:
@@ -244,7 +263,7 @@ class Cluster:
             sys.executable, "-m", "xmem_admission.cli", "controller",
             "--kubeconfig", str(kubeconfig or self.controller_kubeconfig),
             "--policy-name", policy_name,
-            "--probe-image", PROBE_IMAGE, "--host", "127.0.0.1", "--metrics-port", "0",
+            "--probe-image", self.probe_image, "--host", "127.0.0.1", "--metrics-port", "0",
             "--lease-name", LEASE, "--lease-namespace", NAMESPACE, "--identity", name,
             "--workloads", "Job,PyTorchJob", "--resync-seconds", "1", "--log-level", "info",
             *extra])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
@@ -90,3 +90,36 @@ def real_node(plane: ControlPlane, sandbox_image: str,
         yield node
     finally:
         node.stop()
+
+
+@pytest.fixture(scope="session")
+def project_image(node_built: None, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The project's image (`make image`), from a copy of the sources taken at one instant."""
+    from tests.realkube import images
+
+    try:
+        return images.project_image(tmp_path_factory.mktemp("context"))
+    except images.ImageBuildFailed as err:
+        pytest.fail(str(err))
+
+
+@pytest.fixture(scope="session")
+def training_image(node_built: None) -> Callable[[str, str], str]:
+    """A training image for (torch release, Python minor), built here when it is missing."""
+    from tests.realkube import images
+
+    def get(torch: str, python: str) -> str:
+        try:
+            return images.training_image(torch, python)
+        except images.ImageBuildFailed as err:
+            pytest.fail(str(err))
+
+    return get
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if ENABLED:
+        from tests.realkube import images
+
+        for line in images.summary().splitlines():
+            terminalreporter.write_line(line)

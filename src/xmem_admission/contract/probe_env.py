@@ -15,5 +15,12 @@ MODE = "XMEM_PROBE_MODE"  # auto, fake or profile
 RESULT_PATH = "XMEM_RESULT_PATH"  # where the result goes: the container's terminationMessagePath
 FALLBACK = "XMEM_PROBE_FALLBACK"  # set by the probe itself when it re-executes in profile mode
 DEFAULT_RESULT_PATH = "/dev/termination-log"  # the kubelet's default terminationMessagePath
+# A writable folder of the pod's own (an emptyDir): HOME and TMPDIR for the probe's processes
+# where the image's are not writable for the pod's user (UID 65532 has no home in most images;
+# a read-only root file system leaves no writable /tmp).
+SCRATCH = "XMEM_PROBE_SCRATCH"
+# Beside the bundle's sitecustomize: what the estimation pod's second init container, run from
+# the workload's image, found in the image's own environment ({"PYTHONPATH": str or null}).
+IMAGE_ENV_FILE = "image-env.json"
 
-ALL = (ON, GPUS, STEPS, MODE, RESULT_PATH, FALLBACK)
+ALL = (ON, GPUS, STEPS, MODE, RESULT_PATH, FALLBACK, SCRATCH)

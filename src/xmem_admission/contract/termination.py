@@ -18,7 +18,7 @@ Format, version 2 (one JSON object)::
               "cached": cached_free_bytes, "fragmentation": bytes}}
 
     {"v": 2, "status": "script_error" | "no_step" | "needs_real_values" | "unsupported" |
-     "probe_error", "reason": "...", "exit_code": 1, "traceback": "..."}
+     "probe_error" | "no_torch", "reason": "...", "exit_code": 1, "traceback": "..."}
 
 Version 1 (an older probe bundle's) is the same without ``peak``, and is still read. When a
 result would pass the limit, the peak's groups go first (from the last), then free text.
@@ -40,7 +40,8 @@ LIMIT_BYTES = 4096  # kubelet: at most 4096 bytes of a termination message per c
 COLUMNS = ("gpu", "capacity_bytes", "peak_reserved_bytes", "total_bytes",
            "recommended_request_bytes", "fits", "mig_profile")
 PEAK_COLUMNS = ("module", "category", "op", "bytes")
-FAILURES = ("script_error", "no_step", "needs_real_values", "unsupported", "probe_error")
+FAILURES = ("script_error", "no_step", "needs_real_values", "unsupported", "probe_error",
+            "no_torch")
 
 
 def _dump(data: Dict[str, Any]) -> str:

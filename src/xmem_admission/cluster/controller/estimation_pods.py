@@ -48,9 +48,12 @@ _STARTING = threading.Lock()
 
 IMAGE_PULL_FAILURES = ("ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+# A container whose process never started: containerd's reason (kubelet kuberuntime,
+# reason from the CRI status), and dockershim's / cri-dockerd's.
+START_FAILURES = ("StartError", "ContainerCannotRun")
 STATUS_REASONS = {"script_error": "ScriptFailed", "no_step": "NoOptimizerStep",
                   "needs_real_values": "NeedsRealValues", "unsupported": "Unsupported",
-                  "probe_error": "ProbeError"}
+                  "probe_error": "ProbeError", "no_torch": "TorchNotFound"}
 
 
 @dataclass(frozen=True)
@@ -159,11 +162,24 @@ def classify(ctx: Context, pod: Obj) -> Optional[Outcome]:
             return Outcome(reason="DeadlineExceeded", message=f"the estimation did not finish "
                            f"within activeDeadlineSeconds={limit}" + _tail(ctx, pod))
         for init in _statuses(pod, "initContainerStatuses"):
-            code = ((init.get("state") or {}).get("terminated") or {}).get("exitCode")
-            if code not in (None, 0):
-                return Outcome(reason="ProbeInjectionFailed", message="the init container that "
-                               f"installs the probe failed (exit code {code})"
+            ended = (init.get("state") or {}).get("terminated") or {}
+            code = ended.get("exitCode")
+            if code in (None, 0):
+                continue
+            how = f"exit code {code}, {ended.get('reason') or 'no reason'}"
+            if init.get("name") == podspec.IMAGE_ENV_NAME:
+                spec: Dict[str, Any] = next((c for c in pod["spec"].get("initContainers") or []
+                                       if c.get("name") == podspec.IMAGE_ENV_NAME), {})
+                python = (spec.get("command") or ["python3"])[0]
+                return Outcome(reason="ImageEnvUnreadable", message=f"the init container that "
+                               f"reads the image's PYTHONPATH with {python!r} from image "
+                               f"{init.get('image')!r} failed ({how}): the image needs that "
+                               "Python (start the workload's command with the interpreter, or "
+                               "set PYTHONPATH in the pod spec)"
                                + _tail(ctx, pod, init.get("name")))
+            return Outcome(reason="ProbeInjectionFailed", message="the init container that "
+                           f"installs the probe failed ({how})"
+                           + _tail(ctx, pod, init.get("name")))
         if terminated.get("reason") == "OOMKilled":
             memory = pod["spec"]["containers"][0]["resources"]["limits"].get("memory")
             return Outcome(reason="OOMKilled", message=f"the estimation pod exceeded its memory "
@@ -171,6 +187,11 @@ def classify(ctx: Context, pod: Obj) -> Optional[Outcome]:
                            "policy, or use fake mode (spec.estimation.mode)" + _tail(ctx, pod))
         if result is not None and not result.ok:
             return _failed_result(ctx, pod, result)
+        if terminated.get("reason") in START_FAILURES:
+            # the runtime's own words (kubelet: the CRI error as the termination message)
+            return Outcome(reason="CannotStart", message="the estimation container could not "
+                           f"start its command {_command(pod)}: "
+                           f"{str(terminated.get('message') or '').strip()[-1000:]}")
         code = terminated.get("exitCode")
         return Outcome(reason="Error", message=f"the estimation container failed (exit code "
                        f"{code}, {terminated.get('reason') or 'no reason'})" + _tail(ctx, pod))
@@ -185,6 +206,12 @@ def classify(ctx: Context, pod: Obj) -> Optional[Outcome]:
                            f"{item.get('name')!r} cannot start ({waiting.get('reason')}): "
                            f"{waiting.get('message', '')}".rstrip(": "))
     return None
+
+
+def _command(pod: Obj) -> str:
+    container = pod["spec"]["containers"][0]
+    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+    return repr(" ".join(argv)[:200]) if argv else "(the image's ENTRYPOINT and CMD)"
 
 
 def _failed_result(ctx: Context, pod: Obj, result: termination.Result) -> Outcome:

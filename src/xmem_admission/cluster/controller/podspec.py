@@ -22,15 +22,24 @@ process; single-process estimation):
 - an init container from the controller's image that writes the probe bundle into an emptyDir
   (``python -m xmem_admission.bundle``), and ``PYTHONPATH`` pointing there first (before the
   user's own ``PYTHONPATH`` from the pod spec, kept by reference); ``XMEM_PROBE=1`` and the
-  probe settings make the bundle's ``sitecustomize`` trace the program (see ``sitehook``).
-
-Known limit: a ``PYTHONPATH`` set only in the image (Dockerfile ``ENV``) is replaced, since a pod
-spec cannot refer to the image's environment; put it in the pod spec to keep it.
+  probe settings make the bundle's ``sitecustomize`` trace the program (see ``sitehook``);
+- where the pod spec sets no ``PYTHONPATH``, a second init container from the workload's own
+  image, pulled by the kubelet with the pod's own pull secrets, records the ``PYTHONPATH`` of the
+  image's environment (Dockerfile ``ENV``) beside the bundle, and the bundle's
+  ``sitecustomize`` puts it after itself, so the image keeps it (a pod spec cannot refer to the
+  image's environment; reading the image's configuration from its registry would need the
+  pod's pull secrets and the node's mirrors in the controller). It runs the workload's
+  interpreter when the command names one (``python``, ``python3.11``, a path to either), else
+  ``python3``, with ``-S`` (no site, so nothing of the image's own runs);
+- a scratch ``emptyDir`` (``XMEM_PROBE_SCRATCH``): the probe's processes get it as ``HOME`` and
+  ``TMPDIR`` where the image's are not writable for the pod's user.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+import os
+import re
+from typing import Any, Dict, List, Mapping, Optional
 
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.integrations.base import for_kind
@@ -42,6 +51,17 @@ PROBE_DIR = "/xmem/probe"
 PROBE_VOLUME = "xmem-probe"
 RESULT_PATH = probe_env.DEFAULT_RESULT_PATH
 INIT_NAME = "xmem-probe"
+IMAGE_ENV_NAME = "xmem-image-env"  # the init container that reads the image's PYTHONPATH
+SCRATCH_DIR = "/xmem/scratch"
+SCRATCH_VOLUME = "xmem-scratch"
+SCRATCH_LIMIT = "2Gi"  # caches a probe may fill: torch's kernel and compile caches, pip's
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+# The second init container's program: the image's PYTHONPATH (null when unset) as JSON.
+IMAGE_ENV_SCRIPT = ("import json, os, sys\n"
+                    "with open(sys.argv[1], 'w') as f:\n"
+                    "    json.dump({'PYTHONPATH': os.environ.get('PYTHONPATH')}, f)\n")
+INIT_RESOURCES = {"limits": {"cpu": "200m", "memory": "128Mi"},
+                  "requests": {"cpu": "50m", "memory": "64Mi"}}
 USER_PYTHONPATH = "XMEM_USER_PYTHONPATH"
 INPUT_VOLUMES = ("configMap", "secret", "downwardAPI", "projected", "persistentVolumeClaim",
                  "csi", "emptyDir")  # all allowed by Pod Security "restricted"
@@ -97,6 +117,7 @@ def _env(container: Mapping[str, Any], gme: Obj, settings: Settings,
         {"name": probe_env.STEPS, "value": str(estimation.steps)},
         {"name": probe_env.MODE, "value": estimation.mode},
         {"name": probe_env.RESULT_PATH, "value": RESULT_PATH},
+        {"name": probe_env.SCRATCH, "value": SCRATCH_DIR},
         {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
     ]
@@ -148,6 +169,34 @@ def container_security(container: Mapping[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def interpreter(container: Mapping[str, Any]) -> str:
+    """The Python the workload's command starts, where its first word names one; else
+    ``python3``, the name every image with a Python 3 has (Debian's, conda's, NGC's)."""
+    command = container.get("command") or []
+    first = str(command[0]) if command else ""
+    return first if _PYTHON.fullmatch(os.path.basename(first)) else "python3"
+
+
+def image_env_container(container: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The init container that records the image's own PYTHONPATH, or None where the pod spec
+    sets one (it replaces the image's in the workload's own pod too)."""
+    if any(item.get("name") == "PYTHONPATH" for item in container.get("env") or []):
+        return None
+    out: Dict[str, Any] = {
+        "name": IMAGE_ENV_NAME,
+        "image": container["image"],
+        "command": [interpreter(container), "-S", "-c", IMAGE_ENV_SCRIPT,
+                    f"{PROBE_DIR}/{probe_env.IMAGE_ENV_FILE}"],
+        "resources": INIT_RESOURCES,
+        "volumeMounts": [{"name": PROBE_VOLUME, "mountPath": PROBE_DIR}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": dict(container_security(container), readOnlyRootFilesystem=True),
+    }
+    if container.get("imagePullPolicy") is not None:
+        out["imagePullPolicy"] = container["imagePullPolicy"]
+    return out
+
+
 def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mapping[str, Any],
           settings: Settings, probe_image: str) -> Obj:
     """The estimation pod for a GME, from the workload's GPU template and container."""
@@ -160,11 +209,13 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
         if copied is not None:
             volumes.append(copied)
             kept.add(volume["name"])
-    volumes.append({"name": PROBE_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}})
     scratch = {v["name"] for v in volumes if "emptyDir" in v}
     mounts = [dict(m, readOnly=m["name"] not in scratch or bool(m.get("readOnly")))
               for m in container.get("volumeMounts") or [] if m.get("name") in kept]
-    mounts.append({"name": PROBE_VOLUME, "mountPath": PROBE_DIR, "readOnly": True})
+    volumes += [{"name": PROBE_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
+                {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": SCRATCH_LIMIT}}]
+    mounts += [{"name": PROBE_VOLUME, "mountPath": PROBE_DIR, "readOnly": True},
+               {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}]
     main: Dict[str, Any] = {
         "name": container.get("name") or "train",
         "image": container["image"],
@@ -184,8 +235,7 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
         "name": INIT_NAME,
         "image": probe_image,
         "command": ["python", "-m", "xmem_admission.bundle", PROBE_DIR],
-        "resources": {"limits": {"cpu": "200m", "memory": "128Mi"},
-                      "requests": {"cpu": "50m", "memory": "64Mi"}},
+        "resources": INIT_RESOURCES,
         "volumeMounts": [{"name": PROBE_VOLUME, "mountPath": PROBE_DIR}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": dict(RESTRICTED_CONTAINER, capabilities={"drop": ["ALL"]},
@@ -200,7 +250,7 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 10,
-        "initContainers": [init],
+        "initContainers": [init] + [c for c in [image_env_container(container)] if c],
         "containers": [main],
         "volumes": volumes,
         "securityContext": pod_security(spec),

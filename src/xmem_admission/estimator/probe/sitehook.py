@@ -194,9 +194,16 @@ def activate() -> None:
 
 
 def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
-    import torch
-
     from xmem_admission.contract import termination
+
+    try:
+        import torch
+    except ImportError as exc:
+        reason = (f"the image's Python ({sys.executable}, {sys.version.split()[0]}) cannot "
+                  f"import torch: {exc}")
+        print(f"xmem probe: {reason}", file=sys.stderr, flush=True)
+        write_result(path, termination.encode_failure("no_torch", reason))
+        return 1
     from xmem_admission.estimator.allocator.alloc_conf import config_from_env
     from xmem_admission.estimator.estimate import device_json, estimate_trace, resolve_gpus
     from xmem_admission.estimator.probe import runner
@@ -252,8 +259,46 @@ xmem_admission.estimator.probe.sitehook.
 Written by ``python -m xmem_admission.bundle``; any sitecustomize this one shadows (a
 distribution's, later on sys.path) still runs afterwards.
 """
+import json
 import os
 import sys
+
+
+def _image_env():
+    """The image's own PYTHONPATH (recorded by the estimation pod's init container from the
+    workload's image), after this folder on sys.path and in the environment of every process
+    the program starts, as the workload's own pod has it."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        with open(os.path.join(here, "{probe_env.IMAGE_ENV_FILE}")) as f:
+            value = json.load(f).get("PYTHONPATH") or ""
+    except (OSError, ValueError, AttributeError):
+        return
+    entries = [e for e in value.split(os.pathsep) if e]
+    if not entries:
+        return
+    at = next((i for i, e in enumerate(sys.path) if e and os.path.abspath(e) == here), -1) + 1
+    sys.path[at:at] = [e for e in entries if e not in sys.path]
+    ours = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    os.environ["PYTHONPATH"] = os.pathsep.join(ours + [e for e in entries if e not in ours])
+
+
+def _writable(path):
+    return bool(path) and os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def _scratch():
+    """HOME and TMPDIR in the pod's scratch folder where the image's are not writable for the
+    pod's user (caches under HOME; tempfile's folder)."""
+    scratch = os.environ.get("{probe_env.SCRATCH}", "")
+    if not _writable(scratch):
+        return
+    if not _writable(os.environ.get("HOME", "")):
+        os.environ["HOME"] = scratch
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    if not _writable(tmp):
+        os.environ["TMPDIR"] = os.path.join(scratch, "tmp")
+        os.makedirs(os.environ["TMPDIR"], exist_ok=True)
 
 
 def _chain():
@@ -271,8 +316,10 @@ def _chain():
             return
 
 
+_image_env()
 _chain()
 if os.environ.get("{probe_env.ON}") == "{probe_env.ON_VALUE}":
+    _scratch()
     from xmem_admission.estimator.probe import sitehook
 
     sitehook.activate()
