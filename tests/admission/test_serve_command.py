@@ -15,17 +15,12 @@ import httpx
 import orjson
 import pytest
 
+from tests.realkube.controlplane import free_port
 from tests.support.builders import make_job, make_pod, review
 from tests.support.harness import Answer, Certificates
 from tests.support.schemas import ROOT
 
 EXAMPLE = ROOT / "examples" / "policy.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def xmem(*args: str, env: Dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:

@@ -64,6 +64,18 @@ def test_a_failing_container_is_error_with_its_exit_code(core, ns):
     assert (_terminated(finished).reason, _terminated(finished).exit_code) == ("Error", 3)
 
 
+def test_a_command_the_image_lacks_ends_the_container_with_start_error_as_the_kubelet_does(
+        core, ns):
+    """kubelet 1.36 with containerd 2.4 and runc (tests/realnode): terminated, StartError, exit
+    code 128, the runtime's error as the message, the pod Failed."""
+    core.create_namespaced_pod(ns, _pod("missing", ["no-such-program", "--flag"]))
+    finished = _finished(core, ns, "missing")
+    assert finished.status.phase == "Failed"
+    ended = _terminated(finished)
+    assert (ended.reason, ended.exit_code) == ("StartError", 128)
+    assert 'exec: "no-such-program": executable file not found in $PATH' in ended.message
+
+
 def test_fallback_to_logs_on_error_puts_the_last_lines_in_the_message(core, ns):
     body = _pod("fallback", ["python", "-c", "print('boom'); raise SystemExit(1)"],
                 container={"terminationMessagePolicy": "FallbackToLogsOnError"})

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import ssl
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import yaml
 
 from tests.helm.chart import CHART, ROOT, run, tool
 from tests.observability.rules import write_rule_file
+from tests.realkube.controlplane import free_port as _free_port
 from tests.realkube.controlplane import wait_while_running
 from tests.support.builders import make_job, make_pod, review
 from tests.support.estimates import record_dict, workload_fingerprint
@@ -52,12 +52,6 @@ GiB = 1 << 30
 SUBSTITUTIONS = {"$__rate_interval": "5m", "$__range": "5m", "$namespace": ".*",
                  "$workload": ".*", "${datasource}": "prometheus"}
 NAMESPACE = "obs-nlp"  # the controller's two held Jobs, on the real control plane
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _dashboard() -> Dict[str, Any]:

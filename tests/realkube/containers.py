@@ -37,6 +37,12 @@ class ConfigError(Exception):
     """A container cannot be created (reported as CreateContainerConfigError)."""
 
 
+class StartFailure(Exception):
+    """A container was created but its process could not start (its command is not in the
+    image): the kubelet reports it terminated, reason ``StartError``, exit code 128, with the
+    runtime's error as its message (seen on kubelet 1.36 with containerd 2.4 and runc)."""
+
+
 @dataclass(frozen=True)
 class Image:
     """What the process node knows of an image: ENTRYPOINT, CMD, ENV and WORKDIR."""
@@ -217,7 +223,10 @@ def start(name: str, argv: List[str], env: Dict[str, str], cwd: str, log_path: s
           memory_limit: Optional[int], started_at: str) -> Process:
     program = which(argv[0], env)
     if program is None:
-        raise ConfigError(f'exec: "{argv[0]}": executable file not found in $PATH')
+        raise StartFailure(
+            "failed to create containerd task: failed to create shim task: OCI runtime create "
+            "failed: runc create failed: unable to start container process: exec: "
+            f'"{argv[0]}": executable file not found in $PATH: unknown')
     os.makedirs(cwd, exist_ok=True)
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
     try:

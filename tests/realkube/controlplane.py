@@ -47,8 +47,30 @@ STOP_ORDER = ("kwok", "node", "kube-scheduler", "kube-controller-manager", "kube
 GPU_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpu")
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts here
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nobody listens on, below the kernel's ephemeral range: a port from that
+    range can become any outgoing connection's source port between this check and the server's
+    bind (kube-apiserver, started right after etcd, once failed with "bind: address already in
+    use" on such a port)."""
+    import random
+
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = random.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind((LOOPBACK, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # that span is full: any free port
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
 

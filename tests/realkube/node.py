@@ -46,6 +46,7 @@ from xmem_admission.cluster.kube import quantity
 MAX_MESSAGE = 4096  # the kubelet's limit on a termination message (4 KiB)
 PULL_BACKOFF = 0.3  # seconds between pull attempts (the kubelet backs off from 10 s; tests wait)
 RESTART_BACKOFF = 1.0  # seconds before a failed container runs again (the kubelet: 10 s, doubling)
+START_ERROR_EXIT = 128  # the kubelet's exit code for a container whose process never started (StartError)
 
 
 def unreachable(image: str) -> bool:
@@ -523,6 +524,7 @@ class ProcessNode:
         restarts = restarts or {}
         last = {c["name"]: self._last.get((m["uid"], c["name"])) for c in batch}
         running: List[tuple] = []
+        not_started: Dict[str, str] = {}  # name -> the runtime's error
         for c in batch:
             image = ctr.Image()
             paths = ctr.PathMap()
@@ -548,7 +550,12 @@ class ProcessNode:
             log_path = os.path.join(pod_dir, f"{c['name']}.{restart}.log" if restart
                                     else f"{c['name']}.log")
             self._logs[(m["namespace"], m["name"], c["name"])] = log_path
-            process = ctr.start(c["name"], argv, env, cwd, log_path, _memory_limit(c), now())
+            try:
+                process = ctr.start(c["name"], argv, env, cwd, log_path, _memory_limit(c), now())
+            except ctr.StartFailure as exc:
+                not_started[c["name"]] = str(exc)
+                self._event(pod, "Warning", "Failed", f"Error: {exc}")
+                continue
             running.append((c, process, message_file))
         self._patch_status(pod, {"phase": "Running" if field == "containerStatuses" else "Pending",
                                  field: [_running(c, p, restarts.get(c["name"], 0),
@@ -571,8 +578,13 @@ class ProcessNode:
             time.sleep(0.05)
         statuses = [_terminated(c, p, codes[c["name"]], f, restarts.get(c["name"], 0),
                                 last[c["name"]]) for c, p, f in running]
-        for c, status in zip([c for c, _, _ in running], statuses):
-            self._last[(m["uid"], c["name"])] = status["state"]["terminated"]
+        for c in batch:
+            if c["name"] in not_started:
+                codes[c["name"]] = START_ERROR_EXIT
+                statuses.append(_start_error(c, not_started[c["name"]],
+                                             restarts.get(c["name"], 0), last[c["name"]]))
+        for status in statuses:
+            self._last[(m["uid"], status["name"])] = status["state"]["terminated"]
         self._patch_status(pod, {field: statuses})
         for c, p, _ in running:
             if p.oom_killed:
@@ -580,7 +592,7 @@ class ProcessNode:
                             f"Memory cgroup out of memory: killed container {c['name']}")
         if timed_out:
             return None
-        return [codes[c["name"]] for c, _, _ in running]
+        return [codes[c["name"]] for c in batch]
 
 
 def _waiting(c: Dict[str, Any], reason: str, message: str = "") -> Dict[str, Any]:
@@ -632,6 +644,17 @@ def _terminated(c: Dict[str, Any], p: ctr.Process, code: int, message_file: str,
                        "imageID": f"process://{c['image']}",
                        "containerID": f"process://{p.popen.pid}", "ready": False,
                        "started": False, "state": {"terminated": terminated}}, restarts, last)
+
+
+def _start_error(c: Dict[str, Any], message: str, restarts: int = 0,
+                 last: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """A container whose process never started, as the kubelet reports it: terminated with
+    reason StartError, exit code 128, started at the epoch (it never ran)."""
+    terminated = {"exitCode": START_ERROR_EXIT, "reason": "StartError", "message": message,
+                  "startedAt": "1970-01-01T00:00:00Z", "finishedAt": now()}
+    return _with_last({"name": c["name"], "image": c["image"],
+                       "imageID": f"process://{c['image']}", "ready": False, "started": False,
+                       "state": {"terminated": terminated}}, restarts, last)
 
 
 def _memory_limit(container: Dict[str, Any]) -> Optional[int]:

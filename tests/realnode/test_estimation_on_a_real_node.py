@@ -16,13 +16,10 @@ named reason on the GPUMemoryEstimate, within the estimation deadline, and relea
 
 from __future__ import annotations
 
-import base64
 import json
-import secrets
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import pytest
 
@@ -31,12 +28,20 @@ from tests.realnode.conftest import ENABLED, SKIP_REASON
 if not ENABLED:
     pytest.skip(SKIP_REASON, allow_module_level=True)
 
-from tests.e2e_real.support import code_map, job, policy, pytorchjob, template_annotations  # noqa: E402
+from tests.e2e_real.support import TINY_GPT, job, pytorchjob, template_annotations  # noqa: E402
 from tests.realkube import images  # noqa: E402
-from tests.realkube.cluster import Cluster  # noqa: E402
-from tests.realkube.controlplane import ControlPlane, wait_for  # noqa: E402
-from tests.realkube.kubelet import RealNode, versions  # noqa: E402
-from tests.realkube.kwok import gpu_node  # noqa: E402
+from tests.realkube.controlplane import wait_for  # noqa: E402
+from tests.realkube.kubelet import versions  # noqa: E402
+from tests.realkube.node_cluster import (  # noqa: E402
+    NodeCluster,
+    Tenant,
+    container_statuses,
+    diagnostics,
+    estimate_of,
+    estimation_pod,
+    in_image,
+    pod_spec,
+)
 from xmem_admission.cluster import labels  # noqa: E402
 from xmem_admission.cluster.controller import podspec  # noqa: E402
 from xmem_admission.contract import termination  # noqa: E402
@@ -44,9 +49,6 @@ from xmem_admission.contract import termination  # noqa: E402
 pytestmark = pytest.mark.timeout(3600)
 
 ROOT = Path(__file__).resolve().parents[2]
-AUTH = ("xmem-tests", secrets.token_hex(8))
-PULL_SECRET = "registry-credentials"
-GPU_POOL = {"pool": "real-node-gpus"}
 # The team's package on the image's own PYTHONPATH: the example GPT script as a module.
 TEAM_IMAGE = ("COPY teamtrain.py /opt/team/teamtrain.py\n"
               "ENV PYTHONPATH=/opt/team\n")
@@ -55,29 +57,9 @@ NO_SHELL = ('RUN ["/usr/bin/rm", "-f", "/usr/bin/sh", "/usr/bin/bash", "/usr/bin
             '"/usr/bin/dash"]\n')
 
 
-@dataclass
-class Setup:
-    cluster: Cluster
-    node: RealNode
-    images: Dict[str, str]  # role -> reference in the node's registry
-    namespaces: List[str] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str, base_image: str,
-          project_image: str, training_image: Any) -> Iterator[Setup]:
-    root = tmp_path_factory.mktemp("cluster")
-    started: Dict[str, RealNode] = {}
-
-    def start_node(plane: ControlPlane) -> RealNode:
-        node = RealNode(plane, root / "node", registry_auth=AUTH)
-        started["node"] = node
-        try:
-            return node.start(sandbox_image)
-        except BaseException:
-            node.stop()
-            raise
-
+def on_node(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str, base_image: str,
+            project_image: str, training_image: Any) -> Iterator[NodeCluster]:
     local = {
         "team": images.derived(training_image("2.15.0", "3.13"), "team", TEAM_IMAGE,
                                {"teamtrain.py": (ROOT / "examples/train_gpt.py").read_text()}),
@@ -85,176 +67,95 @@ def setup(tmp_path_factory: pytest.TempPathFactory, sandbox_image: str, base_ima
         "no-torch": base_image,
         "no-shell": images.derived(base_image, "no-shell", NO_SHELL),
     }
-    cluster = Cluster(root / "plane", start_node=start_node)
+    running = NodeCluster(tmp_path_factory.mktemp("cluster"), sandbox_image, project_image,
+                          local).start()
     try:
-        cluster.start()
-        node = started["node"]
-        pushed: Dict[str, str] = {}
-        for role, reference in [("probe", project_image), *local.items()]:
-            began = time.monotonic()
-            pushed[role] = node.registry.push(reference, f"xmem/{role}:test")
-            print(f"\npushed {reference} as {pushed[role]} in {time.monotonic() - began:.0f} s")
-        cluster.probe_image = pushed["probe"]
-        for i in range(2):
-            cluster.apply(gpu_node(f"real-node-gpu-{i}", labels=dict(GPU_POOL)))
-        print(f"real node versions: {json.dumps(node.versions())}")
-        yield Setup(cluster, node, pushed)
+        print(f"\nreal node versions: {json.dumps(running.node.versions())}")
+        for role, seconds in running.push_seconds.items():
+            print(f"pushed {role} as {running.pushed[role]} in {seconds:.0f} s")
+        yield running
     finally:
-        cluster.stop()
+        running.stop()
 
 
 @pytest.fixture
-def xmem(setup: Setup, request: pytest.FixtureRequest) -> Iterator[Setup]:
-    """An opted-in namespace with the pull secret and the code ConfigMap, a policy of its own,
-    the webhook and the controller."""
-    cluster = setup.cluster
-    namespace = f"rn-{len(setup.namespaces)}"
-    setup.namespaces.append(namespace)
-    cluster.ensure_namespace(namespace, {labels.OPT_IN: "true"})
-    wait_for(lambda: cluster.get("v1", "ServiceAccount", "default", namespace), 30,
-             f"the default service account of {namespace}")
-    registry = setup.node.registry.address
-    token = base64.b64encode(f"{AUTH[0]}:{AUTH[1]}".encode()).decode()
-    cluster.apply({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-                   "metadata": {"name": PULL_SECRET, "namespace": namespace},
-                   "stringData": {".dockerconfigjson": json.dumps(
-                       {"auths": {registry: {"auth": token}}})}})
-    cluster.apply(code_map(namespace))
-    cluster.apply(policy(namespace, estimation={"resources": {"cpu": "1", "memory": "3Gi"},
-                                                "activeDeadlineSeconds": 600}))
-    webhook = cluster.serve(f"serve-{namespace}", namespace)
-    controller = cluster.controller(f"controller-{namespace}", namespace)
+def tenant(on_node: NodeCluster, request: pytest.FixtureRequest) -> Iterator[Tenant]:
+    """An opted-in namespace with the pull secret, the code ConfigMap, a policy of its own,
+    its webhook and controller."""
+    made = on_node.namespace(f"rn-{len(on_node.tenants)}-{request.node.name[5:25]}".rstrip("-_")
+                             .replace("_", "-"))
     try:
-        yield setup
+        yield made
     finally:
-        cluster.stop_process(controller)
-        webhook.remove()
-        webhook.stop()
-        cluster.delete("v1", "Namespace", namespace)
+        on_node.leave(made)
 
 
-def _pod_spec(obj: Dict[str, Any]) -> Dict[str, Any]:
-    if obj["kind"] == "PyTorchJob":
-        return obj["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-    return obj["spec"]["template"]["spec"]
-
-
-def _workload(obj: Dict[str, Any], image: str, command: Optional[List[str]] = None,
-              args: Optional[List[str]] = None) -> Dict[str, Any]:
-    spec = _pod_spec(obj)
-    spec["imagePullSecrets"] = [{"name": PULL_SECRET}]
-    spec["nodeSelector"] = dict(GPU_POOL)
-    container = spec["containers"][0]
-    container["image"] = image
-    if command is not None:
-        container["command"] = command
-    if args is not None:
-        container["args"] = args
-    return obj
-
-
-def _estimate(cluster: Cluster, namespace: str, kind: str, name: str) -> Dict[str, Any]:
-    for gme in cluster.list("xmem.io/v1alpha1", "GPUMemoryEstimate", namespace):
-        refs = gme["metadata"].get("ownerReferences") or []
-        if any(r["kind"] == kind and r["name"] == name for r in refs):
-            return gme
-    return {}
-
-
-def _ended(cluster: Cluster, namespace: str, kind: str, name: str) -> Optional[Dict[str, Any]]:
-    gme = _estimate(cluster, namespace, kind, name)
-    phase = (gme.get("status") or {}).get("phase")
-    return gme if phase in ("Succeeded", "Failed") else None
-
-
-def _estimation_pod(cluster: Cluster, namespace: str, gme: Dict[str, Any]) -> Dict[str, Any]:
-    pods = [p for p in cluster.list("v1", "Pod", namespace, "app.kubernetes.io/component=estimation")
-            if any(r["uid"] == gme["metadata"]["uid"]
-                   for r in p["metadata"].get("ownerReferences") or [])]
-    assert pods, f"no estimation pod of {gme['metadata']['name']}"
-    return pods[-1]
-
-
-def _diagnostics(setup: Setup, namespace: str) -> str:
-    cluster = setup.cluster
-    events = "\n".join(f"{e['involvedObject']['name']}: {e['reason']}: {e['message']}"
-                       for e in cluster.list("v1", "Event", namespace))
-    gmes = json.dumps([g.get("status") for g in
-                       cluster.list("xmem.io/v1alpha1", "GPUMemoryEstimate", namespace)],
-                      indent=1)
-    return (f"events:\n{events}\nestimates:\n{gmes}\ncontroller log:\n"
-            f"{cluster.log(f'controller-{namespace}')[-3000:]}")
-
-
-def _wait_ended(setup: Setup, namespace: str, kind: str, name: str,
+def _wait_ended(on_node: NodeCluster, namespace: str, kind: str, name: str,
                 timeout: float) -> Dict[str, Any]:
+    def ended() -> Optional[Dict[str, Any]]:
+        gme = estimate_of(on_node.cluster, namespace, kind, name)
+        return gme if (gme.get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
+
     try:
-        return wait_for(lambda: _ended(setup.cluster, namespace, kind, name), timeout,
-                        f"the estimate of {kind} {name} to end", interval=1)
+        return wait_for(ended, timeout, f"the estimate of {kind} {name} to end", interval=1)
     except TimeoutError as err:
-        raise AssertionError(f"{err}\n{_diagnostics(setup, namespace)}") from err
+        raise AssertionError(f"{err}\n{diagnostics(on_node.cluster, namespace)}") from err
 
 
-def _statuses(pod: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    status = pod["status"]
-    return {s["name"]: s for s in (status.get("initContainerStatuses") or [])
-            + (status.get("containerStatuses") or [])}
+def _released(on_node: NodeCluster, namespace: str, name: str) -> Dict[str, Any]:
+    def released() -> Optional[Dict[str, Any]]:
+        obj = on_node.cluster.get("batch/v1", "Job", name, namespace)
+        return obj if obj is not None and not obj["spec"].get("suspend") else None
+
+    return wait_for(released, 60, f"Job {name} released")
 
 
 def test_a_job_and_a_pytorchjob_in_users_images_are_estimated_on_the_real_node_and_released(
-        xmem: Setup) -> None:
-    cluster, node = xmem.cluster, xmem.node
-    namespace = xmem.namespaces[-1]
-    tiny = ["--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "100",
-            "--seq-len", "32", "--batch-size", "2"]
+        on_node: NodeCluster, tenant: Tenant) -> None:
+    cluster, node, namespace = on_node.cluster, on_node.node, tenant.name
     # Torch 2.15 on Python 3.13; the program is a module on the image's own PYTHONPATH; the
     # workload asks for a read-only root file system (HOME and temporary files go to scratch).
-    team = _workload(job("team", namespace), xmem.images["team"],
-                     ["python", "-m", "teamtrain"], tiny)
-    team_container = _pod_spec(team)["containers"][0]
-    team_container["volumeMounts"] = []
-    team_container["securityContext"] = {"readOnlyRootFilesystem": True}
-    _pod_spec(team)["volumes"] = []
+    team = in_image(job("team", namespace), on_node.pushed["team"],
+                    ["python", "-m", "teamtrain"], list(TINY_GPT))
+    spec = team["spec"]["template"]["spec"]
+    spec["volumes"] = []
+    spec["containers"][0].update(volumeMounts=[],
+                                 securityContext={"readOnlyRootFilesystem": True})
     # Torch 2.2 on Python 3.9, a PyTorchJob's master running the script from the ConfigMap.
-    old = _workload(pytorchjob("old", namespace), xmem.images["py39"])
+    old = in_image(pytorchjob("old", namespace), on_node.pushed["py39"])
     started = time.monotonic()
-    cluster.apply(team)
-    cluster.apply(old)
-    for kind, name in (("Job", "team"), ("PyTorchJob", "old")):
-        obj = cluster.get(team["apiVersion"] if kind == "Job" else old["apiVersion"], kind,
-                          name, namespace)
-        assert obj is not None and labels.HELD_REASON in obj["metadata"]["annotations"], obj
+    for obj in (team, old):
+        created = cluster.apply(obj)
+        assert labels.HELD_REASON in created["metadata"]["annotations"], created
 
-    for kind, name in (("Job", "team"), ("PyTorchJob", "old")):
-        gme = _wait_ended(xmem, namespace, kind, name, 900)
+    for kind, name, workload in (("Job", "team", team), ("PyTorchJob", "old", old)):
+        gme = _wait_ended(on_node, namespace, kind, name, 900)
         print(f"{kind} {name}: estimate ended after {time.monotonic() - started:.0f} s: "
               f"{json.dumps(gme['status'])[:600]}")
-        assert gme["status"]["phase"] == "Succeeded", _diagnostics(xmem, namespace)
-        pod = _estimation_pod(cluster, namespace, gme)
+        assert gme["status"]["phase"] == "Succeeded", diagnostics(cluster, namespace)
+        pod = estimation_pod(cluster, namespace, gme)
         assert pod["spec"]["nodeName"] == node.name  # the real scheduler's choice, a real kubelet
-        seen = _statuses(pod)
+        seen = container_statuses(pod)
         assert set(seen) == {podspec.INIT_NAME, podspec.IMAGE_ENV_NAME, "train"}, seen
-        assert seen[podspec.INIT_NAME]["image"] == xmem.images["probe"]
-        assert seen[podspec.INIT_NAME]["imageID"].startswith(f"{node.registry.address}/xmem/probe@sha256:")
-        for name_ in (podspec.IMAGE_ENV_NAME, "train"):
-            assert seen[name_]["image"] == _pod_spec(team if name == "team" else old)[
-                "containers"][0]["image"]
+        assert seen[podspec.INIT_NAME]["image"] == on_node.pushed["probe"]
+        assert seen[podspec.INIT_NAME]["imageID"].startswith(
+            f"{node.registry.address}/xmem/probe@sha256:")
+        image = pod_spec(workload)["containers"][0]["image"]
+        assert seen[podspec.IMAGE_ENV_NAME]["image"] == seen["train"]["image"] == image
         main = seen["train"]
-        assert main["user"]["linux"]["uid"] == podspec.NON_ROOT  # 65532: the workload named none
+        assert main["user"]["linux"]["uid"] == podspec.NON_ROOT  # the workload named no user
         ended = main["state"]["terminated"]
         assert ended["reason"] == "Completed", ended
         result = termination.decode(ended["message"])
         assert result.ok and result.steps == 2
         assert {g["gpu"] for g in result.gpus} == {"A100-80GB", "H100-80GB"}
-        request = gme["status"]["requestBytes"]
-        assert request >= 1 << 30  # the policy's minimumRequest
+        assert gme["status"]["requestBytes"] >= 1 << 30  # at least the policy's minimumRequest
 
-    released = wait_for(lambda: (lambda j: j if not j["spec"].get("suspend") else None)(
-        cluster.get("batch/v1", "Job", "team", namespace)), 60, "Job team released")
+    released = _released(on_node, namespace, "team")
     assert int(template_annotations(released)[labels.REQUEST_BYTES]) == \
-        _estimate(cluster, namespace, "Job", "team")["status"]["requestBytes"]
-    pytorch = cluster.get(old["apiVersion"], "PyTorchJob", "old", namespace)
-    master = pytorch["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+        estimate_of(cluster, namespace, "Job", "team")["status"]["requestBytes"]
+    master = cluster.get(old["apiVersion"], "PyTorchJob", "old", namespace)[
+        "spec"]["pytorchReplicaSpecs"]["Master"]["template"]
     assert labels.REQUEST_BYTES in (master["metadata"].get("annotations") or {}), master
 
     def bound() -> Optional[Dict[str, Any]]:
@@ -282,21 +183,23 @@ FAILING = [
 
 
 def test_images_that_cannot_be_estimated_end_with_a_named_reason_and_release_the_job(
-        xmem: Setup) -> None:
-    cluster = xmem.cluster
-    namespace = xmem.namespaces[-1]
+        on_node: NodeCluster, tenant: Tenant) -> None:
+    cluster, namespace = on_node.cluster, tenant.name
     started = time.monotonic()
     for name, role, command, _, _ in FAILING:
-        cluster.apply(_workload(job(name, namespace), xmem.images[role], command, []))
+        cluster.apply(in_image(job(name, namespace), on_node.pushed[role], command, []))
     for name, _, _, reason, message in FAILING:
-        gme = _wait_ended(xmem, namespace, "Job", name, 600)
+        gme = _wait_ended(on_node, namespace, "Job", name, 600)
         status = gme["status"]
         print(f"{name}: {status.get('reason')} after {time.monotonic() - started:.0f} s: "
               f"{status.get('message', '')[:400]}")
         assert (status["phase"], status.get("reason")) == ("Failed", reason), \
-            _diagnostics(xmem, namespace)
+            diagnostics(cluster, namespace)
         assert message in status["message"], status["message"]
-        pod = _estimation_pod(cluster, namespace, gme)
-        assert pod["spec"]["nodeName"] == xmem.node.name
-        wait_for(lambda n=name: not cluster.get("batch/v1", "Job", n, namespace)["spec"].get(
-            "suspend"), 60, f"Job {name} released")
+        pod = estimation_pod(cluster, namespace, gme)
+        assert pod["spec"]["nodeName"] == on_node.node.name
+        ended = container_statuses(pod)["train"]["state"]["terminated"]
+        print(f"{name}: the training container ended {json.dumps(ended)[:300]}")
+        if reason == "CannotStart":  # what the process node imitates (tests/realkube/node.py)
+            assert (ended["reason"], ended["exitCode"]) == ("StartError", 128), ended
+        _released(on_node, namespace, name)

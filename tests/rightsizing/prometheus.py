@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -18,6 +17,7 @@ from typing import Callable, List, Tuple
 import yaml
 
 from tests.helm.chart import tool
+from tests.realkube.controlplane import free_port
 from tests.realkube.controlplane import wait_while_running as wait_for
 
 
@@ -54,12 +54,6 @@ class ScrapeHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_prometheus(work: Path, exporter: Exporter) -> Tuple[subprocess.Popen, str]:
