@@ -134,14 +134,20 @@ training-images: image-tools
 image-test: $(STAMP) image training-images
 	XMEM_IMAGE_TESTS=1 $(PY) -m pytest -q tests/images
 
-# The real node (#29, item 3): the kubelet, containerd 2.x and a local image registry built from
-# their Go modules (scripts/build-node.sh; not in `tools`); `node-test` runs, as root, the test of
-# tests/realnode: a pod pulled from the registry runs on the kubelet (tests/realkube/kubelet.py)
-# under a control plane of its own. Not part of `make test`.
-.PHONY: node-tools node-test
+# The real node (#29): the kubelet, containerd 2.x and a local image registry built from their
+# Go modules (scripts/build-node.sh; not in `tools`); `node-test` runs, as root, tests/realnode:
+# a pod pulled from the registry runs on the kubelet (tests/realkube/kubelet.py), and Jobs in
+# training images are estimated there and released (the project's image and the training images
+# are built by the tests' fixtures when podman lacks them: minutes each, several GB). Not part
+# of `make test`. `node-bench`: bench/realnode_release.py (bench/README.md).
+.PHONY: node-tools node-test node-bench
 node-tools:
 	bash scripts/build-node.sh
 
 node-test: $(STAMP) node-tools image-tools
 	bash scripts/build-kube.sh
 	XMEM_REAL_NODE_TESTS=1 $(PY) -m pytest -q -s tests/realnode
+
+node-bench: $(STAMP) node-tools image-tools
+	bash scripts/build-kube.sh
+	$(PY) bench/realnode_release.py
