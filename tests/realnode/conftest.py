@@ -1,9 +1,11 @@
-"""The real node's tests (#29, item 3): a kubelet, containerd, runc, CNI bridge networking and a
-local image registry on this machine (``tests/realkube/kubelet.py``), under a control plane of
-their own.
+"""The real node's tests (#29): a kubelet, containerd, runc, CNI bridge networking and a local
+image registry on this machine (``tests/realkube/kubelet.py``), under a control plane of their
+own; and the project on it (``tests/realkube/node_cluster.py``): estimation pods from the
+project's image and training images.
 
 They build things (the node's binaries: about 15 minutes cold; a Debian base image: about a
-minute) and need root, so they are not part of `make test`: `make node-test` builds what they need
+minute; the project's image about a minute, each training image 5 minutes and 5-6 GB) and need
+root, so they are not part of `make test`: `make node-test` builds what they need
 and runs them with XMEM_REAL_NODE_TESTS=1. Without it each module skips itself, naming that
 command. The fixtures below go through the project's own scripts, each of which returns at once
 when its result exists (the cache entries, the image in podman's store).

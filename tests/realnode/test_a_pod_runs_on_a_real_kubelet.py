@@ -38,6 +38,13 @@ What the real kubelet and runtime did differently from the process node
   2.x writes no shim.pid, so shims are found by the address they were started with.
 - Node info: kubeletVersion v1.36.3, osImage "Debian GNU/Linux 12 (bookworm)", machine and boot
   IDs; the process node reports v0.0.0 and ``process://1``.
+- A command the image lacks (``sh -c ...`` in an image without a shell): the kubelet reports the
+  container terminated, reason ``StartError``, exit code 128, the runtime's error ("failed to
+  create containerd task: ... exec: \"sh\": executable file not found in $PATH") as its
+  message, and the pod ``Failed``; the process node reported it waiting in
+  ``CreateContainerConfigError`` and left the pod pending until its deadline (fixed:
+  ``tests/e2e_real/test_process_node.py``; seen in
+  ``tests/realnode/test_estimation_on_a_real_node.py``).
 - By hand (not in this test): with ``registry_auth``, a pod without the pull secret ends in
   ``ErrImagePull`` then ``ImagePullBackOff`` ("pull access denied"), one with it runs.
 """
