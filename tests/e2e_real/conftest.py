@@ -16,6 +16,7 @@ import pytest
 from tests.e2e_real.support import GPU_POOL, code_map, policy
 from tests.realkube.cluster import Cluster, Webhook
 from tests.realkube.controlplane import wait_for
+from tests.realkube.kwok import GPU_TAINT
 from tests.realkube.node import ProcessNode
 from xmem_admission.cluster import labels
 
@@ -77,8 +78,12 @@ def gpu_process_node(cluster: Cluster) -> Iterator[ProcessNode]:
                    "nvidia.com/gpu": "40", "nvidia.com/gpumem": str(4 * 81920)}
     for profile in ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "1g.20gb", "2g.20gb", "3g.40gb"):
         allocatable[f"nvidia.com/mig-{profile}"] = "7"
+    # Tainted as GPU nodes are (kwok's too): only pods tolerating it land here, so the CPU pods
+    # of tests that run after this fixture started (estimation pods among them) stay on the
+    # cluster's own process node, in whatever order the tests run.
     node = ProcessNode(cluster.plane, "xmem-gpu-process-node", allocatable=allocatable,
-                       labels=GPU_POOL, path_prefix=[os.path.dirname(sys.executable)]).start()
+                       labels=GPU_POOL, path_prefix=[os.path.dirname(sys.executable)],
+                       taints=[GPU_TAINT]).start()
     try:
         yield node
     finally:

@@ -71,9 +71,11 @@ class ProcessNode:
     def __init__(self, plane: ControlPlane, name: str = "xmem-process-node",
                  allocatable: Optional[Dict[str, str]] = None,
                  labels: Optional[Dict[str, str]] = None, root: Optional[str] = None,
-                 path_prefix: Optional[List[str]] = None) -> None:
+                 path_prefix: Optional[List[str]] = None,
+                 taints: Optional[List[Dict[str, str]]] = None) -> None:
         self.plane = plane
         self.name = name
+        self.taints = list(taints or [])  # set when the node registers (--register-with-taints)
         self.allocatable = allocatable or {"cpu": "8", "memory": "32Gi", "pods": "110",
                                            "ephemeral-storage": "100Gi"}
         self.labels = dict(labels or {})
@@ -156,7 +158,7 @@ class ProcessNode:
                   "kubernetes.io/arch": "amd64", **self.labels}
         body = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": self.name, "labels": labels},
-                "status": self._node_status()}
+                "spec": {"taints": self.taints}, "status": self._node_status()}
         try:
             self.core.create_node(body, _preload_content=False)
         except client.ApiException as exc:
