@@ -373,8 +373,18 @@ class ProcessNode:
             if spec.get("audience"):
                 request["spec"]["audiences"] = [spec["audience"]]
             account = pod["spec"].get("serviceAccountName") or "default"
-            answer = self.core.create_namespaced_service_account_token(account, m["namespace"],
-                                                                       request)
+            from kubernetes.client import ApiException
+
+            try:
+                answer = self.core.create_namespaced_service_account_token(
+                    account, m["namespace"], request)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                # The account (or the pod) went while the pod started, as in a `helm uninstall`
+                # racing its pods: the kubelet's token mount fails, the pod never starts.
+                raise ctr.ConfigError(f'serviceaccount "{account}" or pod "{m["name"]}" not '
+                                      "found: no token to mount") from None
             files[spec["path"]] = answer.status.token
         for kind, key in (("ConfigMap", "configMap"), ("Secret", "secret")):
             if key not in source:
