@@ -40,9 +40,12 @@ def _estimation_pod(project_image: str, image: str, **workload: Any) -> Dict[str
 
 def _run(pod: Dict[str, Any], workdir: Path) -> ContainerRun:
     runs = run_pod(pod, workdir, {"code": code_map()["data"]})
-    assert [r.name for r in runs] == [podspec.INIT_NAME, "train"], runs
-    assert runs[0].exit_code == 0, runs[0].logs
-    return runs[1]
+    assert [r.name for r in runs] == [podspec.INIT_NAME, podspec.IMAGE_ENV_NAME, "train"], runs
+    assert runs[0].exit_code == runs[1].exit_code == 0, (runs[0].logs, runs[1].logs)
+    # the training image sets no PYTHONPATH of its own: recorded as such
+    written = workdir / "volumes" / podspec.PROBE_VOLUME / "image-env.json"
+    assert written.read_text() == '{"PYTHONPATH": null}'
+    return runs[2]
 
 
 @pytest.mark.parametrize("torch_version,python", TRAINING)

@@ -84,7 +84,10 @@ def test_the_estimation_pods_init_container_writes_the_bundle_the_sources_write(
     template = job["spec"]["template"]
     pod = podspec.build(gme, job, template, template["spec"]["containers"][0],
                         make_policy().defaults, project_image)
-    pod["spec"]["containers"] = []  # only the init container: what it leaves is checked here
+    # only the probe's init container: what it leaves is checked here
+    pod["spec"]["containers"] = []
+    pod["spec"]["initContainers"] = [c for c in pod["spec"]["initContainers"]
+                                     if c["name"] == podspec.INIT_NAME]
     [init] = run_pod(pod, tmp_path / "pod", {"code": code_map()["data"]})
     assert init.name == podspec.INIT_NAME and init.exit_code == 0, init.logs
     written = tmp_path / "pod" / "volumes" / podspec.PROBE_VOLUME
