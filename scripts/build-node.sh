@@ -16,31 +16,29 @@ set -euo pipefail
 source "$(dirname "$0")/go-cache.sh"
 source "$ROOT/scripts/kube-versions.env"
 source "$ROOT/scripts/node-versions.env"
-cache_begin node "${XMEM_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xmem-admission/node}" \
-  "k8s-${KUBERNETES_VERSION}_containerd-${CONTAINERD_VERSION}_registry-${DISTRIBUTION_VERSION}_r${NODE_BUILD_RECIPE}"
-mkdir -p "$DEST/bin"
-
-build_kubelet() {
-  [ -x "$DEST/bin/kubelet" ] && return 0
-  local minor="${KUBERNETES_VERSION#v1.}" mod="$WORK/wrap-kubelet" upstream
+# build_k8s NAME: cmd/NAME of k8s.io/kubernetes (kubelet, kube-proxy) into $DEST/bin.
+build_k8s() {
+  local name="$1"
+  [ -x "$DEST/bin/$name" ] && return 0
+  local minor="${KUBERNETES_VERSION#v1.}" mod="$WORK/wrap-$name" upstream
   minor="${minor%%.*}"
-  log "k8s.io/kubernetes $KUBERNETES_VERSION: kubelet"
+  log "k8s.io/kubernetes $KUBERNETES_VERSION: $name"
   mkdir -p "$mod"
   upstream="$("$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" \
     | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p')"
   # k8s.io/kubernetes replaces its staging modules with local paths; a module that requires it
   # names their published versions (v0.MINOR.PATCH) instead.
-  printf 'module xmem.local/build/kubelet\n\ngo %s\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n%s\n)\n' \
-    "$(sed -n 's/^go \(.*\)$/\1/p' "$upstream")" "$KUBERNETES_VERSION" \
+  printf 'module xmem.local/build/%s\n\ngo %s\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n%s\n)\n' \
+    "$name" "$(sed -n 's/^go \(.*\)$/\1/p' "$upstream")" "$KUBERNETES_VERSION" \
     "$(sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) => \./staging/src/k8s\.io/.*$#\t\1 => \1 v0.'"$minor.${KUBERNETES_VERSION##*.}"'#p' "$upstream")" \
     >"$mod/go.mod"
-  printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/kubelet"\n' >"$mod/tools.go"
+  printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/cmd/%s"\n' "$name" >"$mod/tools.go"
   (cd "$mod" && "$GO" mod tidy)
   local v="k8s.io/component-base/version"
-  (cd "$mod" && $NICE "$GO" build -trimpath -o "$WORK/kubelet" -ldflags \
+  (cd "$mod" && $NICE "$GO" build -trimpath -o "$WORK/$name" -ldflags \
     "-s -w -X $v.gitVersion=$KUBERNETES_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$minor" \
-    k8s.io/kubernetes/cmd/kubelet)
-  mv -f "$WORK/kubelet" "$DEST/bin/kubelet"
+    "k8s.io/kubernetes/cmd/$name")
+  mv -f "$WORK/$name" "$DEST/bin/$name"
 }
 
 build_containerd() {
@@ -88,10 +86,26 @@ GO
   mv -f "$WORK/registry" "$DEST/bin/registry"
 }
 
-build_containerd
-build_registry
-build_kubelet
-"$DEST/bin/kubelet" --version >&2
-"$DEST/bin/containerd" --version >&2
-"$DEST/bin/registry" --version >&2
-cache_finish
+CACHE_ROOT="${XMEM_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xmem-admission/node}"
+# Each entry in a subshell: cache_begin exits at once when its entry is complete.
+(
+  cache_begin node "$CACHE_ROOT" \
+    "k8s-${KUBERNETES_VERSION}_containerd-${CONTAINERD_VERSION}_registry-${DISTRIBUTION_VERSION}_r${NODE_BUILD_RECIPE}"
+  mkdir -p "$DEST/bin"
+  build_containerd
+  build_registry
+  build_k8s kubelet
+  "$DEST/bin/kubelet" --version >&2
+  "$DEST/bin/containerd" --version >&2
+  "$DEST/bin/registry" --version >&2
+  cache_finish
+)
+# kube-proxy (#29, item 5: pods reach Services, the API server's among them), an entry of its own
+# so that adding it did not rebuild the node's others.
+(
+  cache_begin node-proxy "$CACHE_ROOT" "k8s-${KUBERNETES_VERSION}_kube-proxy_r${PROXY_BUILD_RECIPE}"
+  mkdir -p "$DEST/bin"
+  build_k8s kube-proxy
+  "$DEST/bin/kube-proxy" --version >&2
+  cache_finish
+)

@@ -136,10 +136,14 @@ def kubeconfig(path: Path, server: str, ca: Path, user: str, pair: Optional[Pair
 class ControlPlane:
     """See the module docstring."""
 
-    def __init__(self, root: Path, controllers: str = "*", scheduler: bool = True) -> None:
+    def __init__(self, root: Path, controllers: str = "*", scheduler: bool = True,
+                 address: str = LOOPBACK) -> None:
         """``controllers``: the controller-manager's ``--controllers`` (all by default);
-        ``scheduler``: whether to run kube-scheduler."""
+        ``scheduler``: whether to run kube-scheduler; ``address``: where the API server serves
+        (loopback by default; the host's address when pods on a real node must reach it through
+        the ``kubernetes`` Service, whose endpoint it then advertises itself)."""
         self.root = Path(root)
+        self.address = address
         self.controllers = controllers
         self.scheduler = scheduler
         self.logs = self.root / "logs"
@@ -156,7 +160,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://{LOOPBACK}:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     def _authority(self) -> Authority:
         assert self.ca is not None, "start() first"
@@ -214,7 +218,7 @@ class ControlPlane:
                                 dns=["localhost", "kubernetes", "kubernetes.default",
                                      "kubernetes.default.svc",
                                      "kubernetes.default.svc.cluster.local"],
-                                ips=[LOOPBACK, "10.0.0.1"])
+                                ips=sorted({LOOPBACK, self.address, "10.0.0.1"}))
         self.kubelet_client = ca.issue("apiserver-kubelet-client",
                                        "kube-apiserver-kubelet-client", ["system:masters"])
         self.sa_key, self.sa_pub = service_account_keys(self.pki_dir)
@@ -265,7 +269,7 @@ class ControlPlane:
         return [
             tools.binary("kube-apiserver"),
             "--etcd-servers", f"http://{LOOPBACK}:{self.etcd_port}",
-            "--bind-address", LOOPBACK, "--advertise-address", LOOPBACK,
+            "--bind-address", self.address, "--advertise-address", self.address,
             "--secure-port", str(self.port), "--cert-dir", str(self.root / "apiserver"),
             "--tls-cert-file", str(self.serving.cert),
             "--tls-private-key-file", str(self.serving.key),
@@ -278,8 +282,9 @@ class ControlPlane:
             "--service-account-key-file", str(self.sa_pub),
             "--service-account-signing-key-file", str(self.sa_key),
             "--service-cluster-ip-range", SERVICE_CIDR,
-            # A loopback address may not be an Endpoints address: nothing to reconcile.
-            "--endpoint-reconciler-type", "none",
+            # A loopback address may not be an Endpoints address: nothing to reconcile there;
+            # on the host's address the `kubernetes` Service gets it as its endpoint.
+            "--endpoint-reconciler-type", "none" if self.address == LOOPBACK else "lease",
             "--kubelet-client-certificate", str(self.kubelet_client.cert),
             "--kubelet-client-key", str(self.kubelet_client.key),
             "--kubelet-certificate-authority", str(ca.cert_file),

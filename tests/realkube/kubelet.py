@@ -75,6 +75,7 @@ import yaml
 from tests.realkube import tools
 from tests.realkube.controlplane import (
     LOOPBACK,
+    SERVICE_CIDR,
     ControlPlane,
     Exited,
     free_port,
@@ -137,8 +138,17 @@ def home() -> Path:
                              NodeToolsMissing)
 
 
+def proxy_home() -> Path:
+    """kube-proxy's cache entry (scripts/build-node.sh builds it apart from the node's others)."""
+    v = versions()
+    return tools.cache_entry("XMEM_NODE_CACHE", "node",
+                             f"k8s-{v['KUBERNETES_VERSION']}_kube-proxy_r{v['PROXY_BUILD_RECIPE']}",
+                             "kube-proxy", _BUILD, NodeToolsMissing)
+
+
 def binary(name: str) -> str:
-    return tools.executable(home(), name, _BUILD, NodeToolsMissing)
+    entry = proxy_home() if name == "kube-proxy" else home()
+    return tools.executable(entry, name, _BUILD, NodeToolsMissing)
 
 
 def host_tool(name: str) -> str:
@@ -444,8 +454,13 @@ class RealNode:
     def __init__(self, plane: ControlPlane, root: Path, name: str = "",
                  registry_auth: Optional[Tuple[str, str]] = None,
                  taints: Sequence[Dict[str, str]] = (),
-                 labels: Optional[Dict[str, str]] = None) -> None:
+                 labels: Optional[Dict[str, str]] = None, services: bool = False) -> None:
         self.plane = plane
+        # Services for the pods (#29, item 5): kube-proxy (iptables mode) and a route to the
+        # Service range through the bridge, so a pod reaches the API server through the
+        # `kubernetes` Service (the control plane must then serve on the host's address).
+        self.services = services
+        self.proxy_config: Optional[Path] = None
         self.tag = secrets.token_hex(3)
         self.name = name or f"xmem-real-node-{self.tag}"
         self.root = Path(root)
@@ -500,6 +515,8 @@ class RealNode:
         self._write_cni()
         self._start_containerd()
         self._start_kubelet()
+        if self.services:
+            self._start_kube_proxy()
         wait_for(self._ready, timeout, f"Node {self.name} Ready (kubelet log: "
                  f"{self.logs / 'kubelet.log'})", interval=0.5)
         return self
@@ -543,7 +560,10 @@ class RealNode:
                  # the gateway) and nothing else.
                  "ipam": {"type": "host-local", "ranges": [[{"subnet": self.subnet,
                                                              "gateway": gateway}]],
-                          "dataDir": str(self.root / "cni" / "ipam")}},
+                          "dataDir": str(self.root / "cni" / "ipam"),
+                          # With Services: their range too, through the host (kube-proxy's
+                          # rules turn it into an endpoint, all on this host).
+                          "routes": [{"dst": SERVICE_CIDR}] if self.services else []}},
                 {"type": "portmap", "capabilities": {"portMappings": True}},
             ],
         }
@@ -697,6 +717,33 @@ temp = "{d / 'tmp'}"
             argv += ["--node-labels", ",".join(f"{k}={v}" for k, v in self.labels.items())]
         self.processes["kubelet"] = _spawn("kubelet", argv, self.logs, self.run_dir,
                                            env=self._env())
+
+    def _start_kube_proxy(self) -> None:
+        """kube-proxy in iptables mode as ``system:kube-proxy`` (the default ClusterRoleBinding
+        system:node-proxier), changing no kernel setting: conntrack limits and timeouts left as
+        they are, no localhost NodePorts (which need route_localnet)."""
+        ca = self.plane._authority()
+        pair = ca.issue(f"kube-proxy-{self.name}", "system:kube-proxy")
+        config_path = self.root / "kube-proxy-kubeconfig.yaml"
+        kubeconfig(config_path, self.plane.server, ca.cert_file, "system:kube-proxy", pair=pair)
+        settings = {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(config_path)},
+            "hostnameOverride": self.name, "mode": "iptables",
+            "clusterCIDR": self.subnet, "detectLocalMode": "ClusterCIDR",
+            "bindAddress": self.node_ip,
+            "healthzBindAddress": f"{LOOPBACK}:{free_port()}",
+            "metricsBindAddress": f"{LOOPBACK}:{free_port()}",
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                          "tcpCloseWaitTimeout": "0s"},
+            "iptables": {"localhostNodePorts": False, "masqueradeAll": False},
+            "nodePortAddresses": [f"{self.node_ip}/32"],
+        }
+        self.proxy_config = self.root / "kube-proxy-config.yaml"
+        self.proxy_config.write_text(yaml.safe_dump(settings))
+        self.processes["kube-proxy"] = _spawn(
+            "kube-proxy", [binary("kube-proxy"), "--config", str(self.proxy_config), "--v", "2"],
+            self.logs, self.run_dir, env=self._env())
 
     def _ready(self) -> bool:
         process = self.processes["kubelet"]
@@ -877,11 +924,15 @@ temp = "{d / 'tmp'}"
         if not self._started:
             return
         shims = self._shim_pids()
-        for name in ("kubelet", "containerd", "registry", "registry-sandbox"):
+        for name in ("kube-proxy", "kubelet", "containerd", "registry", "registry-sandbox"):
             process = self.processes.get(name)
             if process is not None:
                 stop_process(process)
             (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
+        if self.proxy_config is not None:
+            # kube-proxy's own cleanup: the chains and rules it made, in every mode it knows.
+            _run(binary("kube-proxy"), "--cleanup", "--config", str(self.proxy_config),
+                 check=False, timeout=120)
         self.registry.process = self.sandbox_registry.process = None
         shims.update(self._shim_pids())
         self._kill_containers(shims)

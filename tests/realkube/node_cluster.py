@@ -18,7 +18,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from tests.e2e_real.support import code_map, policy
 from tests.realkube.cluster import Cluster, Webhook
@@ -48,7 +48,7 @@ class NodeCluster:
     probe_image: str
     images: Mapping[str, str]
     gpu_nodes: int = 2
-    auth: tuple = field(default_factory=lambda: ("xmem-tests", secrets.token_hex(8)))
+    auth: Tuple[str, str] = field(default_factory=lambda: ("xmem-tests", secrets.token_hex(8)))
     pushed: Dict[str, str] = field(default_factory=dict)
     push_seconds: Dict[str, float] = field(default_factory=dict)
     tenants: List[Tenant] = field(default_factory=list)
@@ -91,12 +91,8 @@ class NodeCluster:
         cluster.ensure_namespace(name, {labels.OPT_IN: "true"})
         wait_for(lambda: cluster.get("v1", "ServiceAccount", "default", name), 30,
                  f"the default service account of {name}")
-        token = base64.b64encode(f"{self.auth[0]}:{self.auth[1]}".encode()).decode()
-        config = {"auths": {self.node.registry.address: {"auth": token}}}
-        cluster.apply({"apiVersion": "v1", "kind": "Secret",
-                       "type": "kubernetes.io/dockerconfigjson",
-                       "metadata": {"name": PULL_SECRET, "namespace": name},
-                       "stringData": {".dockerconfigjson": json.dumps(config)}})
+        cluster.apply(dict(pull_secret(self.node, self.auth),
+                           metadata={"name": PULL_SECRET, "namespace": name}))
         cluster.apply(code_map(name))
         cluster.apply(policy(name, estimation=dict(estimation or ESTIMATION)))
         tenant = Tenant(name, cluster.serve(f"serve-{name}", name),
@@ -110,6 +106,15 @@ class NodeCluster:
         tenant.webhook.stop()
         self.cluster.delete("v1", "Namespace", tenant.name)
         self.tenants.remove(tenant)
+
+
+def pull_secret(node: RealNode, auth: Tuple[str, str]) -> Dict[str, Any]:
+    """The image pull secret (``kubernetes.io/dockerconfigjson``) for the node's registry."""
+    token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+    config = {"auths": {node.registry.address: {"auth": token}}}
+    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+            "metadata": {"name": PULL_SECRET},
+            "stringData": {".dockerconfigjson": json.dumps(config)}}
 
 
 def pod_spec(obj: Dict[str, Any]) -> Dict[str, Any]:
