@@ -45,6 +45,10 @@ What the real kubelet and runtime did differently from the process node
   ``CreateContainerConfigError`` and left the pod pending until its deadline (fixed:
   ``tests/e2e_real/test_process_node.py``; seen in
   ``tests/realnode/test_estimation_on_a_real_node.py``).
+- Pods of the chart reach the API server through the ``kubernetes`` Service (kube-proxy's rules;
+  ``tests/realnode/test_the_chart_on_a_real_node.py``), and a pod with ``dnsPolicy:
+  ClusterFirst`` on a kubelet without cluster DNS gets a ``MissingClusterDNS`` event and the
+  node's resolv.conf; the process node's pods call the API server on loopback and get neither.
 - By hand (not in this test): with ``registry_auth``, a pod without the pull secret ends in
   ``ErrImagePull`` then ``ImagePullBackOff`` ("pull access denied"), one with it runs.
 """
