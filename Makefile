@@ -47,14 +47,17 @@ kube-up: $(STAMP) tools
 kube-down: $(STAMP)
 	bash scripts/kube.sh down $(KUBE_DIR)
 
-# The playground (docs/playground.md): control plane, kwok GPU nodes of two models, the webhook,
-# the controller, the example policy and a handful of example jobs, no Docker needed.
+# The playground (docs/playground.md), as root: control plane, a real node (kubelet, containerd,
+# a registry), kwok GPU nodes of two models, the webhook, the controller, the example policy and a
+# handful of example jobs in a training image; estimation pods run on the real node. No Docker
+# needed. PLAYGROUND_TORCH picks the training image's torch and Python.
 PLAYGROUND_DIR ?= /tmp/xmem-playground
-playground: $(STAMP) tools
-	$(PY) -m tests.realkube.playground up $(PLAYGROUND_DIR)
+PLAYGROUND_TORCH ?= 2.15.0:3.13
+playground: $(STAMP) tools node-tools image-tools
+	$(PY) -m localkube.playground up $(PLAYGROUND_DIR) --torch $(PLAYGROUND_TORCH)
 
 playground-stop: $(STAMP)
-	$(PY) -m tests.realkube.playground down $(PLAYGROUND_DIR)
+	$(PY) -m localkube.playground down $(PLAYGROUND_DIR)
 
 # The users' torch (#28): the probe runs inside the user's image with the user's torch, so its
 # tests also run with the oldest supported torch on the oldest Python it supports and the newest
@@ -80,7 +83,7 @@ TEST_WORKERS ?= 2
 # Go builds end (a cold run here: venv 5.5 min, Go builds 31 min, torch environments 3 min).
 test:
 	$(MAKE) --no-print-directory -j3 $(STAMP) tools torch-envs
-	$(PY) -m ruff check src tests bench examples
+	$(PY) -m ruff check src tests bench examples localkube
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 	$(MAKE) --no-print-directory torch-tests
@@ -111,7 +114,7 @@ bench: $(STAMP)
 	$(PY) bench/estimator_speed.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests bench examples
+	$(PY) -m ruff check src tests bench examples localkube
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
@@ -141,7 +144,7 @@ image-test: $(STAMP) image training-images
 
 # The real node (#29): the kubelet, containerd 2.x and a local image registry built from their
 # Go modules (scripts/build-node.sh; not in `tools`); `node-test` runs, as root, tests/realnode:
-# a pod pulled from the registry runs on the kubelet (tests/realkube/kubelet.py), and Jobs in
+# a pod pulled from the registry runs on the kubelet (localkube/kubelet.py), and Jobs in
 # training images are estimated there and released (the project's image and the training images
 # are built by the tests' fixtures when podman lacks them: minutes each, several GB). Not part
 # of `make test`. `node-bench`: bench/realnode_release.py (bench/README.md).

@@ -1,6 +1,6 @@
 """From `kubectl apply` of a Job to its release, with the estimation pod on a real kubelet (#29).
 
-The project on a real node (``tests/realkube/node_cluster.py``: the real control plane, the
+The project on a real node (``tests/realnode/node_cluster.py``: the real control plane, the
 kubelet of the pinned release with containerd 2.x and runc, a local registry requiring
 authentication, kwok GPU nodes, ``xmem serve`` and ``xmem controller``): Jobs running the example
 GPT script from a training image (Debian's Python 3.13, torch 2.15 from PyPI) are applied one
@@ -40,9 +40,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from localkube import images, kubelet  # noqa: E402
 from tests.e2e_real.support import TINY_GPT, job  # noqa: E402
-from tests.realkube import images, kubelet  # noqa: E402
-from tests.realkube.node_cluster import (  # noqa: E402
+from tests.realnode.node_cluster import (  # noqa: E402
     NodeCluster,
     container_statuses,
     estimate_of,

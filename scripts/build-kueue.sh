@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the Kueue controller (sigs.k8s.io/kueue/cmd/kueue) once per pinned release, for the Kueue
-# tests on the real control plane (tests/realkube/kueue.py), into a cache outside the clone:
+# tests on the real control plane (localkube/kueue.py), into a cache outside the clone:
 #
 #   bin/kueue     the controller manager, from the Go module proxy
 #   crds/*.yaml   its CRDs, copied from the module's config/components/crd/bases
@@ -26,7 +26,7 @@ wrap_build kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue 
   "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION"
 dir="$(module_dir sigs.k8s.io/kueue "$KUEUE_VERSION")"
 cp "$dir"/config/components/crd/bases/kueue.x-k8s.io_*.yaml "$DEST/crds/"
-# Its webhook configurations (the tests point them at the host process: tests/realkube/kueue.py).
+# Its webhook configurations (the tests point them at the host process: localkube/kueue.py).
 cp "$dir"/config/components/webhook/manifests.yaml "$DEST/webhooks.yaml"
 chmod u+w "$DEST"/crds/*.yaml "$DEST/webhooks.yaml"
 

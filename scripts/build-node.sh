@@ -5,7 +5,7 @@
 # ~/.cache/xmem-admission/node/<versions>/bin. runc and the CNI plugins come from Debian's
 # packages (runc, containernetworking-plugins: scripts/install-image-tools.sh). Not part of
 # `make tools`: `make node-tools`, and `make node-test` runs the node's test with it
-# (tests/realnode, the fixture tests/realkube/kubelet.py).
+# (tests/realnode, the fixture localkube/kubelet.py).
 #
 # Measured here (2 cores, cold module cache, nice 19 beside a CI run): 871 s for the four, 156 MB
 # (containerd and its shim 3 min, the registry 2 min, the kubelet 8 min); 874 s for the first

@@ -9,7 +9,7 @@
 #               registry can be pulled from (scripts/base-image.sh)
 #   containernetworking-plugins
 #               the CNI plugins (bridge, host-local, loopback, portmap in /usr/lib/cni) of the
-#               real node's pod network (tests/realkube/kubelet.py)
+#               real node's pod network (localkube/kubelet.py)
 #   iptables    what those plugins and the kubelet program the host's firewall with
 #
 # Unlike scripts/install-tools.sh this fails (exit 1) when a tool cannot be installed: `make

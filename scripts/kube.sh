@@ -6,10 +6,10 @@
 #                              # prints DIR/admin.kubeconfig
 #   scripts/kube.sh down DIR   # stops the processes DIR/run/*.pid names, in a safe order
 #
-# The same code as the tests' session fixture (tests/realkube/controlplane.py).
+# The same code as the tests' session fixture (localkube/controlplane.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [ $# -eq 2 ] || { echo "usage: $0 up|down DIR" >&2; exit 2; }
 cd "$ROOT"
-exec "$PY" -m tests.realkube.controlplane "$1" "$2"
+exec "$PY" -m localkube.controlplane "$1" "$2"

@@ -16,13 +16,13 @@ import pytest
 
 if TYPE_CHECKING:  # the control plane's client is not in the users' torch environments, where
     # `make test` runs the probe's own tests with other torch releases (tests/support/torch_envs.py)
-    from tests.realkube.cluster import Cluster
+    from localkube.cluster import Cluster
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory,
             request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    from tests.realkube.cluster import Cluster
+    from localkube.cluster import Cluster
 
     running = Cluster(tmp_path_factory.mktemp("kube"))
     try:

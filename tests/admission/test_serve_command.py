@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.realkube.controlplane import free_port
+from localkube.controlplane import free_port
 from tests.support.builders import make_job, make_pod, review
 from tests.support.harness import Answer, Certificates
 from tests.support.schemas import ROOT

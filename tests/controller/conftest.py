@@ -9,8 +9,8 @@ from typing import Iterator
 
 import pytest
 
+from localkube.cluster import Cluster
 from tests.controller.support import Harness
-from tests.realkube.cluster import Cluster
 
 _counter = itertools.count()
 

@@ -24,10 +24,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import jsonpatch
 
-from tests.realkube.cluster import PROBE_IMAGE
-from tests.realkube.cluster import Cluster as RealCluster
-from tests.realkube.controlplane import wait_for as wait  # noqa: F401 - tests poll with it
-from tests.realkube.faultproxy import FaultProxy
+from localkube.cluster import PROBE_IMAGE
+from localkube.cluster import Cluster as RealCluster
+from localkube.controlplane import wait_for as wait  # noqa: F401 - tests poll with it
+from localkube.faultproxy import FaultProxy
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.admission.webhook import Endpoint, Webhook
 from xmem_admission.cluster.controller.manager import Controller

@@ -12,8 +12,8 @@ from typing import Any, Dict, Iterator, List
 import pytest
 import yaml
 
+from localkube.kueue import home as kueue_home
 from tests.controller.support import Harness, policy_spec, training_job, wait
-from tests.realkube.kueue import home as kueue_home
 from tests.support.estimates import record_dict
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import records

@@ -32,7 +32,7 @@ def test_1_an_unreachable_api_server_is_unavailable_not_a_crash(tmp_path: Path):
 
 
 def test_5_the_cli_and_the_chart_name_the_same_lease():
-    from tests.realkube.cluster import LEASE
+    from localkube.cluster import LEASE
     from xmem_admission.commands import controller
 
     parser = __import__("argparse").ArgumentParser()

@@ -13,11 +13,11 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
+from localkube.cluster import Cluster, Webhook
+from localkube.controlplane import wait_for
+from localkube.kwok import GPU_TAINT
+from localkube.node import ProcessNode
 from tests.e2e_real.support import GPU_POOL, code_map, policy
-from tests.realkube.cluster import Cluster, Webhook
-from tests.realkube.controlplane import wait_for
-from tests.realkube.kwok import GPU_TAINT
-from tests.realkube.node import ProcessNode
 from xmem_admission.cluster import labels
 
 _counter = itertools.count()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from tests.realkube.kwok import GPU_TOLERATION
+from localkube.kwok import GPU_TOLERATION
 from xmem_admission.cluster import labels
 from xmem_admission.contract import gpus
 

@@ -10,9 +10,9 @@ import json
 
 from kubernetes import client
 
+from localkube.controlplane import wait_for
+from localkube.kwok import gpu_node
 from tests.e2e_real.support import job, names, pytorchjob, template_annotations
-from tests.realkube.controlplane import wait_for
-from tests.realkube.kwok import gpu_node
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.quantity import MiB, ceil_div
 

@@ -9,9 +9,9 @@ from typing import Any, Callable, Dict
 
 from kubernetes import client
 
+from localkube.controlplane import wait_for
+from localkube.kwok import gpu_node
 from tests.e2e_real.support import code_map, job, policy, template_annotations
-from tests.realkube.controlplane import wait_for
-from tests.realkube.kwok import gpu_node
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.quantity import GiB, MiB, ceil_div
 

@@ -8,9 +8,9 @@ import json
 import pytest
 from kubernetes import client
 
-from tests.realkube import tools
-from tests.realkube.controlplane import wait_for
-from tests.realkube.kwok import gpu_node
+from localkube import tools
+from localkube.controlplane import wait_for
+from localkube.kwok import gpu_node
 
 
 def test_the_api_server_is_the_pinned_release(cluster):

@@ -11,8 +11,8 @@ import json
 
 from kubernetes import client
 
+from localkube.controlplane import wait_for
 from tests.distributed.conftest import script
-from tests.realkube.controlplane import wait_for
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.quantity import MiB, ceil_div
 

@@ -13,10 +13,10 @@ import pytest
 import yaml
 from kubernetes import client
 
+from localkube.cluster import LEASE, NAMESPACE
+from localkube.controlplane import kubeconfig, wait_for
+from localkube.faultproxy import FaultProxy
 from tests.e2e_real.support import QUICK_LEASE, job, template_annotations
-from tests.realkube.cluster import LEASE, NAMESPACE
-from tests.realkube.controlplane import kubeconfig, wait_for
-from tests.realkube.faultproxy import FaultProxy
 from xmem_admission.cluster import labels
 
 

@@ -14,9 +14,9 @@ from typing import Any, Dict, List
 
 import yaml
 
-from tests.realkube import tools
-from tests.realkube.cluster import CHART, helm
-from tests.realkube.controlplane import wait_for
+from localkube import tools
+from localkube.cluster import CHART, helm
+from localkube.controlplane import wait_for
 
 RELEASE = "helm-e2e"
 NAMESPACE = "helm-e2e"

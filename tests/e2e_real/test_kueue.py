@@ -1,5 +1,5 @@
 """xmem in a cluster that queues jobs with Kueue, on the real control plane with the real Kueue
-controller (tests/realkube/kueue.py; built by `make tools`): a ClusterQueue lists the chart's
+controller (localkube/kueue.py; built by `make tools`): a ClusterQueue lists the chart's
 AdmissionCheck, a LocalQueue feeds it. A Job submitted to the queue is suspended by Kueue's own
 webhook (never by ours), estimated on the process node while its check is Pending, admitted by
 Kueue with our podSetUpdates, unsuspended by Kueue, and its pod, created by the real Job
@@ -19,11 +19,11 @@ from typing import Any, Dict, Iterator, List, Optional
 import pytest
 from kubernetes import client
 
+from localkube.cluster import CONTROLLER_SA, Cluster, render_chart
+from localkube.controlplane import wait_for
+from localkube.kueue import Kueue
+from localkube.kwok import gpu_node
 from tests.e2e_real.support import job, oom_job, policy, pytorchjob
-from tests.realkube.cluster import CONTROLLER_SA, Cluster, render_chart
-from tests.realkube.controlplane import wait_for
-from tests.realkube.kueue import Kueue
-from tests.realkube.kwok import gpu_node
 from tests.support.estimates import record_dict
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller.admission_checks import CONTROLLER_NAME

@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 from kubernetes import client
 
-from tests.realkube.controlplane import wait_for
+from localkube.controlplane import wait_for
 
 
 def _pod(name: str, command: list, **spec: Any) -> dict:

@@ -22,10 +22,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import httpx
 
+from localkube.controlplane import wait_for
 from tests.e2e_real.support import oom_job, policy
 from tests.e2e_real.test_what_a_real_api_server_found import _metrics_port
 from tests.helm.chart import tool
-from tests.realkube.controlplane import wait_for
 from tests.rightsizing.prometheus import Exporter, start_prometheus, stop
 from tests.support.harness import metric_sum
 from xmem_admission.cluster import labels

@@ -16,10 +16,10 @@ import httpx
 import yaml
 from kubernetes import client
 
+from localkube import tools
+from localkube.cluster import CHART, LEASE, NAMESPACE, helm
+from localkube.controlplane import wait_for
 from tests.e2e_real.support import QUICK_LEASE, job, policy, template_annotations
-from tests.realkube import tools
-from tests.realkube.cluster import CHART, LEASE, NAMESPACE, helm
-from tests.realkube.controlplane import wait_for
 from tests.support.harness import metric_sum
 from xmem_admission.cluster import labels
 

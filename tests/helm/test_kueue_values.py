@@ -4,9 +4,9 @@ Kueue's user, and grants reads of AdmissionChecks and Workloads and writes of th
 
 from __future__ import annotations
 
+from localkube.kueue import home as kueue_home
 from tests.helm.chart import NAMESPACE, RELEASE, find, one, render
 from tests.helm.test_least_privilege import CONTROLLER_SA, READ, _grants, _rules_of
-from tests.realkube.kueue import home as kueue_home
 from tests.support.schemas import validate_custom
 from xmem_admission.cluster.controller.admission_checks import CONTROLLER_NAME
 

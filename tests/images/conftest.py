@@ -17,7 +17,7 @@ from typing import Callable, Dict, Iterator, Tuple
 
 import pytest
 
-from tests.realkube import images
+from localkube import images
 
 ENABLED = os.environ.get("XMEM_IMAGE_TESTS") == "1"
 collect_ignore_glob = [] if ENABLED else ["test_*.py"]

@@ -11,8 +11,8 @@ from typing import Any, Dict
 
 import pytest
 
+from localkube.podman_pod import ContainerRun, run_pod
 from tests.controller.support import GPUS, code_map, make_policy, training_job
-from tests.realkube.podman_pod import ContainerRun, run_pod
 from xmem_admission.cluster.controller import podspec, records
 from xmem_admission.contract import termination
 

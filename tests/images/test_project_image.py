@@ -14,10 +14,10 @@ from typing import Any, Dict, List
 
 import yaml
 
+from localkube.podman_pod import podman, run_pod
+from localkube.tools import ROOT
 from tests.controller.support import code_map, make_policy, training_job
 from tests.images.conftest import ProjectImage
-from tests.realkube.podman_pod import podman, run_pod
-from tests.realkube.tools import ROOT
 from xmem_admission.cluster.controller import podspec, records
 
 CHART_USER = 65532  # the chart's runAsUser/runAsGroup and the Dockerfile's USER

@@ -10,8 +10,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def real_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from localkube.controlplane import ControlPlane
     from tests.kube.real import CONTROLLERS, RealServer
-    from tests.realkube.controlplane import ControlPlane
 
     plane = ControlPlane(tmp_path_factory.mktemp("contract-kube"), controllers=CONTROLLERS,
                          scheduler=False)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
-from tests.realkube.controlplane import ControlPlane, wait_for
+from localkube.controlplane import ControlPlane, wait_for
 
 CONTROLLERS = ("garbage-collector-controller,namespace-controller,serviceaccount-controller,"
                "serviceaccount-token-controller")

@@ -10,8 +10,8 @@ import pytest
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
+from localkube.controlplane import wait_for
 from tests.kube.support import job, raw
-from tests.realkube.controlplane import wait_for
 
 
 def _collect(fn: Any, seconds: int, ready: int = 0,

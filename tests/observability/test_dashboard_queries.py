@@ -33,10 +33,10 @@ import jsonschema
 import pytest
 import yaml
 
+from localkube.controlplane import free_port as _free_port
+from localkube.controlplane import wait_while_running
 from tests.helm.chart import CHART, ROOT, run, tool
 from tests.observability.rules import write_rule_file
-from tests.realkube.controlplane import free_port as _free_port
-from tests.realkube.controlplane import wait_while_running
 from tests.support.builders import make_job, make_pod, review
 from tests.support.estimates import record_dict, workload_fingerprint
 from xmem_admission.cluster import labels
@@ -158,7 +158,7 @@ def _start_controller(cluster: Any) -> Tuple[subprocess.Popen, int]:
     them (its estimation pods run on the process node)."""
     from kubernetes import client
 
-    from tests.realkube.cluster import PROBE_IMAGE
+    from localkube.cluster import PROBE_IMAGE
 
     cluster.ensure_namespace(NAMESPACE)
     api = cluster.plane.api_client()

@@ -1,6 +1,6 @@
 """The real node's tests (#29): a kubelet, containerd, runc, CNI bridge networking and a local
-image registry on this machine (``tests/realkube/kubelet.py``), under a control plane of their
-own; and the project on it (``tests/realkube/node_cluster.py``): estimation pods from the
+image registry on this machine (``localkube/kubelet.py``), under a control plane of their
+own; and the project on it (``tests/realnode/node_cluster.py``): estimation pods from the
 project's image and training images.
 
 They build things (the node's binaries: about 15 minutes cold; a Debian base image: about a
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import pytest
 
 if TYPE_CHECKING:
-    from tests.realkube.controlplane import ControlPlane
-    from tests.realkube.kubelet import RealNode
+    from localkube.controlplane import ControlPlane
+    from localkube.kubelet import RealNode
 
 ROOT = Path(__file__).resolve().parents[2]
 ENABLED = os.environ.get("XMEM_REAL_NODE_TESTS") == "1"
@@ -44,7 +44,7 @@ def node_built() -> None:
     """Debian's runc, CNI plugins, iptables and podman; the control plane; the node's binaries."""
     if not ENABLED:
         pytest.skip(SKIP_REASON)
-    from tests.realkube import kubelet
+    from localkube import kubelet
 
     _script("scripts/install-image-tools.sh", timeout=900)
     _script("scripts/build-kube.sh")
@@ -62,14 +62,14 @@ def base_image(node_built: None) -> str:
 
 @pytest.fixture(scope="session")
 def sandbox_image(base_image: str) -> str:
-    from tests.realkube import kubelet
+    from localkube import kubelet
 
     return kubelet.pause_image(base_image)
 
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory, node_built: None) -> Iterator[ControlPlane]:
-    from tests.realkube.controlplane import ControlPlane
+    from localkube.controlplane import ControlPlane
 
     running = ControlPlane(tmp_path_factory.mktemp("plane"))
     try:
@@ -84,7 +84,7 @@ def real_node(plane: ControlPlane, sandbox_image: str,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
     """A started RealNode; stopped (and everything it made removed) after the test, also when
     the test stopped it itself."""
-    from tests.realkube.kubelet import RealNode
+    from localkube.kubelet import RealNode
 
     node = RealNode(plane, tmp_path_factory.mktemp("node"))
     try:
@@ -97,7 +97,7 @@ def real_node(plane: ControlPlane, sandbox_image: str,
 @pytest.fixture(scope="session")
 def project_image(node_built: None, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The project's image (`make image`), from a copy of the sources taken at one instant."""
-    from tests.realkube import images
+    from localkube import images
 
     try:
         return images.project_image(tmp_path_factory.mktemp("context"))
@@ -108,7 +108,7 @@ def project_image(node_built: None, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture(scope="session")
 def training_image(node_built: None) -> Callable[[str, str], str]:
     """A training image for (torch release, Python minor), built here when it is missing."""
-    from tests.realkube import images
+    from localkube import images
 
     def get(torch: str, python: str) -> str:
         try:
@@ -121,7 +121,7 @@ def training_image(node_built: None) -> Callable[[str, str], str]:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if ENABLED:
-        from tests.realkube import images
+        from localkube import images
 
         for line in images.summary().splitlines():
             terminalreporter.write_line(line)

@@ -1,4 +1,4 @@
-"""A pod runs on a real kubelet (#29, item 3): the real node of ``tests/realkube/kubelet.py``
+"""A pod runs on a real kubelet (#29, item 3): the real node of ``localkube/kubelet.py``
 registers with the real control plane, pulls an image by reference from the local registry, runs
 it with containerd and runc in a network namespace on the node's bridge, reports the result through
 the API server (phase, termination message, logs), and leaves nothing behind when it stops, also
@@ -11,7 +11,7 @@ from k8s.io/kubernetes v1.36.3), containerd v2.4.2 (its CRI reports "containerd:
 225 MB image pulled from the local registry), the whole test 36 s warm.
 
 What the real kubelet and runtime did differently from the process node
-(``tests/realkube/node.py``), each a place where that node is wrong or simpler than a cluster:
+(``localkube/node.py``), each a place where that node is wrong or simpler than a cluster:
 
 - The kubelet refuses a loopback node address (kubelet_node_status.go, validateNodeIP): the
   Node's InternalIP and the pods' ``hostIP`` are the host's address (its API is served there),
@@ -70,8 +70,8 @@ if os.environ.get("XMEM_REAL_NODE_TESTS") != "1":
 
 from kubernetes import client  # noqa: E402
 
-from tests.realkube import kubelet  # noqa: E402
-from tests.realkube.controlplane import ControlPlane, Exited, wait_for  # noqa: E402
+from localkube import kubelet  # noqa: E402
+from localkube.controlplane import ControlPlane, Exited, wait_for  # noqa: E402
 
 # Cold: the conftest's builds (15 min for the node, 24 for the control plane) run inside the
 # first test's setup; warm the test takes about a minute.

@@ -1,6 +1,6 @@
 """Estimation pods on a real kubelet (#29, item 4): the webhook holds a Job (and a PyTorchJob)
 whose container uses a training image, the controller's estimation pod is scheduled onto the real
-node (``tests/realkube/kubelet.py``), which pulls the project's image for the init container that
+node (``localkube/kubelet.py``), which pulls the project's image for the init container that
 writes the probe bundle and the workload's image for the training container, from a local
 registry that requires authentication (the workload's pull secret); the probe's result comes back
 as the container's termination message, the workload is released, and its pod is sized and bound
@@ -28,11 +28,11 @@ from tests.realnode.conftest import ENABLED, SKIP_REASON
 if not ENABLED:
     pytest.skip(SKIP_REASON, allow_module_level=True)
 
+from localkube import images  # noqa: E402
+from localkube.controlplane import wait_for  # noqa: E402
+from localkube.kubelet import versions  # noqa: E402
 from tests.e2e_real.support import TINY_GPT, job, pytorchjob, template_annotations  # noqa: E402
-from tests.realkube import images  # noqa: E402
-from tests.realkube.controlplane import wait_for  # noqa: E402
-from tests.realkube.kubelet import versions  # noqa: E402
-from tests.realkube.node_cluster import (  # noqa: E402
+from tests.realnode.node_cluster import (  # noqa: E402
     NodeCluster,
     Tenant,
     container_statuses,
@@ -164,6 +164,12 @@ def test_a_job_and_a_pytorchjob_in_users_images_are_estimated_on_the_real_node_a
 
     pod = wait_for(bound, 60, "the Job controller's pod to be bound")
     assert pod["spec"]["nodeName"].startswith("real-node-gpu-")
+    # Two training images pulled and unpacked: their compressed layers were not kept beside
+    # the snapshots (containerd's discard_unpacked_layers, #29 item 6).
+    disk = node.image_bytes()
+    print(f"containerd: content store {disk['content'] / 1e6:.0f} MB, snapshots "
+          f"{disk['snapshots'] / 1e6:.0f} MB")
+    assert disk["snapshots"] > 4e9 and disk["content"] < 0.02 * disk["snapshots"], disk
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == "1" and "nvidia.com/gpumem" in limits
     print(f"kubelet {versions()['KUBERNETES_VERSION']}, containerd "
@@ -200,6 +206,6 @@ def test_images_that_cannot_be_estimated_end_with_a_named_reason_and_release_the
         assert pod["spec"]["nodeName"] == on_node.node.name
         ended = container_statuses(pod)["train"]["state"]["terminated"]
         print(f"{name}: the training container ended {json.dumps(ended)[:300]}")
-        if reason == "CannotStart":  # what the process node imitates (tests/realkube/node.py)
+        if reason == "CannotStart":  # what the process node imitates (localkube/node.py)
             assert (ended["reason"], ended["exitCode"]) == ("StartError", 128), ended
         _released(on_node, namespace, name)

@@ -1,7 +1,7 @@
 """The chart as a user installs it (#29, item 5): `helm install` with the project's image from the
 real node's registry (which requires authentication: the chart's ``imagePullSecrets``). The
 certificate hook Jobs, the webhook and the controller run as pods on the real kubelet
-(``tests/realkube/kubelet.py``); pods reach the API server through the ``kubernetes`` Service
+(``localkube/kubelet.py``); pods reach the API server through the ``kubernetes`` Service
 (kube-proxy in iptables mode, the API server on the host's address) and the API server calls
 the webhook through its Service. Then a Job goes through the chart's own pods: held at CREATE,
 estimated by an estimation pod the in-cluster controller starts on the real node, released, and
@@ -26,12 +26,12 @@ if not ENABLED:
 
 import yaml  # noqa: E402
 
+from localkube.cluster import CHART, helm  # noqa: E402
+from localkube.controlplane import ControlPlane, wait_for  # noqa: E402
+from localkube.kubelet import RealNode, _host_address  # noqa: E402
+from localkube.kwok import TEST_STAGES, Kwok, gpu_node  # noqa: E402
 from tests.e2e_real.support import TINY_GPT, code_map, job  # noqa: E402
-from tests.realkube.cluster import CHART, helm  # noqa: E402
-from tests.realkube.controlplane import ControlPlane, wait_for  # noqa: E402
-from tests.realkube.kubelet import RealNode, _host_address  # noqa: E402
-from tests.realkube.kwok import TEST_STAGES, Kwok, gpu_node  # noqa: E402
-from tests.realkube.node_cluster import GPU_POOL, PULL_SECRET, in_image, pull_secret  # noqa: E402
+from tests.realnode.node_cluster import GPU_POOL, PULL_SECRET, in_image  # noqa: E402
 from xmem_admission.cluster import labels  # noqa: E402
 
 pytestmark = pytest.mark.timeout(3600)
@@ -188,7 +188,7 @@ def test_the_chart_installed_with_helm_runs_on_the_real_node_and_sizes_a_job(
         installed: Installed) -> None:
     core, node = installed.core, installed.node
     core.create_namespace({"metadata": {"name": NAMESPACE}})
-    core.create_namespaced_secret(NAMESPACE, pull_secret(node, AUTH))
+    core.create_namespaced_secret(NAMESPACE, node.registry.pull_secret(PULL_SECRET))
     _a_pod_reaches_the_api_server_through_its_service(installed)
     began = time.monotonic()
     installed.helm("install", RELEASE, str(CHART), "--wait", "--timeout", "10m",
@@ -216,7 +216,7 @@ def test_the_chart_installed_with_helm_runs_on_the_real_node_and_sizes_a_job(
     core.create_namespace({"metadata": {"name": tenant, "labels": {labels.OPT_IN: "true"}}})
     wait_for(lambda: core.read_namespaced_service_account("default", tenant), 30,
              "the tenant's default service account")
-    core.create_namespaced_secret(tenant, pull_secret(node, AUTH))
+    core.create_namespaced_secret(tenant, node.registry.pull_secret(PULL_SECRET))
     core.create_namespaced_config_map(tenant, code_map(tenant))
     body = in_image(job("train", tenant, args=list(TINY_GPT)), installed.pushed["train"])
     for i in range(2):

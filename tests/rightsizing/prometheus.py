@@ -16,9 +16,9 @@ from typing import Callable, List, Tuple
 
 import yaml
 
+from localkube.controlplane import free_port
+from localkube.controlplane import wait_while_running as wait_for
 from tests.helm.chart import tool
-from tests.realkube.controlplane import free_port
-from tests.realkube.controlplane import wait_while_running as wait_for
 
 
 def reply(handler: BaseHTTPRequestHandler, body: bytes, content_type: str) -> None:

@@ -7,7 +7,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.realkube.cluster import Cluster
+from localkube.cluster import Cluster
 from tests.security.tenants import TwoTenants
 
 

@@ -23,9 +23,9 @@ from typing import Any, Dict, List, Optional
 
 from kubernetes import client
 
+from localkube.cluster import Cluster, Webhook
+from localkube.controlplane import wait_for
 from tests.controller.support import code_map, training_job
-from tests.realkube.cluster import Cluster, Webhook
-from tests.realkube.controlplane import wait_for
 from xmem_admission.cluster import labels
 
 TENANTS = {"alice": "team-a", "bob": "team-b"}

@@ -12,7 +12,7 @@ from typing import Any, Dict
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.realkube.controlplane import wait_for
+from localkube.controlplane import wait_for
 from tests.security.tenants import GPUS, job, restricted
 from tests.support.builders import make_pod
 from xmem_admission.cluster import labels

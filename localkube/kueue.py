@@ -34,9 +34,9 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from tests.realkube import tools
-from tests.realkube.cluster import Cluster
-from tests.realkube.controlplane import Exited, free_port, stop_process, wait_for
+from localkube import tools
+from localkube.cluster import Cluster
+from localkube.controlplane import Exited, free_port, stop_process, wait_for
 
 NAMESPACE = "kueue-system"
 ACCOUNT = "kueue-controller-manager"

@@ -39,8 +39,8 @@ import time
 import urllib.parse
 from typing import Any, Dict, List, Optional
 
-from tests.realkube import containers as ctr
-from tests.realkube.controlplane import LOOPBACK, ControlPlane, free_port, kubeconfig
+from localkube import containers as ctr
+from localkube.controlplane import LOOPBACK, ControlPlane, free_port, kubeconfig
 from xmem_admission.cluster.kube import quantity
 
 MAX_MESSAGE = 4096  # the kubelet's limit on a termination message (4 KiB)

@@ -12,7 +12,6 @@ everything (the node removes what it made).
 
 from __future__ import annotations
 
-import base64
 import json
 import secrets
 import time
@@ -20,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from localkube.cluster import Cluster, Webhook
+from localkube.controlplane import ControlPlane, wait_for
+from localkube.kubelet import RealNode
+from localkube.kwok import gpu_node
 from tests.e2e_real.support import code_map, policy
-from tests.realkube.cluster import Cluster, Webhook
-from tests.realkube.controlplane import ControlPlane, wait_for
-from tests.realkube.kubelet import RealNode
-from tests.realkube.kwok import gpu_node
 from xmem_admission.cluster import labels
 
 PULL_SECRET = "registry-credentials"
@@ -91,7 +90,7 @@ class NodeCluster:
         cluster.ensure_namespace(name, {labels.OPT_IN: "true"})
         wait_for(lambda: cluster.get("v1", "ServiceAccount", "default", name), 30,
                  f"the default service account of {name}")
-        cluster.apply(dict(pull_secret(self.node, self.auth),
+        cluster.apply(dict(self.node.registry.pull_secret(PULL_SECRET),
                            metadata={"name": PULL_SECRET, "namespace": name}))
         cluster.apply(code_map(name))
         cluster.apply(policy(name, estimation=dict(estimation or ESTIMATION)))
@@ -106,15 +105,6 @@ class NodeCluster:
         tenant.webhook.stop()
         self.cluster.delete("v1", "Namespace", tenant.name)
         self.tenants.remove(tenant)
-
-
-def pull_secret(node: RealNode, auth: Tuple[str, str]) -> Dict[str, Any]:
-    """The image pull secret (``kubernetes.io/dockerconfigjson``) for the node's registry."""
-    token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-    config = {"auths": {node.registry.address: {"auth": token}}}
-    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-            "metadata": {"name": PULL_SECRET},
-            "stringData": {".dockerconfigjson": json.dumps(config)}}
 
 
 def pod_spec(obj: Dict[str, Any]) -> Dict[str, Any]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 from urllib.parse import urlsplit
 
-from tests.realkube.controlplane import LOOPBACK, free_port
+from localkube.controlplane import LOOPBACK, free_port
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
               "proxy-authorization", "proxy-authenticate", "host"}

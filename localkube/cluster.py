@@ -27,10 +27,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequ
 
 import yaml
 
-from tests.realkube import tools
-from tests.realkube.controlplane import ControlPlane, stop_process, wait_for
-from tests.realkube.kwok import TEST_STAGES, Kwok
-from tests.realkube.node import ProcessNode
+from localkube import tools
+from localkube.controlplane import ControlPlane, stop_process, wait_for
+from localkube.kwok import TEST_STAGES, Kwok
+from localkube.node import ProcessNode
 
 ROOT = tools.ROOT
 CHART = ROOT / "helm" / "xmem-admission"

@@ -23,8 +23,8 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import yaml
 
-from tests.realkube import tools
-from tests.realkube.controlplane import LOOPBACK, ControlPlane, free_port, stop_process
+from localkube import tools
+from localkube.controlplane import LOOPBACK, ControlPlane, free_port, stop_process
 from xmem_admission.contract import gpus
 
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}

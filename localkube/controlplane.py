@@ -12,8 +12,8 @@ server whose etcd died first hangs on SIGTERM).
 
 Command line, for scripts and the playground (the processes outlive it)::
 
-    python -m tests.realkube.controlplane up DIR     # prints DIR/admin.kubeconfig
-    python -m tests.realkube.controlplane down DIR   # stops what DIR/run/*.pid names
+    python -m localkube.controlplane up DIR     # prints DIR/admin.kubeconfig
+    python -m localkube.controlplane down DIR   # stops what DIR/run/*.pid names
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
 
 import yaml
 
-from tests.realkube import tools
-from tests.realkube.pki import Authority, Pair, service_account_keys
+from localkube import tools
+from localkube.pki import Authority, Pair, service_account_keys
 
 T = TypeVar("T")
 LOOPBACK = "127.0.0.1"
@@ -439,7 +439,7 @@ def down(root: Path) -> List[str]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.realkube.controlplane")
+    parser = argparse.ArgumentParser(prog="python -m localkube.controlplane")
     parser.add_argument("action", choices=["up", "down", "version"])
     parser.add_argument("dir", nargs="?", default="")
     args = parser.parse_args(argv)

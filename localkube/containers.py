@@ -1,6 +1,6 @@
 """How a process node turns a container spec into a local process, and watches it.
 
-Used by the project's process node (``tests.realkube.node``).
+Used by the project's process node (``localkube.node``).
 
 A container here is a process group on the host, started with the environment Kubernetes would
 give it (the image's env, then ``envFrom``, then ``env`` with ``$(VAR)`` expansion and

@@ -12,7 +12,7 @@ What the kubelet does that is done here too:
   then the pod's containers (one after another: an estimation pod has one);
 - ``command``/``args`` over the image's ENTRYPOINT/CMD (``command`` replaces both; ``args``
   alone replaces CMD), ``$(VAR)`` expanded; the image's ENV under the container's ``env`` and
-  ``envFrom`` (resolved as ``tests.realkube.containers.resolve_env`` does for the process node);
+  ``envFrom`` (resolved as ``localkube.containers.resolve_env`` does for the process node);
 - volumes: ``emptyDir`` as a fresh directory of mode 0777 (the kubelet's empty_dir.go), a
   ConfigMap's keys as files of mode 0644 (``defaultMode``); ``readOnly`` mounts read-only;
 - the security context: user and group (the container's over the pod's), ``fsGroup`` and
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from tests.realkube.containers import ConfigError, Image, expand, resolve_env
+from localkube.containers import ConfigError, Image, expand, resolve_env
 from xmem_admission.cluster.kube import quantity
 
 PODMAN = ["podman", "--runtime", "runc"]  # crun refuses cgroup v1 hosts (scripts/image-common.sh)

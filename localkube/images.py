@@ -16,8 +16,8 @@ import subprocess
 from pathlib import Path
 from typing import Dict, Mapping, Optional
 
-from tests.realkube.podman_pod import image_size, podman_ready
-from tests.realkube.tools import ROOT
+from localkube.podman_pod import image_size, podman_ready
+from localkube.tools import ROOT
 
 SIZES: Dict[str, int] = {}  # image -> bytes, printed at the end of a run
 

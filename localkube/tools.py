@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Dict
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 VERSIONS_FILE = ROOT / "scripts" / "kube-versions.env"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
