@@ -60,41 +60,68 @@ def test_a_controller_killed_after_a_write_is_finished_by_a_new_process(harness,
     def estimated() -> list:
         return [e for e in harness.events("train") if e["reason"] == "Estimated"]
 
-    # Killed between the release and its Event: no Event, and the successor does not release a
-    # second time; otherwise exactly one Event. Once the successor's resync has seen the workload
-    # released (its held gauge reads 0), it has queued it; the count must then hold over
-    # several more resyncs, in which a second release would show.
-    expected = 0 if point == "workload released" else 1
-    # the Event follows the release at once; 60 s leaves room for a loaded 2-core machine
+    # The Event follows the release at once, from whichever process released. Usually the
+    # successor: then exactly one Event. But the first process may release before its SIGKILL
+    # lands (its watch can show it the estimate's new status before the proxy, still handling
+    # that write, kills it; seen once on a loaded 2-core machine), and then die before its
+    # Event: no Event, and the successor releases nothing. Killed at "workload released", the
+    # first always released. The successor's own counter tells which happened; the count must
+    # then hold over several more resyncs, in which a second release would show.
+    # (The successor counts a release at its write, before the Event and before its resync
+    # can show the workload released.)
+    wait(lambda: _held_gauge(harness, "second") == 0.0, 30, "the successor's resync")
+    by_successor = _released_by(harness, "second")
+    if point == "workload released":
+        assert by_successor == 0.0
+    # 60 s leaves room for a loaded 2-core machine
     try:
-        wait(lambda: len(estimated()) == expected, 60, f"{expected} Estimated event(s)")
+        wait(lambda: len(estimated()) == 1 if by_successor else len(estimated()) <= 1, 60,
+             f"{1 if by_successor else 'at most 1'} Estimated event(s)")
     except TimeoutError as exc:
         # what the two controllers did, for a failure that explains itself
         reasons = [(e["reason"], e.get("reportingInstance")) for e in harness.events("train")]
         raise AssertionError(f"{exc}; the workload's events: {reasons}; first's log ends: "
                              f"{harness.log_of('first')[-1500:]!r}; second's log ends: "
                              f"{harness.log_of('second')[-1500:]!r}") from None
-    wait(lambda: _held_gauge(harness, "second") == 0.0, 30, "the successor's resync")
-    _holds(lambda: len(estimated()) == expected and second.poll() is None, 4 * RESYNC_SECONDS,
-           f"exactly {expected} Estimated event(s) while the successor runs")
+    expected = len(estimated())  # 0 or 1 when the first released: its Event is best effort
+    if by_successor:
+        assert [e.get("reportingInstance") for e in estimated()] == ["second"]
+    _holds(lambda: len(estimated()) == expected and second.poll() is None
+           and _released_by(harness, "second") == by_successor, 4 * RESYNC_SECONDS,
+           f"exactly {expected} Estimated event(s) and no further release while the successor "
+           "runs")
 
 
 RESYNC_SECONDS = 0.5  # Harness.spawn's --resync-seconds
 
 
-def _held_gauge(harness, identity: str):
-    """The ``xmem_controller_held_workloads`` value a spawned controller serves, or None."""
+def _metrics(harness, identity: str):
+    """The metrics text a spawned controller serves, or None."""
     found = re.search(r"metrics on (http://\S+/metrics)", harness.log_of(identity))
     if not found:
         return None
     try:
         with urllib.request.urlopen(found.group(1), timeout=5) as response:
-            text = response.read().decode()
+            return response.read().decode()
     except OSError:
         return None
+
+
+def _held_gauge(harness, identity: str):
+    """The ``xmem_controller_held_workloads`` value a spawned controller serves, or None."""
+    text = _metrics(harness, identity) or ""
     # Labelled by kind: the series exists only once a resync has published it.
     value = re.search(r'^xmem_controller_held_workloads\{kind="Job"\} (\S+)$', text, re.M)
     return float(value.group(1)) if value else None
+
+
+def _released_by(harness, identity: str) -> float:
+    """How many Jobs a spawned controller released with an estimate (its own counter)."""
+    text = _metrics(harness, identity)
+    assert text is not None, f"controller {identity} serves no metrics"
+    value = re.search(r'^xmem_controller_released_workloads_total\{kind="Job",'
+                      r'outcome="estimated"\} (\S+)$', text, re.M)
+    return float(value.group(1)) if value else 0.0
 
 
 def _holds(predicate, seconds: float, what: str) -> None:

@@ -228,6 +228,8 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     new["metadata"]["annotations"][ESTIMATE_NAME] = gme["metadata"]["name"]
     requesting = _requests(new, workload, plans)
     _write(ctx, workload, new)
+    # Counted at the write, which is the release; the Event after it is best effort.
+    ctx.metrics.released.labels(workload.kind.kind, "estimated").inc()
     chosen = next((p for p in plans if p is not None), None)
     if chosen is not None:
         message = (f"estimated {gib(chosen.estimate_bytes)} GiB peak on {chosen.target.gpu.key}; "
@@ -240,7 +242,6 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     if labels.USER_SUSPENDED in annotations_of(obj):
         message += " (left suspended, as its owner had it)"
     ctx.emit(obj, "Normal", "Estimated", f"xmem: {message}")
-    ctx.metrics.released.labels(workload.kind.kind, "estimated").inc()
     return None
 
 
