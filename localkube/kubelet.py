@@ -113,6 +113,9 @@ KUBELET_CHAINS = {"mangle": ("KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"),
 GIB = 1 << 30
 MNT_DETACH = 2  # <sys/mount.h>
 CAP_SYS_RESOURCE = 24  # <linux/capability.h>
+# containerd refuses a socket path longer than this ("unix socket path too long (> 104)": its
+# limit for every platform it serves; Linux's sun_path holds 108 bytes).
+SOCKET_PATH_MAX = 104
 
 
 class NodeToolsMissing(tools.ToolsMissing):
@@ -475,6 +478,17 @@ class Footprint:
 # --- the node ------------------------------------------------------------------------------------
 
 
+def too_deep(root: Path) -> Optional[str]:
+    """Why a node in ``root`` cannot start because of the folder's depth, or None: containerd
+    makes its sockets there (the longest is ``containerd/containerd.sock.ttrpc``)."""
+    longest = Path(root).resolve() / "containerd" / "containerd.sock.ttrpc"
+    if len(str(longest).encode()) <= SOCKET_PATH_MAX:
+        return None
+    return (f"the node's folder {root} is too deep: containerd's socket there ({longest}) would "
+            f"be longer than the {SOCKET_PATH_MAX} bytes containerd allows; choose a shorter "
+            f"folder")
+
+
 class RealNode:
     """See the module docstring."""
 
@@ -528,6 +542,9 @@ class RealNode:
         reason = missing()
         if reason:
             raise NodeToolsMissing(reason)
+        deep = too_deep(self.root)
+        if deep:
+            raise ValueError(deep)
         for d in (self.logs, self.run_dir, self.containerd_dir, self.kubelet_dir, self.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         self._remember()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -101,6 +102,12 @@ def build_images(root: Path, torch: str, python: str) -> Dict[str, str]:
     return built
 
 
+def _release(version_output: str) -> str:
+    """``v1.36.3`` out of what ``kubelet --version`` (or containerd's, runc's, ...) prints."""
+    found = re.search(r"v?\d+\.\d+\.\d+\S*", version_output)
+    return found.group(0) if found else version_output
+
+
 def host(root: Path) -> None:
     """The background process: start everything, write ``ready``, run until SIGTERM."""
     stop = threading.Event()
@@ -137,8 +144,9 @@ def host(root: Path) -> None:
         (root / "ready").write_text(json.dumps({
             "kubeconfig": str(cluster.plane.admin_kubeconfig), "image": train,
             "version": cluster.plane.version(),
-            "node": f"node {node.name}: " + "; ".join(versions.values())
-                    + f"; registry {node.registry.address}",
+            "node": f"node {node.name}: " + ", ".join(
+                f"{name} {_release(text)}" for name, text in versions.items())
+                    + f"; its registry at {node.registry.address}",
             # what the node made on this machine under names of its own, gone after `down`
             "made": {"bridge": node.bridge, "cgroup": node.cgroup_root,
                      "registry": node.registry.address}}))
@@ -176,7 +184,7 @@ def up(root: Path, torch: str = DEFAULT_TORCH, timeout: float = 900) -> int:
         print("the playground's node (a kubelet, containerd, runc, a pod network) runs as root: "
               "run `make playground` as root")
         return 1
-    reason = kubelet.missing()
+    reason = kubelet.missing() or kubelet.too_deep(root / "node")
     if reason:
         print(reason)
         return 1

@@ -54,9 +54,19 @@ def _alive(pids: List[int]) -> List[int]:
     return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
 
 
-def test_the_playground_estimates_its_example_jobs_on_the_real_node_and_stops_clean(
+def test_a_playground_folder_too_deep_for_containerds_socket_is_refused_before_anything_starts(
         tmp_path: Path, node_built: None) -> None:
-    root = tmp_path / "playground"
+    root = tmp_path / ("deep-" * 16)
+    up = _playground("up", str(root), timeout=120)
+    assert up.returncode == 1
+    assert "too deep" in up.stdout and "104 bytes" in up.stdout, up.stdout
+    assert not (root / "run").exists()
+
+
+def test_the_playground_estimates_its_example_jobs_on_the_real_node_and_stops_clean(
+        tmp_path_factory: pytest.TempPathFactory, node_built: None) -> None:
+    # containerd's sockets go under it: a short folder (see the test above)
+    root = tmp_path_factory.mktemp("pg")
     up = _playground("up", str(root), timeout=3000)
     try:
         print(up.stdout)
