@@ -146,8 +146,8 @@ image-test: $(STAMP) image training-images
 # Go modules (scripts/build-node.sh; not in `tools`); `node-test` runs, as root, tests/realnode:
 # a pod pulled from the registry runs on the kubelet (localkube/kubelet.py), and Jobs in
 # training images are estimated there and released (the project's image and the training images
-# are built by the tests' fixtures when podman lacks them: minutes each, several GB). Not part
-# of `make test`. `node-bench`: bench/realnode_release.py (bench/README.md).
+# are built by the tests' fixtures when podman lacks them: minutes each, several GB), and the
+# playground as a user runs it. Not part of `make test`. `node-bench`: bench/realnode_release.py (bench/README.md).
 .PHONY: node-tools node-test node-bench
 node-tools:
 	bash scripts/build-node.sh
