@@ -229,14 +229,7 @@ def mount_points() -> List[str]:
 
 def cgroup_mounts() -> List[Path]:
     """Every cgroup hierarchy's mount point (v1 controllers, named ones, and v2's in hybrid mode)."""
-    out = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            fstype = fields[fields.index("-") + 1]
-            if fstype in ("cgroup", "cgroup2"):
-                out.append(Path(_unescape(fields[4])))
-    return out
+    return [Path(point) for point, fstype in mounts() if fstype in ("cgroup", "cgroup2")]
 
 
 def _under(path: str, root: Path) -> bool:

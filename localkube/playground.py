@@ -220,7 +220,6 @@ def up(root: Path, torch: str = DEFAULT_TORCH, timeout: float = 900) -> int:
     cluster = Cluster(root)
     cluster.plane.admin_kubeconfig = Path(info["kubeconfig"])
     cluster.api = cluster.plane.api_client()
-    cluster.ensure_namespace(NAMESPACE)  # jobs opt in one by one, with the label
     cluster.apply({"apiVersion": "v1", "kind": "ConfigMap",
                    "metadata": {"name": "code", "namespace": NAMESPACE},
                    "data": {"train_gpt.py": (ROOT / "examples/train_gpt.py").read_text()}})

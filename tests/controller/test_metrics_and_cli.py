@@ -26,7 +26,7 @@ def test_metrics_count_estimations_by_outcome_and_show_held_workloads(harness):
             return urllib.request.urlopen(url, timeout=5).read().decode()
 
         def settled(text: str) -> bool:
-            # The releases are counted after their Events, and the held gauge is published at
+            # A release is counted just after its write, and the held gauge is published at
             # the next resync from the watch cache, which may not have seen the last release yet.
             return bool(metric(text, "xmem_controller_estimates", gpu_model="A100-80GB")) and \
                 sum(metric(text, "xmem_controller_released_workloads_total", kind="Job",
