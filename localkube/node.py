@@ -379,12 +379,14 @@ class ProcessNode:
                 answer = self.core.create_namespaced_service_account_token(
                     account, m["namespace"], request)
             except ApiException as exc:
-                if exc.status != 404:
+                if exc.status not in (403, 404):
                     raise
                 # The account (or the pod) went while the pod started, as in a `helm uninstall`
-                # racing its pods: the kubelet's token mount fails, the pod never starts.
-                raise ctr.ConfigError(f'serviceaccount "{account}" or pod "{m["name"]}" not '
-                                      "found: no token to mount") from None
+                # racing its pods, or the node authorizer refuses the token (403: "bound to a
+                # pod scheduled on a different node", seen when a pod is deleted as it starts):
+                # the kubelet's token mount fails, the pod never starts.
+                raise ctr.ConfigError(f'no token for serviceaccount "{account}" to mount in pod '
+                                      f'"{m["name"]}": {exc.status} {exc.reason}') from None
             files[spec["path"]] = answer.status.token
         for kind, key in (("ConfigMap", "configMap"), ("Secret", "secret")):
             if key not in source:

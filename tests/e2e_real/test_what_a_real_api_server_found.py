@@ -144,6 +144,10 @@ def test_3_an_enforced_namespace_still_lets_a_job_below_its_estimate_be_labelled
 
     stored = batch.create_namespaced_job(xmem.namespace, _hand_sized("low", xmem.namespace))
     assert not stored.spec.suspend
+    # Its pod too is made under Warn: the Job controller, lagging on a busy machine, would
+    # otherwise create it after the switch, and the webhook rightly refuses that pod (a
+    # FailedCreate Event that says "denied", which is not what this test is about).
+    wait_for(lambda: xmem.pods("app=low"), 60, "the Job's pod, created under Warn")
     cluster.apply(policy(xmem.namespace, enforcement="Enforce"))
     refused = _refusal(lambda n: batch.create_namespaced_job(
         xmem.namespace, _hand_sized(f"refused-{n}", xmem.namespace)),
@@ -157,6 +161,8 @@ def test_3_an_enforced_namespace_still_lets_a_job_below_its_estimate_be_labelled
     batch.delete_namespaced_job("low", xmem.namespace, propagation_policy="Foreground")
     wait_for(lambda: cluster.get("batch/v1", "Job", "low", xmem.namespace) is None, 120,
              "the foreground deletion to finish")
+    # The label and the deletion were not refused, nor the Job controller's and the garbage
+    # collector's writes to the Job on the way.
     denied = [e for e in xmem.events("low") if "denied" in (e.get("message") or "")]
     assert not denied, denied
 
