@@ -68,10 +68,15 @@ def test_a_snapshot_s_alloc_free_stream_replays_from_empty(snapshot_path):
 
 def _recorded_history(conf: str, capacity: int, seed: int) -> Recorder:
     """A random training-like run under memory pressure, with empty_cache now and then."""
+    return record_random_run(Recorder(parse_alloc_conf(conf), capacity_bytes=capacity), seed)
+
+
+def record_random_run(rec: Recorder, seed: int, requests: int = 600) -> Recorder:
+    """Drive ``rec`` through a random run: small and large requests on two streams, frees,
+    empty_cache now and then."""
     rng = random.Random(seed)
-    rec = Recorder(parse_alloc_conf(conf), capacity_bytes=capacity)
     live = []
-    for _ in range(600):
+    for _ in range(requests):
         roll = rng.random()
         if live and roll < 0.42:
             rec.free(live.pop(rng.randrange(len(live))))

@@ -46,12 +46,15 @@ def run(args: Any) -> int:
 
 def _table(r: Dict[str, Any]) -> str:
     """A short human summary: expected vs simulated, then the verdict and first mismatches."""
+    made, released = (("pages mapped (segment_map)", "pages unmapped (segment_unmap)")
+                      if r.get("expandable") else
+                      ("cudaMalloc'd segments (segment_alloc)", "segments released (segment_free)"))
     rows = [
         ("", "GPU", "simulator"),
-        ("cudaMalloc'd segments (segment_alloc)", str(r["segment_allocs_expected"]),
+        (made, str(r["segment_allocs_expected"]),
          f"{r['segment_allocs_matched']} same size, same request"
          + (f", {r['segment_allocs_extra']} extra" if r["segment_allocs_extra"] else "")),
-        ("segments released (segment_free)", str(r["segment_frees_expected"]),
+        (released, str(r["segment_frees_expected"]),
          f"{r['segment_frees_matched']} the same"),
         ("allocations placed at the GPU's address", str(r["allocs"]),
          str(r["addresses_matched"])),

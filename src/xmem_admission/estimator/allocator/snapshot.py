@@ -21,6 +21,17 @@ reproduce every placement. Releases are replayed as they show in the trace: a ru
 ``segment_alloc`` means cudaMalloc failed there, which the replay reproduces by limiting the
 simulated capacity for that request to what the GPU had.
 
+Expandable segments (``expandable_segments:True``) record ``segment_map`` / ``segment_unmap``
+(pages mapped into, or unmapped from, one virtual range per stream and pool) instead of
+``segment_alloc`` / ``segment_free``. Their replay needs the whole history (a trace that starts
+from an empty allocator: the ring buffer kept every event), since pages mapped before the
+trace cannot be told apart from pages the trace maps. The k-th virtual range the simulator
+reserves gets the address of the first page the GPU mapped for the request that made it
+(``find_expandable_block`` maps a new range from its start), so every later page and block can
+land at the GPU's address; each request's maps and unmaps are compared with the GPU's, as are
+the mapped bytes at the dump. Unmaps not followed by maps for the next request are an
+``empty_cache``; unmaps followed by maps are the out-of-memory release-and-retry chain.
+
 Loading is safe: the unpickler refuses every class, so a pickle can only build plain data.
 Standard library only.
 """
@@ -44,7 +55,8 @@ from xmem_admission.estimator.trace import Trace
 
 _FREE_ACTIONS = ("free_completed", "free")  # "free": the name in early snapshot versions
 _ACTIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
-_UNSUPPORTED = ("segment_map", "segment_unmap")
+_EXPANDABLE_ACTIONS = ("segment_map", "segment_unmap")
+_CUDAMALLOC_ACTIONS = ("segment_alloc", "segment_free")
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
@@ -129,6 +141,8 @@ class ReplayReport:
     segment_allocs_extra: int = 0  # cudaMallocs the simulator made that the GPU did not
     segment_frees_expected: int = 0
     segment_frees_matched: int = 0
+    # expandable segments: the segment_* counts above count pages mapped and unmapped
+    expandable: bool = False
     ooms_expected: int = 0
     ooms_matched: int = 0
     reserved_expected_bytes: int = 0
@@ -162,6 +176,14 @@ class _ReplayDevice(DeviceAddressSpace):
         super().__init__(synthetic_base)
         self._synthetic_base = synthetic_base  # addresses the GPU never used start here
         self.expect: Optional[Tuple[int, int]] = None
+        # expandable segments: the GPU's pages mapped for the request being replayed
+        self.maps: List[Tuple[int, int]] = []
+        self._ranges: Dict[int, int] = {}  # reserved virtual ranges: base -> size
+        # every (address, event index, pool) the GPU mapped, pool = (stream, is_small) of the
+        # request served; the event being replayed and its pool
+        self.all_maps: List[Tuple[int, int, Tuple[int, bool]]] = []
+        self.at = 0
+        self.pool = (0, False)
         self._starts: List[int] = []
         self._ends: Dict[int, int] = {}
 
@@ -190,35 +212,66 @@ class _ReplayDevice(DeviceAddressSpace):
         if addr >= self._synthetic_base:
             super().free(addr, size)
 
+    def reserve(self, size: int) -> Optional[int]:
+        """A virtual range for an expandable segment: where the GPU mapped this request's
+        first page when that address starts no range yet, else an address it never used.
+        (A request may reserve twice: a range made, then released by the out-of-memory
+        chain, then made again; so the maps stay set for the whole request.)"""
+        maps = self.maps
+        if maps and maps[0][0] not in self._ranges:
+            addr: Optional[int] = maps[0][0]
+        else:
+            # a range made by a request that then ran out of memory maps nothing yet: it is
+            # where the GPU next maps a page for the same pool outside every range it has
+            addr = next((a for a, index, pool in self.all_maps
+                         if index > self.at and pool == self.pool and
+                         not any(b <= a < b + n for b, n in self._ranges.items())), None)
+            if addr is None:
+                addr = DeviceAddressSpace.malloc(self, size)
+        if addr is not None:
+            self._ranges[addr] = size
+        return addr
 
-def replay_snapshot(data: Dict[str, Any], config: Optional[AllocatorConfig] = None) -> ReplayReport:
+    def unreserve(self, addr: int, size: int) -> None:
+        del self._ranges[addr]
+        if addr >= self._synthetic_base:
+            DeviceAddressSpace.free(self, addr, size)
+
+
+def replay_snapshot(data: Dict[str, Any], config: Optional[AllocatorConfig] = None,
+                    device_total_bytes: Optional[int] = None) -> ReplayReport:
     """Replay every device's trace of a loaded snapshot and compare with the GPU's record.
 
     ``config`` overrides the allocator settings the snapshot recorded (to test a rule).
+    ``device_total_bytes`` (the GPU's totalGlobalMem, which a snapshot does not record) sizes
+    the virtual range of each expandable segment, 1 1/8 of it; the default (1 TiB) is larger
+    than any GPU's, so a range runs out only where the GPU's would have run out first.
     """
     report = ReplayReport()
     traces = data["device_traces"]
     if config is None:
         config = config_from_snapshot_settings(data.get("allocator_settings"))
-    if config.expandable_segments:
-        raise SnapshotError("the snapshot uses expandable segments, whose replay is not "
-                            "supported (their pages are mapped, not cudaMalloc'd)")
+    report.expandable = config.expandable_segments
     devices = sorted({seg.get("device", 0) for seg in data["segments"]} |
                      set(range(len(traces))))
     report.devices = len(devices)
     for device in devices:
         segments = [s for s in data["segments"] if s.get("device", 0) == device]
         trace = traces[device] if device < len(traces) else []
-        _replay_device(segments, trace, config, report, device)
+        if config.expandable_segments:
+            _replay_expandable_device(segments, trace, config, report, device,
+                                      device_total_bytes)
+        else:
+            _replay_device(segments, trace, config, report, device)
     return report
 
 
 def _replay_device(segments: List[Dict[str, Any]], trace: List[Dict[str, Any]], config: Any,
                    report: ReplayReport, device: int) -> None:
-    for entry in trace:
-        if entry["action"] in _UNSUPPORTED or any(s.get("is_expandable") for s in segments):
-            raise SnapshotError(f"device {device}: the snapshot uses expandable segments, whose "
-                                f"replay is not supported")
+    if any(entry["action"] in _EXPANDABLE_ACTIONS for entry in trace) or \
+            any(s.get("is_expandable") for s in segments):
+        raise SnapshotError(f"device {device}: the snapshot maps expandable segments but its "
+                            f"allocator_settings say expandable_segments is off")
     # Pass 1: which segments and blocks existed before the trace started.
     created: Dict[int, int] = {}
     freed_before_created: List[Tuple[int, int, int]] = []
@@ -388,13 +441,8 @@ def _replay_events(alloc: CachingAllocator, device_mem: _ReplayDevice,
                 pending_alloc = implied
             first_request = False
             expect_oom = action == "oom"
-            if expect_oom:
-                report.ooms_expected += 1
-                # PyTorch stores the device's free bytes under "device_free" for an oom entry
-                free = entry.get("device_free", addr)
-                alloc.capacity_bytes = reserved + (free if _is_int(free) else 0)
-            elif pending_frees:
-                alloc.capacity_bytes = reserved  # cudaMalloc failed until the frees were done
+            report.ooms_expected += expect_oom
+            _limit_capacity(alloc, entry, reserved, bool(pending_frees))
             if pending_alloc is not None and implied is None:
                 report.segment_allocs_expected += 1
             device_mem.expect = pending_alloc
@@ -437,6 +485,193 @@ def _replay_events(alloc: CachingAllocator, device_mem: _ReplayDevice,
                 alloc.free(block)
     if pending_frees:
         flush_empty_cache()
+
+
+def _replay_expandable_device(segments: List[Dict[str, Any]], trace: List[Dict[str, Any]],
+                              config: AllocatorConfig, report: ReplayReport,
+                              device: int, device_total_bytes: Optional[int]) -> None:
+    """Replay one device's complete history of expandable segments (see the module's doc)."""
+    if any(entry["action"] in _CUDAMALLOC_ACTIONS for entry in trace) or \
+            any(not s.get("is_expandable", False) for s in segments):
+        raise SnapshotError(f"device {device}: the snapshot's allocator_settings say "
+                            f"expandable_segments is on, but it holds cudaMalloc'd segments "
+                            f"(segment_alloc/segment_free, or a segment that is not "
+                            f"expandable); a mix is not replayed")
+    mapped = sum(e.get("size", 0) for e in trace if e["action"] == "segment_map") - \
+        sum(e.get("size", 0) for e in trace if e["action"] == "segment_unmap")
+    dumped = sum(s["total_size"] for s in segments)
+    allocated: Set[int] = set()
+    unknown_frees = 0
+    for entry in trace:
+        if entry["action"] == "alloc":
+            allocated.add(entry.get("addr", 0))
+        elif entry["action"] in _FREE_ACTIONS:
+            if entry.get("addr", 0) in allocated:
+                allocated.discard(entry.get("addr", 0))
+            else:
+                unknown_frees += 1
+    if mapped != dumped or unknown_frees:
+        raise SnapshotError(
+            f"device {device}: the trace does not start from an empty allocator ({dumped} bytes "
+            f"mapped at the dump, {mapped} mapped by the trace; {unknown_frees} frees of blocks "
+            f"allocated before it): an expandable-segment snapshot replays only from its whole "
+            f"history (record with a ring buffer, max_entries, larger than the run's events)")
+    highest = max([s["address"] + s["total_size"] for s in segments] +
+                  [e.get("addr", 0) + e.get("size", 0) for e in trace] + [0])
+    device_mem = _ReplayDevice(max(DeviceAddressSpace.BASE, highest + (1 << 30)))
+    alloc = CachingAllocator(config, device=device_mem, device_total_bytes=device_total_bytes)
+    device_mem.all_maps = _maps_by_pool(alloc, trace)
+    maps: List[Tuple[int, int]] = []
+    unmaps: List[Tuple[int, int]] = []
+    alloc.on_segment_alloc = lambda a, s, _st: maps.append((a, s))
+    alloc.on_segment_free = lambda a, s, _st: unmaps.append((a, s))
+    live: Dict[int, Any] = {}
+    gpu_maps: List[Tuple[int, int]] = []
+    gpu_unmaps: List[Tuple[int, int]] = []
+    reserved = highest = 0  # the GPU's reserved bytes, and their high point in a request
+
+    def compare(expected: List[Tuple[int, int]], got: List[Tuple[int, int]], where: str,
+                verb: str) -> int:
+        same = len(set(expected) & set(got))
+        if expected != got:
+            report.note(f"{where}: the GPU {verb} {_ranges_text(expected)}, the simulator "
+                        f"{_ranges_text(got)}")
+        return same
+
+    def flush_empty_cache(where: str) -> None:
+        nonlocal highest
+        highest = reserved
+        unmaps.clear()
+        alloc.empty_cache()
+        report.segment_frees_expected += len(gpu_unmaps)
+        report.segment_frees_matched += compare(gpu_unmaps, unmaps, f"{where} (empty_cache)",
+                                                "unmapped")
+        gpu_unmaps.clear()
+
+    for index, entry in enumerate(trace):
+        report.events += 1
+        action = entry["action"]
+        addr, size, stream = entry.get("addr", 0), entry.get("size", 0), entry.get("stream", 0)
+        if action == "segment_map":
+            gpu_maps.append((addr, size))
+            reserved += size
+            highest = max(highest, reserved)
+            continue
+        if action == "segment_unmap":
+            gpu_unmaps.append((addr, size))
+            reserved -= size
+            continue
+        if action in ("alloc", "oom"):
+            # as for cudaMalloc'd segments: the set released tells empty_cache (every whole
+            # free page) from the out-of-memory chain (what this request needed)
+            if gpu_unmaps and set(gpu_unmaps) == _unmappable(alloc):
+                flush_empty_cache(f"event {index}")
+            expect_oom = action == "oom"
+            report.ooms_expected += expect_oom
+            # pages mapped before a release were mapped, so the GPU had room for them too
+            # (map_block maps page runs one by one; the one that failed came after them)
+            _limit_capacity(alloc, entry, reserved if action == "oom" else highest,
+                            bool(gpu_unmaps))
+            device_mem.maps = list(gpu_maps)
+            device_mem.at = index
+            device_mem.pool = (stream, alloc.round_size(size) <= kSmallSize)
+            maps.clear()
+            unmaps.clear()
+            try:
+                block = alloc.malloc(size, stream)
+            except SimulatedOutOfMemory:
+                block = None
+            alloc.capacity_bytes = None
+            device_mem.maps = []
+            where = f"event {index} ({size}-byte request)"
+            report.segment_allocs_expected += len(gpu_maps)
+            matched = compare(gpu_maps, maps, where, "mapped")
+            report.segment_allocs_matched += matched
+            report.segment_allocs_extra += len(maps) - matched
+            if gpu_unmaps or unmaps:
+                report.segment_frees_expected += len(gpu_unmaps)
+                report.segment_frees_matched += compare(gpu_unmaps, unmaps, where, "unmapped")
+            gpu_maps.clear()
+            gpu_unmaps.clear()
+            highest = reserved
+            if expect_oom:
+                report.ooms_matched += block is None
+                if block is not None:
+                    report.note(f"event {index}: the GPU ran out of memory, the simulator did not")
+            elif block is not None:
+                report.allocs += 1
+                report.addresses_matched += block.addr == addr
+                live[addr] = block
+            continue
+        if gpu_unmaps:
+            flush_empty_cache(f"event {index}")
+        if gpu_maps:
+            report.segment_allocs_expected += len(gpu_maps)
+            report.note(f"event {index}: the GPU mapped {_ranges_text(gpu_maps)} for no request")
+            gpu_maps.clear()
+        if action in _FREE_ACTIONS:
+            block = live.pop(addr, None)
+            if block is None:
+                report.note(f"event {index}: free of {addr:#x}, which the replay does not hold")
+            else:
+                alloc.free(block)
+    if gpu_unmaps:
+        flush_empty_cache("at the dump")
+    report.reserved_expected_bytes += dumped
+    report.reserved_simulated_bytes += alloc.reserved_bytes
+    report.segments_expected += len(segments)
+    report.segments_simulated += len(alloc.segments())
+
+
+def _maps_by_pool(alloc: CachingAllocator, trace: List[Dict[str, Any]]
+                  ) -> List[Tuple[int, int, Tuple[int, bool]]]:
+    """(address, event index, (stream, is_small)) of every segment_map, with the pool of the
+    request it served (the next alloc or oom)."""
+    out: List[Tuple[int, int, Tuple[int, bool]]] = []
+    waiting: List[Tuple[int, int]] = []
+    for index, entry in enumerate(trace):
+        if entry["action"] == "segment_map":
+            waiting.append((entry.get("addr", 0), index))
+        elif entry["action"] in ("alloc", "oom") and waiting:
+            pool = (entry.get("stream", 0), alloc.round_size(entry.get("size", 0)) <= kSmallSize)
+            out += [(addr, i, pool) for addr, i in waiting]
+            waiting = []
+    return out
+
+
+def _unmappable(alloc: CachingAllocator) -> Set[Tuple[int, int]]:
+    """(address, bytes) of every range of whole pages empty_cache would unmap now: those inside
+    each free mapped block of an expandable segment (``unmap_block``)."""
+    out: Set[Tuple[int, int]] = set()
+    for pool in alloc.pools():
+        for block in pool.sorted_blocks():
+            es = block.exp
+            if es is None:
+                continue
+            begin = -(-(block.addr - es.base) // es.page)
+            end = (block.addr + block.size - es.base) // es.page
+            if begin < end:
+                out.add((es.base + begin * es.page, (end - begin) * es.page))
+    return out
+
+
+def _ranges_text(ranges: List[Tuple[int, int]]) -> str:
+    if not ranges:
+        return "nothing"
+    return ", ".join(f"{size} bytes at {addr:#x}" for addr, size in ranges)
+
+
+def _limit_capacity(alloc: CachingAllocator, entry: Dict[str, Any], reserved: int,
+                    released_first: bool) -> None:
+    """What the GPU could still reserve for the request ``entry``: for an oom, its reserved
+    bytes plus the free bytes it reported; after releases, its reserved bytes once the request
+    was served (cudaMalloc, or mapping pages, failed until the releases were done)."""
+    if entry["action"] == "oom":
+        # PyTorch stores the device's free bytes under "device_free" for an oom entry
+        free = entry.get("device_free", entry.get("addr", 0))
+        alloc.capacity_bytes = reserved + (free if _is_int(free) else 0)
+    elif released_first:
+        alloc.capacity_bytes = reserved
 
 
 def _cut_off_segment(alloc: CachingAllocator, addr: int, size: int,
