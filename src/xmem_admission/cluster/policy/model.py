@@ -14,6 +14,7 @@ admission policy is an outage waiting to happen.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import fnmatch
 import urllib.parse
@@ -132,6 +133,41 @@ class RightSizing:
 
 
 @dataclass(frozen=True)
+class OverheadFigure:
+    """What one GPU model and driver keep outside PyTorch's caching allocator, as the controller
+    learned it from finished jobs (``policy.overhead``): written on the policy's
+    ``status.learnedOverhead`` by the controller, read back with the policy by every reader."""
+
+    gpu: str  # catalogue key
+    driver: str  # the NVIDIA driver version the jobs ran under ("unknown" when no source said)
+    outside_bytes: int  # observed peak - simulated reserved peak: the learned high quantile
+    jobs: int  # the jobs it was learned from
+    namespaces: int  # how many namespaces those jobs came from
+
+
+@dataclass(frozen=True)
+class LearnedOverhead:
+    """How the memory outside the allocator is learned from finished jobs and applied to new
+    estimates (issue 38; the rule is ``policy/overhead.py``). Cluster-wide: the figures are
+    facts of a GPU model and driver, never of a tenant."""
+
+    enabled: bool = True  # learn from finished jobs (false: only pins, else the catalogue)
+    min_jobs: int = 5  # jobs on one GPU model and driver before a figure is learned
+    recent_jobs: int = 50  # the newest jobs per GPU model that count
+    jobs_per_namespace: int = 10  # ... of which at most this many from any one namespace
+    quantile: float = 0.9  # the high quantile taken (numpy's "lower" method: never the largest)
+    max_correction_bytes: int = 1 << 30  # the most a learned figure moves an estimate, +/-
+    pinned: Tuple[Tuple[str, int], ...] = ()  # (GPU key, outside bytes) the admin measured
+    figures: Tuple[OverheadFigure, ...] = ()  # learned, from the policy's status
+
+    def pin(self, gpu: str) -> Optional[int]:
+        for key, value in self.pinned:
+            if key == gpu:
+                return value
+        return None
+
+
+@dataclass(frozen=True)
 class Settings:
     """The policy as it applies to one namespace: every field resolved."""
 
@@ -149,6 +185,7 @@ class Settings:
     integration: IntegrationMode = IntegrationMode.SUSPEND
     oom_retry: OomRetry = field(default_factory=OomRetry)
     right_sizing: RightSizing = field(default_factory=RightSizing)
+    learned_overhead: LearnedOverhead = field(default_factory=LearnedOverhead)
 
     @property
     def kueue(self) -> bool:
@@ -176,10 +213,13 @@ SPEC_FIELDS = (
     "granularity", "enforcement", "onEstimationFailure", "estimation", "untrustedAnnotations",
     "integration", "oomRetry", "rightSizing",
 )
-TOP_LEVEL_FIELDS = ("overrides", "estimateSharing")  # spec only, never in an override
+# spec only, never in an override (learnedOverhead: what a GPU model and driver keep outside the
+# allocator is no namespace's)
+TOP_LEVEL_FIELDS = ("overrides", "estimateSharing", "learnedOverhead")
 # Defaults: choices of this project, not GPU facts. 5 % margin = the estimator's default
 # (`xmem estimate --margin`); 256 MiB granularity keeps requests readable; a 1 GiB floor because
-# the CUDA context alone is ~290 MiB (gpus.CONTEXT_BYTES) and no training process needs less.
+# the CUDA context alone is 527 MiB on an H200 (contract.overhead) and no training process needs
+# less.
 DEFAULTS: Dict[str, Any] = {
     "enabled": True,
     "safetyMarginPercent": 5,
@@ -199,6 +239,12 @@ DEFAULTS: Dict[str, Any] = {
 MAX_GROWTH_PERCENT = 1000
 MAX_RIGHT_SIZING_RUNS = 100
 MAX_PROMETHEUS_SECONDS = 300  # a read runs in a controller worker: minutes would stall others
+# learnedOverhead: at most the runs a GME keeps per fingerprint (records.MAX_RUNS) per GPU model,
+# and a pinned figure of at most 64 GiB (the CUDA context and libraries are well under 1 GiB on
+# every GPU measured: 751-771 MiB on the H200, bench/data/H200/measurements.jsonl).
+MAX_OVERHEAD_JOBS = 1000
+MAX_PINNED_OVERHEAD = 64 << 30
+STATUS_FIGURES = 200  # learned figures read from a policy's status (GPU models x drivers)
 
 
 def _fail(where: str, message: str) -> PolicyError:
@@ -244,21 +290,26 @@ def _int(value: Any, where: str, low: int) -> int:
     return value
 
 
+def _gpu_entry(item: Any, keys: Tuple[str, ...], at: str) -> gpus.GPU:
+    """The GPU model of a list entry that names one (``{gpu, ...}``), its fields checked."""
+    if not isinstance(item, dict):
+        raise _fail(at, f"must be an object with {' and '.join(keys)}")
+    _check_keys(item, keys, at)
+    if not isinstance(item.get("gpu"), str):
+        raise _fail(f"{at}.gpu", "must be a GPU name")
+    try:
+        return gpus.lookup(item["gpu"])
+    except UnknownGPUError as exc:
+        raise _fail(f"{at}.gpu", str(exc)) from None
+
+
 def _targets(raw: Any, where: str) -> Tuple[Target, ...]:
     if not isinstance(raw, list) or not raw:
         raise _fail(where, "must be a non-empty list of {gpu, backend}")
     out: List[Target] = []
     for index, item in enumerate(raw):
         at = f"{where}[{index}]"
-        if not isinstance(item, dict):
-            raise _fail(at, "must be an object with gpu and backend")
-        _check_keys(item, ("gpu", "backend"), at)
-        if not isinstance(item.get("gpu"), str):
-            raise _fail(f"{at}.gpu", "must be a GPU name")
-        try:
-            gpu = gpus.lookup(item["gpu"])
-        except UnknownGPUError as exc:
-            raise _fail(f"{at}.gpu", str(exc)) from None
+        gpu = _gpu_entry(item, ("gpu", "backend"), at)
         if any(t.gpu.key == gpu.key for t in out):
             raise _fail(f"{at}.gpu", f"{gpu.key} is listed twice")
         backend = _enum(BackendName, item.get("backend"), f"{at}.backend")
@@ -376,6 +427,78 @@ def _right_sizing(raw: Any, where: str) -> RightSizing:
     prometheus = _prometheus(raw["prometheus"], f"{where}.prometheus") \
         if raw.get("prometheus") is not None else None
     return RightSizing(runs=runs, lower_requests=lower, prometheus=prometheus)
+
+
+def _learned_overhead(raw: Any, where: str) -> LearnedOverhead:
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be an object")
+    _check_keys(raw, ("enabled", "minJobs", "recentJobs", "jobsPerNamespace", "quantile",
+                      "maxCorrection", "pinned"), where)
+    base = LearnedOverhead()
+    enabled = raw.get("enabled", base.enabled)
+    if not isinstance(enabled, bool):
+        raise _fail(f"{where}.enabled", "must be true or false")
+    counts: Dict[str, int] = {}
+    for key, default in (("minJobs", base.min_jobs), ("recentJobs", base.recent_jobs),
+                         ("jobsPerNamespace", base.jobs_per_namespace)):
+        counts[key] = _int(raw.get(key, default), f"{where}.{key}", 1)
+        if counts[key] > MAX_OVERHEAD_JOBS:
+            raise _fail(f"{where}.{key}", f"must be at most {MAX_OVERHEAD_JOBS}, got "
+                        f"{counts[key]}")
+    if counts["minJobs"] > counts["recentJobs"]:
+        raise _fail(f"{where}.minJobs", f"is above recentJobs ({counts['recentJobs']}): no "
+                    "figure could ever be learned")
+    quantile = _number(raw.get("quantile", base.quantile), f"{where}.quantile", 0.5, 1)
+    bound = _bytes(raw["maxCorrection"], f"{where}.maxCorrection", positive=False) \
+        if "maxCorrection" in raw else base.max_correction_bytes
+    if bound > MAX_PINNED_OVERHEAD:
+        raise _fail(f"{where}.maxCorrection", f"must be at most 64Gi, got {raw['maxCorrection']!r}")
+    pins = raw.get("pinned", [])
+    if not isinstance(pins, list):
+        raise _fail(f"{where}.pinned", "must be a list of {gpu, outsideAllocator}")
+    pinned: List[Tuple[str, int]] = []
+    for index, item in enumerate(pins):
+        at = f"{where}.pinned[{index}]"
+        key = _gpu_entry(item, ("gpu", "outsideAllocator"), at).key
+        if any(k == key for k, _ in pinned):
+            raise _fail(f"{at}.gpu", f"{key} is pinned twice")
+        if "outsideAllocator" not in item:
+            raise _fail(f"{at}.outsideAllocator", "is required (the bytes outside PyTorch's "
+                        "allocator on this GPU: nvidia-smi's figure minus "
+                        "torch.cuda.max_memory_reserved())")
+        value = _bytes(item["outsideAllocator"], f"{at}.outsideAllocator")
+        if value > MAX_PINNED_OVERHEAD:
+            raise _fail(f"{at}.outsideAllocator", f"must be at most 64Gi, got "
+                        f"{item['outsideAllocator']!r}")
+        pinned.append((key, value))
+    return LearnedOverhead(enabled=enabled, min_jobs=counts["minJobs"],
+                           recent_jobs=counts["recentJobs"],
+                           jobs_per_namespace=counts["jobsPerNamespace"], quantile=quantile,
+                           max_correction_bytes=bound, pinned=tuple(pinned))
+
+
+def overhead_figures(status: Any) -> Tuple[OverheadFigure, ...]:
+    """The learned figures of a policy's ``status.learnedOverhead`` (written by the controller
+    alone: the status subresource). Entries that are not well formed are skipped, never an
+    error: a policy's spec stays in force whatever its status says."""
+    raw = status.get("learnedOverhead") if isinstance(status, dict) else None
+    if not isinstance(raw, list):
+        return ()
+    out: List[OverheadFigure] = []
+    for item in raw[:STATUS_FIGURES]:
+        if not isinstance(item, dict):
+            continue
+        gpu, driver = item.get("gpu"), item.get("driverVersion")
+        values = [v for v in (item.get(k) for k in ("outsideAllocatorBytes", "jobs", "namespaces"))
+                  if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_PINNED_OVERHEAD]
+        if not isinstance(gpu, str) or not isinstance(driver, str) or len(values) != 3:
+            continue
+        try:
+            key = gpus.lookup(gpu).key
+        except UnknownGPUError:
+            continue
+        out.append(OverheadFigure(key, driver[:64], values[0], values[1], values[2]))
+    return tuple(out)
 
 
 def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
@@ -496,6 +619,24 @@ class Policy:
         return self.defaults.right_sizing.prometheus
 
     @property
+    def learned_overhead(self) -> LearnedOverhead:
+        """How the memory outside the allocator is learned and applied (cluster-wide)."""
+        return self.defaults.learned_overhead
+
+    def with_overhead(self, learned: LearnedOverhead) -> Policy:
+        """This policy with ``learned`` in every namespace's settings (the sizing reads it
+        there): ``spec.learnedOverhead`` and, from the policy's status, its figures."""
+        def add(settings: Settings) -> Settings:
+            return dataclasses.replace(settings, learned_overhead=learned)
+        return Policy(self.name, add(self.defaults),
+                      tuple((p, add(s)) for p, s in self.overrides), self.generation,
+                      self.sharing)
+
+    def with_figures(self, figures: Tuple[OverheadFigure, ...]) -> Policy:
+        """This policy with the controller's learned figures (its status)."""
+        return self.with_overhead(dataclasses.replace(self.learned_overhead, figures=figures))
+
+    @property
     def max_concurrent(self) -> int:
         """Estimation pods running at once in the whole cluster (``spec.estimation``)."""
         return self.defaults.estimation.max_concurrent
@@ -532,6 +673,10 @@ class Policy:
             where = f"spec.overrides[{index}]"
             if not isinstance(item, dict):
                 raise _fail(where, "must be an object")
+            if "learnedOverhead" in item:
+                raise _fail(f"{where}.learnedOverhead", "is cluster-wide (what a GPU model and "
+                            "driver keep outside the allocator is no namespace's): set it in "
+                            "spec.learnedOverhead")
             _check_keys(item, ("namespaces",) + SPEC_FIELDS, where)
             patterns = item.get("namespaces")
             if (
@@ -551,7 +696,9 @@ class Policy:
                             "spec.rightSizing")
             origin = {k: where for k in fields}
             overrides.append((tuple(patterns), _settings(merge(merged, fields), origin)))
-        return cls(name, defaults, tuple(overrides), sharing=_sharing(spec.get("estimateSharing")))
+        learned = _learned_overhead(spec.get("learnedOverhead", {}), "spec.learnedOverhead")
+        policy = cls(name, defaults, tuple(overrides), sharing=_sharing(spec.get("estimateSharing")))
+        return policy.with_overhead(learned)
 
     @classmethod
     def from_object(cls, obj: Any) -> Policy:
@@ -568,6 +715,9 @@ class Policy:
         metadata = obj.get("metadata") or {}
         name = metadata.get("name", DEFAULT_NAME) if isinstance(metadata, dict) else DEFAULT_NAME
         policy = cls.from_spec(obj.get("spec"), name=str(name))
+        figures = overhead_figures(obj.get("status"))
+        if figures:
+            policy = policy.with_figures(figures)
         generation = metadata.get("generation") if isinstance(metadata, dict) else None
         policy.generation = generation if isinstance(generation, int) else None
         return policy

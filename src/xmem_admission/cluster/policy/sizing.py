@@ -23,6 +23,16 @@ policy's ``rightSizing``; E itself stays the plan's estimate (``xmem.io/estimate
 each run's observed peak is compared with the estimator's figure, never with a corrected one
 (which would undo the correction on the run after). Validation's floor is taken from the lower
 of E and the corrected estimate (``Plan.judged_bytes``).
+
+The memory outside the allocator (issue 38, ``policy.overhead``): where the policy pins, or the
+controller has learned from finished jobs, what a GPU model keeps outside PyTorch's caching
+allocator, E's overhead term is replaced by that figure (a learned one moves E by at most
+``learnedOverhead.maxCorrection``) before the margin, whichever path sizes the workload (the
+webhook at CREATE, the controller at release, the MIG profile chosen from the request, an OOM
+retry grown from it). A repeat job whose own earlier runs correct it is sized from those runs
+alone: their observed peaks already hold everything outside the allocator. E stays the
+estimator's figure (``xmem.io/estimate-bytes``), and the plan says what was applied
+(``Plan.overhead``).
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from typing import Dict, List, Optional
 
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.quantity import ceil_div, gib
-from xmem_admission.cluster.policy import right_sizing
+from xmem_admission.cluster.policy import overhead, right_sizing
 from xmem_admission.cluster.policy.model import Settings, Target
 from xmem_admission.cluster.policy.store import EstimateRecord
 from xmem_admission.contract import gpus
@@ -54,6 +64,9 @@ class Plan:
     uncorrected_request_bytes: Optional[int] = None
     correction: str = ""
     corrected_bytes: Optional[int] = None
+    # What the estimate's memory-outside-the-allocator term became (issue 38): None when the
+    # workload's own runs sized it, or nothing was pinned or learned for the GPU.
+    overhead: Optional[overhead.Applied] = None
 
     @property
     def judged_bytes(self) -> int:
@@ -123,13 +136,23 @@ def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = Non
         candidates = [t for t in candidates if t.gpu.key == pinned]
     for target in candidates:
         estimate = record.for_gpu(target.gpu.key)
-        if estimate is None or not fits(estimate.total_bytes, target.gpu):
+        if estimate is None:
+            continue
+        fixed = right_sizing.correct(estimate.total_bytes, target.gpu.key, record.runs,
+                                     settings.right_sizing) if record.runs else None
+        if fixed is None or fixed.runs == 0:  # no run of its own: the overhead term counts
+            total, term = overhead.corrected_total(estimate, settings.learned_overhead)
+            if not fits(total, target.gpu):
+                continue
+            request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes)
+            if term.source == "catalogue":
+                return Plan(target, estimate.total_bytes, request)
+            sized = size_request(total, settings, target.gpu.capacity_bytes)
+            return Plan(target, estimate.total_bytes, sized, corrected_bytes=total,
+                        overhead=term)
+        if not fits(estimate.total_bytes, target.gpu):
             continue
         request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes)
-        if not record.runs:
-            return Plan(target, estimate.total_bytes, request)
-        fixed = right_sizing.correct(estimate.total_bytes, target.gpu.key, record.runs,
-                                     settings.right_sizing)
         if fixed.estimate_bytes == estimate.total_bytes:
             return Plan(target, estimate.total_bytes, request)
         corrected = size_request(fixed.estimate_bytes, settings, target.gpu.capacity_bytes)
