@@ -24,8 +24,8 @@ import sys
 from collections import defaultdict
 from typing import Sequence
 
-from bench.paper.benchmark import quantile
-from xmem_admission.contract import gpus
+from bench.paper.benchmark import PAPER_CUDA_MAJOR, quantile
+from xmem_admission.contract import gpus, overhead
 
 MiB = 1 << 20
 # At most this share of a GPU's measured jobs may need more than the estimate.
@@ -57,8 +57,8 @@ def main() -> None:
                 continue
             reserved = result.get("peak_reserved_bytes")
             if reserved is None:  # estimate_bytes = reserved + the catalogue's overhead then
-                reserved = (result["estimate_bytes"]
-                            - gpus.lookup(row["gpu_name"]).runtime_overhead_bytes)
+                reserved = (result["estimate_bytes"] - overhead.for_gpu(
+                    gpus.lookup(row["gpu_name"]).key, PAPER_CUDA_MAJOR).runtime_bytes)
             residuals[row["gpu_name"]].append(row["measured_peak_bytes"] - reserved)
     for gpu, values in sorted(residuals.items()):
         q = quantile(values, 1 - UNDER_SHARE)

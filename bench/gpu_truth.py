@@ -89,6 +89,7 @@ ARCHIVE_LIMIT = 15 * 2**20
 LOG_TAIL_CHARS = 20_000  # per job, so that jobs.log stays far below 16 MiB
 CONV_SCRIPT = Path(__file__).resolve().with_name("conv_workspaces.py")
 CONV_WORKSPACES = "conv_workspaces.jsonl"
+FIT_OUTSIDE = Path(__file__).resolve().with_name("fit_outside.py")
 # Seconds of the budget kept for the convolution shapes after the matrix (120 shapes, six calls
 # each; the largest shapes come last and are the ones a short budget leaves out).
 CONV_BUDGET_S = 60.0
@@ -563,9 +564,10 @@ def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
     return rows
 
 
-def _conv_module() -> Any:
-    """``conv_workspaces.py`` beside this file (run as a script or imported from ``bench``)."""
-    spec = importlib.util.spec_from_file_location("conv_workspaces", CONV_SCRIPT)
+def _sibling(path: Path) -> Any:
+    """A script beside this file as a module (this file runs as a script or is imported from
+    ``bench``, so neither can be imported by name)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -695,10 +697,14 @@ def _xmem(*args: str) -> List[str]:
     return [sys.executable, "-m", "xmem_admission.cli", *args]
 
 
-def run_estimate(row: Dict[str, Any], gpu: str) -> Dict[str, Any]:
-    """`xmem estimate --json` on the measured job, with its environment; the GPU's entry."""
-    command = _xmem("estimate", "--gpu", gpu, "--json", "--steps", str(row["steps"]), "--",
-                    "python", row["script"], *row["args"], "--steps", str(row["steps"]))
+def run_estimate(row: Dict[str, Any], gpu: str, python: Optional[str] = None) -> Dict[str, Any]:
+    """`xmem estimate --json` on the measured job, with its environment; the GPU's entry.
+    ``python``: trace with that interpreter (``xmem estimate --python``), e.g. one with the
+    torch that ran on the GPU."""
+    interpreter = ["--python", python] if python else []
+    command = _xmem("estimate", "--gpu", gpu, "--json", "--steps", str(row["steps"]),
+                    *interpreter, "--", "python", row["script"], *row["args"], "--steps",
+                    str(row["steps"]))
     env = dict(os.environ, **row["env"])
     env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
@@ -718,6 +724,8 @@ def run_estimate(row: Dict[str, Any], gpu: str) -> Dict[str, Any]:
         "estimate_mode": data["mode"],
         "estimate_fallback_reason": data.get("fallback_reason"),
         "estimate_seconds": round(data["seconds"], 2),
+        "estimate_torch": data.get("torch"),
+        "estimated_overhead": entry.get("overhead"),
         "capacity_bytes": entry["capacity_bytes"],
     }
 
@@ -759,10 +767,13 @@ def _under(path: Path, folder: Path) -> bool:
 
 
 def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
-             only: Optional[Sequence[str]] = None,
-             workers: int = 1) -> Tuple[List[Dict[str, Any]], int]:
+             only: Optional[Sequence[str]] = None, workers: int = 1,
+             python: Optional[str] = None) -> Tuple[List[Dict[str, Any]], int]:
     """The estimating half: truth rows written, table printed; returns (rows, exit status)."""
     rows = load_measurements(measurements)
+    if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
+        raise HarnessError(f"--python {python}: not an executable file")
+    all_rows = rows
     dry_run = rows[0]["dry_run"]
     target = gpu or rows[0].get("gpu_name")
     if not target:
@@ -782,7 +793,7 @@ def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
     with tempfile.TemporaryDirectory(prefix="gpu-truth-replay-") as tmp, \
             ThreadPoolExecutor(max_workers=workers) as pool:
         # Each job is two subprocesses (xmem estimate, xmem replay): threads only wait on them.
-        futures = [pool.submit(_truth_for, row, target, measurements.parent, Path(tmp))
+        futures = [pool.submit(_truth_for, row, target, measurements.parent, Path(tmp), python)
                    for row in rows]
         out_rows = []
         for index, future in enumerate(futures, 1):
@@ -792,13 +803,15 @@ def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
                   f"{_gib(out.get('estimated_total_bytes'))}"
                   + (f" ({out['estimate_error']})" if out.get("estimate_error") else ""),
                   flush=True)
+    if not dry_run and gpu_key(rows[0]["gpu_name"]) == key:
+        score_leave_one_out(out_rows, all_rows)
     with open(truth, "w") as fh:
         for out in out_rows:
             fh.write(json.dumps(out, sort_keys=True) + "\n")
     summary = summarise(out_rows)
     convs = measurements.parent / CONV_WORKSPACES
     if convs.is_file():
-        shapes = _conv_module()
+        shapes = _sibling(CONV_SCRIPT)
         table, summary["conv_workspaces"] = shapes.compare(shapes.load_rows(convs))
     (truth.parent / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     if not dry_run and measurements.parent.resolve() != truth.parent.resolve():
@@ -816,13 +829,32 @@ def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
     return out_rows, 1 if failed else 0
 
 
-def _truth_for(row: Dict[str, Any], target: str, folder: Path, tmp: Path) -> Dict[str, Any]:
+def score_leave_one_out(out_rows: List[Dict[str, Any]],
+                        measured: Sequence[Dict[str, Any]]) -> None:
+    """Score each job's total with the overhead fitted on the *other* rows of the same run
+    (``fit_outside.py``), never with a figure fitted on itself: the catalogue's figure for this
+    GPU was fitted on these rows. The estimate's own figures stay in the row
+    (``estimated_total_catalogue_bytes``, ``estimated_overhead_bytes``)."""
+    loo = _sibling(FIT_OUTSIDE).leave_one_out(measured)
+    for out in out_rows:
+        fitted = loo.get(out["job"])
+        total = out.get("estimated_total_bytes")
+        if fitted is None or total is None:
+            continue
+        out["estimated_total_catalogue_bytes"] = total
+        out["scored_overhead_bytes"] = fitted
+        out["estimated_total_bytes"] = total - out["estimated_overhead_bytes"] + fitted
+        _add_errors(out)
+
+
+def _truth_for(row: Dict[str, Any], target: str, folder: Path, tmp: Path,
+               python: Optional[str] = None) -> Dict[str, Any]:
     """One job's truth row: the measurement, the estimate, the replay, the errors."""
     out = _truth_row(row, target)
     if row.get("error") and not row["oom"]:
         out["estimate_error"] = "not estimated: the measurement failed"
     else:
-        out.update(run_estimate(row, target))
+        out.update(run_estimate(row, target, python))
     snapshot = row.get("snapshot")
     if snapshot:
         out["replay"] = run_replay(folder / snapshot["archive"], snapshot["member"], tmp)
@@ -984,6 +1016,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--gpu", help="--estimate: GPU to estimate for (default: the measured "
                         "one; H200 for a dry run)")
     parser.add_argument("--only", help="comma-separated job names to run or estimate")
+    parser.add_argument("--python", metavar="PATH",
+                        help="--estimate: trace with this interpreter (xmem estimate --python), "
+                        "e.g. one with the torch that ran on the GPU")
     parser.add_argument("--workers", type=int, default=1,
                         help="estimating: jobs estimated at once (default 1; each needs up "
                         "to ~2 GiB of RAM)")
@@ -1019,7 +1054,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.estimate:
             only = [n.strip() for n in args.only.split(",")] if args.only else None
             return estimate(args.measurements, truth=args.truth, gpu=args.gpu, only=only,
-                            workers=args.workers)[1]
+                            workers=args.workers, python=args.python)[1]
         if args.dry_run:
             out = args.out or Path(tempfile.mkdtemp(prefix="gpu-truth-dry-run-"))
             if _under(out, DATA):

@@ -118,3 +118,24 @@ def test_a_gpu_whose_card_holds_the_job_but_not_its_margin_is_said_to_take_the_w
     [line] = [x for x in peak.Explained([], alt).lines() if x.startswith("  fits:")]
     assert line == ("  fits: T4 (the whole card: 14.50 GiB of 14.55 GiB, no room for the margin), "
                     "L4 (15.23 GiB)")
+
+
+def test_the_html_reports_catalogue_table_never_offers_a_request_above_the_card():
+    from xmem_admission.estimator import report
+    from xmem_admission.estimator.estimate import Estimate, estimate_trace
+    from xmem_admission.estimator.trace import Category, Trace
+
+    gib = 2**30
+    trace = Trace(meta={"torch": "2.11.0+cu130", "cuda": "13.0"})
+    trace.alloc(1, 64 * 2**20, category=Category.PARAMETER)
+    t4 = catalogue.lookup("T4")
+    est = Estimate("fake", 1, 0.1, estimate_trace(trace, [t4]))
+    card = {"gpu": "T4", "capacity_bytes": t4.capacity_bytes, "total_bytes": int(14.50 * gib),
+            "recommended_request_bytes": int(15.23 * gib), "fits": True, "out_of_memory": False}
+    explained = peak.Explained([], peak.Alternatives([], [], [card], None))
+    html = report.page(trace, est, explained, allocator_config(None, "2.11.0"))
+    table = html[html.index("<th>catalogue GPU</th>"):]
+    row = table[table.index("<td>T4</td>"):]
+    row = row[:row.index("</tr>")]
+    assert "15.23 GiB" not in row
+    assert "the whole card: 14.50 GiB of 14.55 GiB, no room for the margin" in row

@@ -11,6 +11,8 @@ import dataclasses
 import json
 from typing import Any, Dict, List
 
+from xmem_admission.contract import overhead
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -36,6 +38,10 @@ def gpu_record(gpu: Any) -> Dict[str, Any]:
     record["compute_capability"] = list(gpu.compute_capability)
     record["aliases"] = list(gpu.aliases)
     record["overhead_bytes"] = gpu.overhead_bytes
+    record["overhead_by_cuda_major"] = {
+        str(major): overhead.for_gpu(gpu.key, major).to_dict()
+        for major in overhead.cuda_majors(gpu.key)
+    }
     record["mig_profiles"] = [
         dict(dataclasses.asdict(p), resource_name=p.resource_name) for p in gpu.mig_profiles
     ]
@@ -44,9 +50,11 @@ def gpu_record(gpu: Any) -> Dict[str, Any]:
 
 def _table(gpus: List[Any]) -> str:
     """A fixed-width table: one line per GPU, sizes in GiB/MiB so they read at a glance."""
-    header = ("GPU", "CUDA name", "capacity", "overhead", "cuBLAS ws", "CC", "SMs", "MIG profiles")
+    header = ("GPU", "CUDA name", "capacity", "outside", "context", "runtime", "cuDNN",
+              "cuBLAS ws", "CC", "SMs", "MIG profiles")
     rows = [header]
     for gpu in gpus:
+        default = overhead.for_gpu(gpu.key)
         mig = " ".join(
             f"{p.name}({p.memory_bytes / GiB:.2f}G)x{p.max_instances}" for p in gpu.mig_profiles
         )
@@ -55,6 +63,7 @@ def _table(gpus: List[Any]) -> str:
             gpu.cuda_name,
             f"{gpu.capacity_bytes / GiB:.2f} GiB",
             f"{gpu.overhead_bytes / MiB:.0f} MiB",
+            *(_figure(f) for f in (default.context, default.runtime, default.cudnn)),
             f"{gpu.cublas_workspace_bytes / MiB:.2f} MiB",
             "{}.{}".format(*gpu.compute_capability),
             str(gpu.multi_processor_count),
@@ -66,8 +75,23 @@ def _table(gpus: List[Any]) -> str:
         cells = [cell.ljust(width) for cell, width in zip(row, widths)]
         lines.append("  ".join(cells + [row[-1]]).rstrip())
     lines.append("")
+    lines.append(f"Outside the allocator (\"outside\" = context + runtime + cuDNN, for a job built "
+                 f"for CUDA {overhead.NEWEST_CUDA_MAJOR} that calls cuDNN; an estimate uses the "
+                 f"job's own CUDA and libraries): m measured, f fitted on measured runs, "
+                 f"i inferred from another GPU or CUDA.")
+    others = [(gpu.key, major) for gpu in gpus for major in overhead.cuda_majors(gpu.key)
+              if major != overhead.NEWEST_CUDA_MAJOR]
+    for key, major in others:
+        figures = overhead.for_gpu(key, major)
+        lines.append(f"  {key} with CUDA {major}: context {_figure(figures.context)}, runtime "
+                     f"{_figure(figures.runtime)}, cuDNN {_figure(figures.cudnn)}")
     lines.append("Sources of every figure: xmem gpus --json")
     return "\n".join(lines)
+
+
+def _figure(figure: Any) -> str:
+    """A figure in MiB with its basis' initial: "527 MiB m"."""
+    return f"{figure.bytes / MiB:.0f} MiB {figure.basis.value[0]}"
 
 
 def run(args: argparse.Namespace) -> int:

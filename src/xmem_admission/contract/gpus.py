@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from xmem_admission.contract import overhead
 from xmem_admission.contract.errors import UnknownGPUError
 
 GiB = 1 << 30
@@ -89,7 +90,7 @@ class GPU:
     capacity_source: str
     compute_capability: Tuple[int, int]
     multi_processor_count: int
-    context_bytes: int
+    context_bytes: int  # the conservative default of contract.overhead (CUDA unknown, cuDNN used)
     runtime_overhead_bytes: int
     overhead_source: str
     cublas_workspace_bytes: int
@@ -106,16 +107,6 @@ class GPU:
 
 
 # --- Figures shared by every model -------------------------------------------------------------
-
-# CUDA context with lazy module loading (the default since PyTorch 1.13): "about 290 MB" against
-# about 670 MB without, in PyTorch PR 86509 (CUDA_MODULE_LOADING=LAZY), read as MiB. It
-# varies with GPU, driver and kernels loaded; it stays the documented default until calibrated.
-CONTEXT_BYTES = 290 * MiB
-CONTEXT_SOURCE = (
-    "CUDA context ~290 MB with lazy loading (PyTorch PR 86509),"
-    " documented default, not yet calibrated for this model; runtime overhead 0 until calibrated"
-    " from measurements"
-)
 
 # aten/src/ATen/cuda/CublasHandlePool.cpp, parseChosenWorkspaceSize(): default ":4096:2:16:8",
 # i.e. 4096 KiB * 2 + 16 KiB * 8 per (handle, stream), allocated through the caching allocator.
@@ -160,7 +151,6 @@ def _gpu(
     sms: int,
     hardware_source: str,
     mig: Tuple[MigProfile, ...] = (),
-    runtime_overhead: Tuple[int, str] = (0, ""),
 ) -> GPU:
     """Build a catalogue entry; the figures shared by all models are filled in here.
 
@@ -169,6 +159,9 @@ def _gpu(
     79.11): such a slice is capped at the card's capacity, and its source says so.
     """
     workspace, workspace_source = _cublas(cc)
+    # The figures of a job whose CUDA is not known and that calls cuDNN: the largest, for the
+    # cluster side's uses that have no trace (OOM retries); estimates use contract.overhead.
+    default = overhead.for_gpu(key)
     mig = tuple(
         dataclasses.replace(
             p,
@@ -187,10 +180,11 @@ def _gpu(
         capacity_source=capacity_source,
         compute_capability=cc,
         multi_processor_count=sms,
-        context_bytes=CONTEXT_BYTES,
-        runtime_overhead_bytes=runtime_overhead[0],
-        overhead_source=CONTEXT_SOURCE + (f"; runtime overhead: {runtime_overhead[1]}"
-                                          if runtime_overhead[1] else ""),
+        context_bytes=default.context.bytes,
+        runtime_overhead_bytes=default.runtime_bytes,
+        overhead_source=(f"context ({default.context.basis.value}): {default.context.source}; "
+                         f"runtime ({default.runtime.basis.value}): {default.runtime.source}; "
+                         f"cuDNN ({default.cudnn.basis.value}): {default.cudnn.source}"),
         cublas_workspace_bytes=workspace,
         cublas_workspace_source=workspace_source,
         cublaslt_workspace_bytes=CUBLASLT_WORKSPACE,
@@ -316,32 +310,16 @@ def _repr(mib: int, name: str) -> str:
     )
 
 
-# Memory training adds outside the allocator after CUDA init (lazily loaded kernel modules,
-# cuBLAS/cuDNN handle state), fitted per GPU model from the xMem paper's rows as the 85th
-# percentile of measured_peak_bytes (NVML peak minus the level after CUDA init) minus our
-# simulated peak reserved, over the rows that did not run out of memory, clamped at 0 and rounded
-# up to a MiB: at most 15% of the GPU's measured jobs needed more than the estimate.
-# `.venv/bin/python bench/fit_overhead.py RUNS.jsonl OUT.jsonl` (RUNS: the yardstick) on the
-# output of `xmem bench paper` (see bench/README.md). One number per GPU model; the three fitted
-# GPUs land within 84-92 MiB of each other.
-def _fitted(mib: int, rows: int) -> Tuple[int, str]:
-    return (mib * MiB, f"{mib} MiB fitted from {rows} rows of the xMem paper's measured runs "
-            "(85th percentile of measured minus simulated peak reserved; "
-            "bench/fit_overhead.py)")
-
-
 _CATALOGUE: Tuple[GPU, ...] = (
     _gpu(
         "RTX-3060", "NVIDIA GeForce RTX 3060", ("RTX3060", "RTX-3060-12GB"),
         12_622_168_064, RUNS_JSONL + " (62 rows)",
         (8, 6), 28, _CUDA_CC + "; 3584 CUDA cores / 128 per GA10x SM (NVIDIA RTX 3060 spec page)",
-        runtime_overhead=_fitted(92, 54),
     ),
     _gpu(
         "RTX-4060", "NVIDIA GeForce RTX 4060", ("RTX4060", "RTX-4060-8GB"),
         8_318_222_336, RUNS_JSONL + " (23 rows)",
         (8, 9), 24, _CUDA_CC + "; 3072 CUDA cores / 128 per Ada SM (NVIDIA RTX 4060 spec page)",
-        runtime_overhead=_fitted(84, 18),
     ),
     _gpu(
         "RTX-3090", "NVIDIA GeForce RTX 3090", ("RTX3090",),
@@ -410,7 +388,6 @@ _CATALOGUE: Tuple[GPU, ...] = (
         " (deviceQuery in github.com/bottlerocket-os/bottlerocket/pull/3873)",
         (8, 0), 108, _CUDA_CC + "; 108 SMs, NVIDIA A100 Tensor Core GPU architecture whitepaper",
         _A100_40_MIG,
-        runtime_overhead=_fitted(92, 9),
     ),
     _gpu(
         "A100-80GB", "NVIDIA A100-SXM4-80GB", ("A100-SXM4-80GB", "A100-80GB-PCIE", "A100-80G"),

@@ -30,6 +30,7 @@ from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract import gpus as catalogue
 from xmem_admission.contract import nccl as nccl_model
+from xmem_admission.contract import overhead as outside
 from xmem_admission.contract import probe_env, torch_version
 from xmem_admission.contract.errors import EstimateError, ProbeTimeout, ScriptFailed
 from xmem_admission.estimator.allocator.alloc_conf import (
@@ -80,6 +81,9 @@ class GPUEstimate:
     # what sized the convolution workspaces (cuDNN's heuristics and which cuDNN, or the fitted
     # rule and why): ``orchestrate.ConvPlanner.describe``; None for a job without convolutions
     conv_workspaces: Optional[Dict[str, Any]] = None
+    # what ``overhead_bytes`` is made of: the context, runtime and cuDNN figures for the job's
+    # CUDA major, each with its basis and source (``contract.overhead.Overhead.to_dict``)
+    overhead: Optional[Dict[str, Any]] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -134,9 +138,20 @@ def allocator_config(alloc_conf: Optional[str] = None,
     return config_from_env(os.environ, torch)
 
 
-def allocator_capacity(gpu: catalogue.GPU) -> int:
-    """What cudaMalloc can still hand the caching allocator: the card minus what lives outside."""
-    return gpu.capacity_bytes - gpu.overhead_bytes
+def allocator_capacity(gpu: catalogue.GPU, overhead_bytes: Optional[int] = None) -> int:
+    """What cudaMalloc can still hand the caching allocator: the card minus what lives outside
+    (``overhead_bytes``; the catalogue's conservative default when not given)."""
+    return gpu.capacity_bytes - (gpu.overhead_bytes if overhead_bytes is None else overhead_bytes)
+
+
+def overhead_for(stream: Trace, gpu: catalogue.GPU) -> outside.Overhead:
+    """The memory outside the allocator for a job on ``gpu``, from its GPU stream (``for_gpu``'s
+    output, whose meta is the trace's plus the GPU's): for the CUDA major the job's torch was
+    built for (the probe records ``torch.version.cuda``; older traces only the torch version)
+    and whether it calls cuDNN (the stream has convolution workspaces) (``contract.overhead``)."""
+    meta = stream.meta
+    major = outside.cuda_major_of(meta.get("cuda"), meta.get("torch"))
+    return outside.for_gpu(gpu.key, major, uses_cudnn=bool(meta.get("conv_workspaces")))
 
 
 def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
@@ -147,8 +162,9 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
     for gpu in gpus:
         nccl = nccl_bytes(trace, gpu, env)
         stream = for_gpu(trace, gpu, env)
-        sim = simulate(stream, config, capacity_bytes=allocator_capacity(gpu) - nccl)
-        overhead = gpu.overhead_bytes
+        figures = overhead_for(stream, gpu)
+        overhead = figures.total_bytes
+        sim = simulate(stream, config, capacity_bytes=allocator_capacity(gpu, overhead) - nccl)
         total = sim.peak_reserved_bytes + nccl + overhead
         fits = sim.oom is None and total <= gpu.capacity_bytes
         recommended = int(math.ceil(total * (1.0 + margin)))
@@ -163,6 +179,7 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
                                  sim.peak_reserved_bytes, overhead, nccl),
             oom=sim.oom.to_dict() if sim.oom is not None else None,
             conv_workspaces=stream.meta.get("conv_workspaces"),
+            overhead=figures.to_dict(),
         ))
     return results
 

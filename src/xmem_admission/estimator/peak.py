@@ -32,7 +32,7 @@ from xmem_admission.contract import gpus as catalogue
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
 from xmem_admission.estimator.allocator.caching import CachingAllocator
 from xmem_admission.estimator.allocator.simulate import simulate
-from xmem_admission.estimator.estimate import allocator_capacity, nccl_bytes
+from xmem_admission.estimator.estimate import allocator_capacity, nccl_bytes, overhead_for
 from xmem_admission.estimator.orchestrate import for_gpu
 from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Category, Trace
 
@@ -95,8 +95,9 @@ def explain(trace: Trace, gpus: Sequence[catalogue.GPU], config: Optional[Alloca
     config = config if config is not None else AllocatorConfig()
     out = []
     for gpu in gpus:
-        capacity = allocator_capacity(gpu) - nccl_bytes(trace, gpu, env)
         stream = for_gpu(trace, gpu, env)
+        capacity = (allocator_capacity(gpu, overhead_for(stream, gpu).total_bytes)
+                    - nccl_bytes(trace, gpu, env))
         sim = simulate(stream, config, capacity_bytes=capacity)
         out.append(itemise(stream, config, capacity, sim.peak_reserved_event, gpu.key, top))
     return out
@@ -172,10 +173,23 @@ def _total(trace: Trace, gpu: catalogue.GPU, config: AllocatorConfig,
     """Total, fits, and whether the simulation ran out of memory (then the total is what it
     reached before)."""
     nccl = nccl_bytes(trace, gpu, env)
-    sim = simulate(for_gpu(trace, gpu, env), config,
-                   capacity_bytes=allocator_capacity(gpu) - nccl)
-    total = sim.peak_reserved_bytes + nccl + gpu.overhead_bytes
+    stream = for_gpu(trace, gpu, env)
+    outside = overhead_for(stream, gpu).total_bytes
+    sim = simulate(stream, config, capacity_bytes=allocator_capacity(gpu, outside) - nccl)
+    total = sim.peak_reserved_bytes + nccl + outside
     return total, sim.oom is None and total <= gpu.capacity_bytes, sim.oom is not None
+
+
+def catalogue_request(entry: Dict[str, Any]) -> str:
+    """What a catalogue GPU's entry of ``Alternatives.catalogue`` can be asked for: the request,
+    or, where the total fits the card but the margin does not, the whole card (a request above
+    the card's capacity can never be granted)."""
+    if entry["out_of_memory"] or not entry["fits"]:
+        return "-" if entry["out_of_memory"] else _gib(entry["recommended_request_bytes"])
+    if entry["recommended_request_bytes"] <= entry["capacity_bytes"]:
+        return _gib(entry["recommended_request_bytes"])
+    return (f"the whole card: {_gib(entry['total_bytes'])} of {_gib(entry['capacity_bytes'])}, "
+            f"no room for the margin")
 
 
 def request_for(total: int, margin: float) -> int:
@@ -310,11 +324,7 @@ class Explained:
                        f"{_gib(r['margin_bytes'])} = {_gib(r['recommended_request_bytes'])}"
                        f"{slice_}")
         if alt.catalogue:
-            fit = [f"{c['gpu']} ({_gib(c['recommended_request_bytes'])})"
-                   if c["recommended_request_bytes"] <= c["capacity_bytes"] else
-                   f"{c['gpu']} (the whole card: {_gib(c['total_bytes'])} of "
-                   f"{_gib(c['capacity_bytes'])}, no room for the margin)"
-                   for c in alt.catalogue if c["fits"]]
+            fit = [f"{c['gpu']} ({catalogue_request(c)})" for c in alt.catalogue if c["fits"]]
             out.append(f"  fits: {', '.join(fit) if fit else 'no catalogue GPU'}")
         dom = alt.dominant_activations
         if dom:

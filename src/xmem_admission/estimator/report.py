@@ -23,9 +23,9 @@ from xmem_admission.contract import gpus as catalogue
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
 from xmem_admission.estimator.allocator.caching import CachingAllocator
 from xmem_admission.estimator.allocator.simulate import simulate
-from xmem_admission.estimator.estimate import allocator_capacity, nccl_bytes
+from xmem_admission.estimator.estimate import allocator_capacity, nccl_bytes, overhead_for
 from xmem_admission.estimator.orchestrate import for_gpu
-from xmem_admission.estimator.peak import Explained, display_module
+from xmem_admission.estimator.peak import Explained, catalogue_request, display_module
 from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Category, Trace
 
 POINTS = 1500  # timeline samples kept per series, whatever the trace's length
@@ -56,8 +56,9 @@ def timeline(trace: Trace, gpu: catalogue.GPU, config: AllocatorConfig,
              points: int = POINTS) -> Dict[str, Any]:
     """One GPU's timeline, downsampled: x (trace event index), allocated bytes per category,
     reserved bytes, the allocation each sample names, and the peak's sample (exact)."""
-    capacity = allocator_capacity(gpu) - nccl_bytes(trace, gpu)
     stream = for_gpu(trace, gpu)
+    capacity = (allocator_capacity(gpu, overhead_for(stream, gpu).total_bytes)
+                - nccl_bytes(trace, gpu))
     sim = simulate(stream, config, capacity_bytes=capacity, timeline=True)
     reserved_at = {index: reserved for index, _, reserved in sim.timeline or []}
     origin = _origins(trace, stream)
@@ -206,8 +207,7 @@ def page(trace: Trace, est: Any, explained: Explained, config: AllocatorConfig,
                                    [(c["gpu"], _gib(c["capacity_bytes"]),
                                      f"out of memory past {_gib(c['total_bytes'])}"
                                      if c["out_of_memory"] else _gib(c["total_bytes"]),
-                                     "-" if c["out_of_memory"]
-                                     else _gib(c["recommended_request_bytes"]),
+                                     catalogue_request(c),
                                      "yes" if c["fits"] else "no") for c in alt.catalogue]))
     dom = alt.dominant_activations
     if dom:

@@ -372,6 +372,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     props = patching.VirtualDeviceProperties(device["name"], int(device["total_memory"]),
                                              capability, int(device.get("multi_processor_count", 1)))
     trace = Trace(meta={"tool": "xmem-probe", "mode": mode, "torch": torch.__version__,
+                        "cuda": torch.version.cuda,  # the CUDA torch was built for, or None
                         "cudnn": _cudnn_version(), "device": device["name"],
                         "command": list(argv)})
     fake_mode = None
