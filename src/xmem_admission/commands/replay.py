@@ -216,7 +216,10 @@ def _divergence_text(r: Dict[str, Any], top: int) -> List[str]:
     for g in r["groups"][:top]:
         sides = []
         if g["gpu_more"]:
-            sides.append(f"GPU has {_sizes(g['gpu_more'])}")
+            then = g.get("gpu_more_before")
+            sides.append(f"GPU has {_sizes(g['gpu_more'])}" + (
+                f" (before the trace's {then['module']} / {then['op']})"
+                if then and (then["module"], then["op"]) != (g["module"], g["op"]) else ""))
         if g["trace_more"]:
             sides.append(f"trace has {_sizes(g['trace_more'])}")
         lines.append(f"  {g['module']} / {g['op']}: " + "; ".join(sides))

@@ -18,7 +18,7 @@ Unmatched blocks of the same size on both sides of a step are counted as moved (
 another order), not missing. What is left is what one side has and the other lacks. Trace-only blocks carry their
 module and op (trace format v2); GPU-only blocks are placed where the alignment puts them: in
 a run the trace replaced, at the trace's block of the same position, else at the trace's block
-just before them. Both are grouped by (module with layer indices as ``*``, op) and counted by
+just before them (and the trace's block after them is named too). Both are grouped by (module with layer indices as ``*``, op) and counted by
 size. Standard library only.
 """
 
@@ -34,7 +34,9 @@ from xmem_admission.contract.errors import SnapshotError, TraceError
 from xmem_admission.estimator.trace import ALLOC, MARK, Trace
 
 _FREE_ACTIONS = ("free_completed", "free")
-_LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")  # GPT.blocks.3.mlp -> GPT.blocks.*.mlp
+# a layer's index in a module path: GPT.blocks.3.mlp -> GPT.blocks.*.mlp, and torchvision's
+# encoder.layers.encoder_layer_3 -> encoder_layer_* (ResNet's layer1..layer4 stay apart)
+_LAYER_INDEX = re.compile(r"(?<=[._])\d+(?=\.|$)")
 OUTSIDE = "(outside modules)"
 UNKNOWN_OP = "(op unknown)"
 DEFAULT_MAX_EDITS = 2000  # per step: Myers costs O((N + M) * D) time and O(D^2) memory
@@ -69,7 +71,8 @@ class Window:
     trace: List[Request]
     method: str = ""  # "edit script" or "size counts"
     matched: int = 0
-    gpu_only: List[Tuple[Request, Request]] = dataclasses.field(default_factory=list)
+    # (GPU's block, the trace's block it is placed at, the trace's next block after it)
+    gpu_only: List[Tuple[Request, Request, Request]] = dataclasses.field(default_factory=list)
     trace_only: List[Request] = dataclasses.field(default_factory=list)
     # blocks both sides make in the step, in another order: (GPU's, trace's)
     moved: List[Tuple[Request, Request]] = dataclasses.field(default_factory=list)
@@ -80,7 +83,7 @@ class Window:
                 "trace_allocs": len(self.trace), "matched": self.matched,
                 "moved": len(self.moved),
                 "gpu_only": len(self.gpu_only), "trace_only": len(self.trace_only),
-                "gpu_only_bytes": sum(r.size for r, _ in self.gpu_only),
+                "gpu_only_bytes": sum(r.size for r, _, _ in self.gpu_only),
                 "trace_only_bytes": sum(r.size for r in self.trace_only)}
 
 
@@ -123,9 +126,11 @@ class Divergence:
         """Unmatched blocks by (module, op), largest difference first, counted by size."""
         gpu_more: Dict[Tuple[str, str], Counter[int]] = defaultdict(Counter)
         trace_more: Dict[Tuple[str, str], Counter[int]] = defaultdict(Counter)
+        followed: Dict[Tuple[str, str], Counter[Tuple[str, str]]] = defaultdict(Counter)
         for w in self.windows:
-            for request, place in w.gpu_only:
+            for request, place, after in w.gpu_only:
                 gpu_more[_group(place)][request.size] += 1
+                followed[_group(place)][_group(after)] += 1
             for request in w.trace_only:
                 trace_more[_group(request)][request.size] += 1
         out: List[Dict[str, Any]] = []
@@ -135,6 +140,9 @@ class Divergence:
                         "gpu_only_bytes": sum(s * n for s, n in g.items()),
                         "trace_only_bytes": sum(s * n for s, n in t.items()),
                         "gpu_more": _by_size(g), "trace_more": _by_size(t)})
+            if key in followed:  # where the trace goes on after the GPU's extra blocks
+                (module, op), _ = followed[key].most_common(1)[0]
+                out[-1]["gpu_more_before"] = {"module": module, "op": op}
         out.sort(key=lambda e: (-(e["gpu_only_bytes"] + e["trace_only_bytes"]), e["module"],
                                 e["op"]))
         return out
@@ -143,7 +151,7 @@ class Divergence:
         """Net block counts by size over the aligned steps: which sizes one side has more of."""
         net: Counter[int] = Counter()
         for w in self.windows:
-            net.update(r.size for r, _ in w.gpu_only)
+            net.update(r.size for r, _, _ in w.gpu_only)
             net.subtract(r.size for r in w.trace_only)
         rows = [{"size": s, "gpu_more": n} for s, n in net.items() if n]
         rows.sort(key=lambda e: (-abs(e["size"] * e["gpu_more"]), e["size"]))
@@ -168,7 +176,7 @@ class Divergence:
 
 
 def _group(request: Request) -> Tuple[str, str]:
-    return (_LAYER_INDEX.sub(".*", request.module) or OUTSIDE, request.op or UNKNOWN_OP)
+    return (_LAYER_INDEX.sub("*", request.module) or OUTSIDE, request.op or UNKNOWN_OP)
 
 
 def _by_size(counts: Counter[int]) -> List[Dict[str, int]]:
@@ -332,16 +340,15 @@ def align(window: Window, max_edits: int) -> None:
         gap_g = list(range(j0 + 1, j1))
         if (gap_t or gap_g) and window.first is None:
             window.first = (j0 + 1, i0 + 1)
+        after = window.trace[i1] if i1 < len(window.trace) else Request(-1, 0)
         for n, j in enumerate(gap_g):
             if gap_t:  # a run the trace replaced: the trace's block at the same position
                 place = window.trace[gap_t[n * len(gap_t) // len(gap_g)]]
             elif i0 >= 0:
                 place = window.trace[i0]
-            elif window.trace:
-                place = window.trace[0]
             else:
-                place = Request(-1, 0)
-            window.gpu_only.append((window.gpu[j], place))
+                place = after
+            window.gpu_only.append((window.gpu[j], place, after))
     _pair_moved(window)
 
 
@@ -352,12 +359,12 @@ def _pair_moved(window: Window) -> None:
     for request in window.trace_only:
         waiting[request.key].append(request)
     gpu_only = []
-    for request, place in window.gpu_only:
+    for request, place, after in window.gpu_only:
         partners = waiting.get(request.key)
         if partners:
             window.moved.append((request, partners.pop(0)))
         else:
-            gpu_only.append((request, place))
+            gpu_only.append((request, place, after))
     moved = {id(t) for _, t in window.moved}
     window.gpu_only = gpu_only
     window.trace_only = [r for r in window.trace_only if id(r) not in moved]
