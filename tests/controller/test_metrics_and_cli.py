@@ -68,7 +68,6 @@ def test_held_workloads_and_their_age_are_published_while_they_wait(harness):
 
 
 @pytest.mark.parametrize("argv, complaint", [
-    (["--kubeconfig", "/nonexistent/kubeconfig"], "--probe-image"),
     (["--probe-image", "img", "--workloads", "Job,CronJob"], "unknown kind CronJob"),
     (["--probe-image", "img", "--kubeconfig", "/nonexistent/kubeconfig"], "no cluster credentials"),
 ])
@@ -79,6 +78,19 @@ def test_bad_input_is_one_clear_line_and_exit_status_2(argv, complaint, capsys, 
     err = capsys.readouterr().err
     assert err.startswith("xmem controller: error:")
     assert complaint in err
+
+
+def test_the_probe_image_is_required_unless_its_environment_variable_names_it(capsys,
+                                                                              monkeypatch):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("XMEM_PROBE_IMAGE", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["controller", "--kubeconfig", "/nonexistent/kubeconfig"])
+    assert exited.value.code == 2
+    assert "the following arguments are required: --probe-image" in capsys.readouterr().err
+    monkeypatch.setenv("XMEM_PROBE_IMAGE", "img")
+    assert cli.main(["controller", "--kubeconfig", "/nonexistent/kubeconfig"]) == 2
+    assert "no cluster credentials" in capsys.readouterr().err
 
 
 def test_a_renew_deadline_not_shorter_than_the_lease_is_refused(harness, capsys):

@@ -18,6 +18,7 @@ import threading
 import uuid
 from typing import Any, Optional
 
+from xmem_admission.commands.help_format import DefaultsShown
 from xmem_admission.contract.errors import ControllerError, KubeUnavailable
 
 ENV = {
@@ -47,6 +48,7 @@ def register(subparsers: Any) -> None:
     """Add the ``controller`` subcommand to the ``xmem`` parser."""
     parser = subparsers.add_parser(
         "controller",
+        formatter_class=DefaultsShown,
         help="estimate held workloads in estimation pods and release them",
         description="Watch workloads the webhook holds, run one estimation pod per workload "
         "fingerprint, record GPUMemoryEstimates, write the request into the pod templates and "
@@ -61,9 +63,13 @@ def register(subparsers: Any) -> None:
         "[XMEM_POLICY]")
     add("--policy-name", default=_env("policy_name", "default"),
         help="name of the cluster's GPUAdmissionPolicy [XMEM_POLICY_NAME]")
-    add("--probe-image", default=_env("probe_image"),
-        help="image of the init container that installs the probe bundle (this project's "
-        "image) [XMEM_PROBE_IMAGE]")
+    # Required: an estimation pod cannot be built without it, and no image is published under a
+    # name this project could default to. The chart sets the environment variable.
+    add("--probe-image", metavar="IMAGE", default=_env("probe_image"),
+        required=not _env("probe_image"),
+        help="required unless XMEM_PROBE_IMAGE is set: the image of the init container that "
+        "installs the probe bundle in estimation pods (this project's image, the one the "
+        "controller runs from) [XMEM_PROBE_IMAGE]")
     add("--lease-name", default=_env("lease_name", "xmem-xmem-admission-controller"),
         help="Lease used for leader election; the default is the one the chart's Role allows "
         "(release xmem) [XMEM_LEASE_NAME]")
@@ -93,7 +99,7 @@ def register(subparsers: Any) -> None:
     add("--lease-unready-seconds", type=float, default=30.0,
         help="after how long of being refused its Lease (401/403) a replica reports not ready")
     add("--log-level", default=_env("log_level", "info"),
-        choices=("debug", "info", "warning", "error"), help="[XMEM_LOG_LEVEL]")
+        choices=("debug", "info", "warning", "error"), help="how much to log [XMEM_LOG_LEVEL]")
     add("--kueue-controller-name", default=_env("kueue_controller_name", ""),
         metavar="NAME", help="serve Kueue AdmissionChecks with this spec.controllerName "
         "(xmem.io/gpu-memory in the chart; empty: Kueue is not used) "

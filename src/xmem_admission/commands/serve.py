@@ -18,6 +18,7 @@ from xmem_admission.cluster.admission.trust import (
     DEFAULT_KUEUE_USERS,
     DEFAULT_WORKLOAD_CONTROLLERS,
 )
+from xmem_admission.commands.help_format import DefaultsShown
 from xmem_admission.contract.errors import ServeError
 
 ENV = {
@@ -46,6 +47,7 @@ def _env(dest: str, default: Optional[str] = None) -> Optional[str]:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
+        formatter_class=DefaultsShown,
         help="run the admission webhook (HTTPS) and its metrics/health port",
         description="Serve /mutate and /validate (AdmissionReview v1) over TLS and /metrics, "
         "/healthz, /readyz over plain HTTP. Each option also reads the environment variable "
@@ -70,7 +72,7 @@ def register(subparsers: Any) -> None:
     add("--reload-seconds", type=float, default=_env("reload_seconds", "2"),
         help="how often certificate and policy are checked for changes [XMEM_RELOAD_SECONDS]")
     add("--log-level", default=_env("log_level", "info"),
-        choices=("debug", "info", "warning", "error"), help="[XMEM_LOG_LEVEL]")
+        choices=("debug", "info", "warning", "error"), help="how much to log [XMEM_LOG_LEVEL]")
     add("--controller-user", dest="controller_users", metavar="USER[,USER]",
         default=_env("controller_users", DEFAULT_CONTROLLER_USER),
         help="user name(s) of the xmem controller's service account: the only requester whose "
