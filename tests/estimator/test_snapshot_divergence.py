@@ -183,9 +183,11 @@ def test_a_missing_snapshot_is_a_clear_error(traced, tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-def test_a_snapshot_recorded_without_history_is_refused(traced, tmp_path, capsys):
+@pytest.mark.parametrize("device_traces", [[[]], []])
+def test_a_snapshot_recorded_without_history_is_refused(traced, tmp_path, capsys,
+                                                        device_traces):
     data = snapshot_of(traced["stream"])
-    data["device_traces"] = [[]]
+    data["device_traces"] = device_traces
     assert cli.main(["replay", write(tmp_path, data), "--against", traced["path"]]) == 2
     assert "_record_memory_history" in capsys.readouterr().err
 

@@ -189,6 +189,10 @@ def snapshot_steps(data: Dict[str, Any], device: int = 0) -> Tuple[List[List[Req
     """The snapshot's allocations of ``device`` cut at the end of each optimizer step; the
     last list holds what came after the last step. Also returns the number of steps found."""
     traces = data["device_traces"]
+    if not any(e["action"] == "alloc" for trace in traces for e in trace):
+        raise SnapshotError("the snapshot holds no allocation history (no 'alloc' in its "
+                            "device_traces): it was dumped without "
+                            "torch.cuda.memory._record_memory_history() running")
     if not 0 <= device < len(traces):
         raise SnapshotError(f"the snapshot has no trace for device {device} "
                             f"({len(traces)} device trace(s))")
@@ -196,9 +200,8 @@ def snapshot_steps(data: Dict[str, Any], device: int = 0) -> Tuple[List[List[Req
     allocs = [Request(i, e.get("size", 0)) for i, e in enumerate(entries)
               if e["action"] == "alloc"]
     if not allocs:
-        raise SnapshotError("the snapshot holds no allocation history (no 'alloc' in its "
-                            "device_traces): it was dumped without "
-                            "torch.cuda.memory._record_memory_history() running")
+        raise SnapshotError(f"the snapshot's device {device} allocated nothing while its "
+                            f"history was recorded (choose another with --device)")
     ends = sorted(a["time_us"] for a in data.get("external_annotations") or []
                   if isinstance(a, dict) and a.get("stage") == "END"
                   and str(a.get("name", "")).startswith("Optimizer.step")
