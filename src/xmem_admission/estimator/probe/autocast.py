@@ -12,6 +12,11 @@ registrations ``TORCH_LIBRARY_IMPL(aten, AutocastCUDA, m)``), mapped to the Pyth
 that reach those ATen ops. Like the real cast cache (``autocast_mode.cpp``, ``cached_cast``),
 casts of leaf tensors that require grad (the weights) are cached until the outermost autocast
 region exits.
+
+An op on no CUDA list passes through autocast (``TORCH_LIBRARY_IMPL(_, Autocast, m)``, a
+fallthrough) and a composite one meets the lists again in the ops it calls. That is invisible at
+the torch-function level for a composite reached through one Python function, so those are
+decomposed here as ATen decomposes them, each inner op under the policy (``COMPOSITES``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.nn import _reduction
 from torch.utils.weak import WeakIdKeyDictionary
 
 LOWER = "lower"      # run in the autocast dtype (fp16/bf16)
@@ -62,10 +68,8 @@ def _entries() -> Dict[Callable[..., Any], str]:
         "F.mse_loss", "F.margin_ranking_loss", "F.multilabel_margin_loss",
         "F.soft_margin_loss", "F.triplet_margin_loss", "F.multi_margin_loss",
         "F.binary_cross_entropy_with_logits", "torch.dist", "torch.pdist", "torch.cdist",
-        "torch.renorm", "torch.logsumexp", "Tensor.logsumexp",
-        # cross_entropy is composite: it reaches log_softmax (FP32_SET_OPT_DTYPE) then nll_loss
-        # (FP32), so its input is computed on in float32.
-        "F.cross_entropy", "F.rms_norm")
+        "torch.renorm", "torch.logsumexp", "Tensor.logsumexp", "F.rms_norm")
+    # F.cross_entropy is on no list: see _cross_entropy (COMPOSITE)
     # AT_FORALL_FP32_SET_OPT_DTYPE (autocast_mode.h)
     add(FP32_OPT, "F.softmax", "torch.softmax", "Tensor.softmax", "F.log_softmax",
         "torch.log_softmax", "Tensor.log_softmax", "torch.cumsum", "Tensor.cumsum",
@@ -94,6 +98,21 @@ class CudaAutocastState:
 
     def clear_cache(self) -> None:
         self._cache = WeakIdKeyDictionary()
+
+    def call(self, func: Callable[..., Any], args: Tuple[Any, ...],
+             kwargs: Dict[str, Any]) -> Any:
+        """Run ``func`` as it runs under CUDA autocast: decomposed, cast, or untouched."""
+        composite = COMPOSITES.get(func)
+        if composite is not None:
+            return composite(self, *args, **kwargs)
+        cast = self.cast_args(func, args, kwargs)
+        if cast is not None:
+            args, kwargs = cast
+        return func(*args, **kwargs)
+
+    def run(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call`` with the arguments spelled out (the inner ops of a decomposition)."""
+        return self.call(func, args, kwargs)
 
     def cast_args(self, func: Callable[..., Any], args: Tuple[Any, ...],
                   kwargs: Dict[str, Any]) -> Optional[Tuple[Tuple[Any, ...], Dict[str, Any]]]:
@@ -152,3 +171,83 @@ def _tensors(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Iterator[torch.Te
             for b in a:
                 if isinstance(b, torch.Tensor):
                     yield b
+
+
+def _cross_entropy(state: CudaAutocastState, input: torch.Tensor, target: torch.Tensor,
+                   weight: Optional[torch.Tensor] = None, size_average: Optional[bool] = None,
+                   ignore_index: int = -100, reduce: Optional[bool] = None,
+                   reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy`` as CUDA autocast runs it: ``cross_entropy_loss`` decomposed.
+
+    ``cross_entropy_loss`` is on no CUDA autocast list (``autocast_mode.cpp`` registers it for
+    ``AutocastCPU`` only, as fp32), so it runs as ``cross_entropy_loss_symint`` of
+    ``aten/src/ATen/native/LossNLL.cpp`` writes it, and autocast meets its inner ops. Its
+    log-softmax passes the input's own dtype (``at::log_softmax(self, class_dim,
+    self.scalar_type())``), which the fp32_set_opt_dtype policy respects (``set_opt_dtype`` in
+    ``autocast_mode.h``: an explicit dtype is kept): under bf16 autocast the log-probabilities
+    are bf16, the size of the logits in bf16 rather than fp32. ``nll_loss`` (``AT_FORALL_FP32``)
+    then casts them to fp32, a copy its backward keeps (``nll_loss_forward`` saves ``self`` in
+    ``derivatives.yaml``). Measured on the H200 (torch 2.11, bench/data/H200, GPT 134M bf16 b8):
+    per step two fp32 and four bf16 logits-sized blocks, which is what this decomposition makes.
+    """
+    if size_average is not None or reduce is not None:
+        reduction = _reduction.legacy_get_string(size_average, reduce)
+    class_dim = 0 if input.dim() == 1 else 1
+    log_probs = state.run(torch.log_softmax, input, class_dim, dtype=input.dtype)
+    if input.shape == target.shape:  # class probabilities (cross_entropy_loss_prob_target)
+        return _cross_entropy_soft(state, log_probs, target, weight, reduction, label_smoothing,
+                                   class_dim)
+    nll = state.run(F.nll_loss, log_probs, target, weight, ignore_index=ignore_index,
+                    reduction=reduction)
+    if label_smoothing <= 0.0:
+        return nll
+    # cross_entropy_loss_label_smoothing (LossNLL.cpp)
+    n_classes = log_probs.shape[class_dim]
+    if weight is not None:
+        smooth = -state.run(torch.sum, log_probs * _along(weight, log_probs.dim(), class_dim),
+                            class_dim)
+    else:
+        smooth = -state.run(torch.sum, log_probs, class_dim)
+    ignored = target == ignore_index
+    smooth.masked_fill_(ignored, 0.0)
+    if reduction == "mean":
+        if weight is not None:
+            total = state.run(torch.sum, weight.gather(0, target.masked_select(~ignored)
+                                                       .flatten()))
+        else:
+            total = (~ignored).sum()
+        smoothed = state.run(torch.sum, smooth) / total
+    elif reduction == "sum":
+        smoothed = state.run(torch.sum, smooth)
+    else:
+        smoothed = smooth
+    return (1 - label_smoothing) * nll + smoothed * (label_smoothing / n_classes)
+
+
+def _cross_entropy_soft(state: CudaAutocastState, log_probs: torch.Tensor, target: torch.Tensor,
+                        weight: Optional[torch.Tensor], reduction: str, label_smoothing: float,
+                        class_dim: int) -> torch.Tensor:
+    """``cross_entropy_loss_prob_target`` (LossNLL.cpp), its reductions under the policy."""
+    n_classes = log_probs.shape[class_dim]
+    if label_smoothing > 0.0:
+        target = target * (1 - label_smoothing) + label_smoothing / n_classes
+    product = log_probs * target
+    if weight is not None:
+        product = product * _along(weight, log_probs.dim(), class_dim)
+    if reduction == "mean":
+        return -state.run(torch.sum, product) / (log_probs.numel() / n_classes)
+    if reduction == "sum":
+        return -state.run(torch.sum, product)
+    return -state.run(torch.sum, product, class_dim)
+
+
+def _along(weight: torch.Tensor, dims: int, class_dim: int) -> torch.Tensor:
+    """A per-class weight viewed to broadcast along ``class_dim`` of a ``dims``-d tensor."""
+    if dims <= 1:
+        return weight
+    shape = [1] * dims
+    shape[class_dim] = weight.shape[0]
+    return weight.view(shape)
+
+
+COMPOSITES: Dict[Callable[..., Any], Callable[..., Any]] = {F.cross_entropy: _cross_entropy}

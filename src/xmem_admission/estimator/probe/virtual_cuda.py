@@ -155,9 +155,7 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
 
     def _call(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
         if self.autocast.enabled:
-            cast = self.autocast.cast_args(func, args, kwargs)
-            if cast is not None:
-                args, kwargs = cast
+            return self.autocast.call(func, args, kwargs)
         return func(*args, **kwargs)
 
     @contextlib.contextmanager
