@@ -30,8 +30,9 @@ import re
 from collections import Counter, defaultdict
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from xmem_admission.contract.cudnn import PLANS_FIELD
 from xmem_admission.contract.errors import SnapshotError, TraceError
-from xmem_admission.estimator.trace import ALLOC, MARK, Trace
+from xmem_admission.estimator.trace import ALLOC, MARK, Category, Trace
 
 _FREE_ACTIONS = ("free_completed", "free")
 # a layer's index in a module path: GPT.blocks.3.mlp -> GPT.blocks.*.mlp, and torchvision's
@@ -218,12 +219,22 @@ def snapshot_steps(data: Dict[str, Any], device: int = 0) -> Tuple[List[List[Req
 
 
 def trace_steps(trace: Trace) -> Tuple[List[List[Request]], int]:
-    """The trace's allocations cut at its ``step N`` marks, as ``snapshot_steps``."""
+    """The trace's allocations cut at its ``step N`` marks, as ``snapshot_steps``.
+
+    A workspace the GPU rewrite added (``orchestrate``: cuBLAS, cuDNN) has no module or op of
+    its own: its op is its phase (``cudnn:fwd``, ``cublas:main``, without the plans) and its
+    module the one that made the block before it (the convolution's output)."""
     windows: List[List[Request]] = [[]]
+    module = ""
     for index, event in enumerate(trace.events):
         if event.op == ALLOC:
+            op = event.source
+            if not op and event.category == Category.WORKSPACE.value:
+                op = event.phase.split(PLANS_FIELD)[0]
+            else:
+                module = event.module
             if event.size > 0:  # a 0-byte request never reaches the allocator
-                windows[-1].append(Request(index, event.size, event.module, event.source))
+                windows[-1].append(Request(index, event.size, event.module or module, op))
         elif event.op == MARK and event.label.startswith("step "):
             windows.append([])
     return windows, len(windows) - 1
