@@ -131,6 +131,7 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
             torch.Tensor.data_ptr: self._data_ptr,
             F.dropout: self._dropout,
             F.scaled_dot_product_attention: self._sdpa,
+            F.multi_head_attention_forward: self._multi_head_attention,
             torch.Tensor.backward: self._tensor_backward,
             torch.autograd.backward: self._autograd,
             torch.autograd.grad: self._autograd,
@@ -356,6 +357,28 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
 
         return cuda_sdpa(q, k, v, params["attn_mask"], params["dropout_p"], params["is_causal"],
                          params["scale"], params["enable_gqa"], self.capability)
+
+    def _multi_head_attention(self, func: Func, args: Args, kwargs: Kwargs) -> Any:
+        # ``nn.MultiheadAttention`` in training calls ``F.multi_head_attention_forward``, a Python
+        # function whose first act is ``if has_torch_function(tens_ops): return
+        # handle_torch_function(...)``: the mode gets the whole call and runs it popped, so the
+        # SDPA inside (need_weights=False) would take the CPU's kernel, its dropout the CPU's
+        # mask. It runs again with this mode pushed, that first check answered "no" once.
+        import torch.nn.functional as functional
+
+        name = "has_torch_function"
+        real = getattr(functional, name)
+
+        def not_again(*_args: Any) -> bool:
+            setattr(functional, name, real)
+            return False
+
+        setattr(functional, name, not_again)
+        try:
+            with self:
+                return func(*args, **kwargs)
+        finally:
+            setattr(functional, name, real)
 
 
 def _legacy_type(value: Any) -> Optional[Tuple[torch.dtype, bool]]:
