@@ -32,7 +32,7 @@ was made this way from the 110-row sample.
 
     .venv/bin/python bench/conv_workspaces.py --make-shapes DIR.traces --out bench/data/conv_shapes.jsonl
     python3 bench/conv_workspaces.py --measure --shapes bench/data/conv_shapes.jsonl --out OUT.jsonl
-    .venv/bin/python bench/conv_workspaces.py --compare OUT.jsonl
+    .venv/bin/python bench/conv_workspaces.py --compare OUT.jsonl [--cudnn LIBCUDNN]
 
 ``bench/gpu_truth.py`` runs the measuring half after its job matrix and the comparison in its
 estimating half.
@@ -271,8 +271,10 @@ def measure(shapes: Sequence[Dict[str, Any]], out: Path, *, budget_s: float,
 # --- Comparing (here) ----------------------------------------------------------------------------
 
 
-def compare(rows: Iterable[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
-    """The markdown table of measured bytes against the rule's basis and size, and the summary."""
+def compare(rows: Iterable[Dict[str, Any]], library: Any = None
+            ) -> Tuple[str, Dict[str, Any]]:
+    """The markdown table of measured bytes against the rule's basis and size, and the summary;
+    ``library``: the libcudnn that plans (``compare_heuristics``)."""
     for path in (str(ROOT), str(ROOT / "src")):
         if path not in sys.path:
             sys.path.insert(0, path)
@@ -317,7 +319,7 @@ def compare(rows: Iterable[Dict[str, Any]]) -> Tuple[str, Dict[str, Any]]:
                  f"shapes; rule: " + ("none for this architecture" if rule is None else
                                       f"{rule.basis.value} x {dict(rule.fraction)}"))
     summary["first_run_differs"] = first_differs
-    heuristics = compare_heuristics(measured)
+    heuristics = compare_heuristics(measured, library)
     if heuristics is not None:
         lines += ["", heuristics[0]]
         summary["heuristics"] = heuristics[1]
@@ -330,13 +332,79 @@ def _allocator_rounded(size: int) -> int:
     return -(-size // 512) * 512
 
 
-def compare_heuristics(measured: Sequence[Dict[str, Any]]
+# --- What the measured bytes are (#38 item 5) ----------------------------------------------------
+#
+# ``max_memory_allocated() - memory_allocated()`` after a call is the size of the *block* the
+# caching allocator handed the workspace, not the workspace: the allocator counts a block's size
+# in ``allocated_bytes`` (CUDACachingAllocator.cpp ``malloc``: ``stats.allocated_bytes`` grows by
+# ``block->size`` after ``alloc_found_block``), and a block is the request rounded to 512 bytes
+# only when it was split off a larger one. A request above 10 MiB (kMinLargeAlloc) gets a new
+# segment rounded up to 2 MiB (kRoundLarge, ``get_allocation_size``), and the large pool splits a
+# block only when more than 1 MiB (kSmallSize) would be left (``should_split``): a 16,365,568-byte
+# workspace in a fresh 16 MiB segment is held as the whole 16,777,216-byte block. A cached block
+# freed by an earlier call (the first run's workspace, an output freed since) is reused the same
+# way. Nothing else is held: the shapes are fp32 and contiguous NCHW, so ``convolution_backward``'s
+# ``contiguous(memory_format)`` of the gradient, input and weight is a no-op and there is no cast
+# (ConvShared.cpp), and the second run of a call takes the plan cached by the first
+# (Conv_v8.cpp ``run_single_conv``: ``benchmark_cache.find(key)``), hence the same workspace
+# (first and second run agree on every shape). ``try_plans`` never met an allocation failure
+# here: the largest block measured is 6.4 GiB of the H200's 140 GiB.
+#
+# So a plan is "what was measured" when replaying the measurement (``measure_shape``'s order of
+# allocations) through the project's allocator simulator with that plan's workspace gives the
+# measured bytes: ``held_by_measurement``.
+
+
+def held_by_measurement(shape: Dict[str, Any], workspaces: Dict[str, int]) -> Dict[str, List[int]]:
+    """The bytes ``measure_shape`` would record for each call (first and second run) if each
+    call's workspace were ``workspaces[call]``: its allocations (input and weight, each call's
+    output, the gradient) and the workspaces, in its order, through the project's simulation of
+    the caching allocator (a fresh one: ``measure`` empties the cache between shapes)."""
+    from xmem_admission.estimator.allocator.caching import CachingAllocator
+
+    allocator = CachingAllocator()
+    size = int(shape["b"])
+    x_bytes, y_bytes, w_bytes = (math.prod(shape[k]) * size for k in ("x", "y", "w"))
+    allocator.malloc(x_bytes)
+    allocator.malloc(w_bytes)
+
+    def held(out_bytes: int, workspace: int) -> Tuple[Any, int]:
+        out = allocator.malloc(out_bytes)
+        peak = allocator.allocated_bytes
+        if workspace:
+            block = allocator.malloc(workspace)
+            peak = allocator.allocated_bytes
+            allocator.free(block)
+        return out, peak - allocator.allocated_bytes
+
+    result: Dict[str, List[int]] = {c: [] for c in CALLS}
+    first_y, bytes_held = held(y_bytes, workspaces["fwd"])
+    result["fwd"].append(bytes_held)
+    # y, size = held(...): the first run's output lives until the second one's replaces it
+    y, bytes_held = held(y_bytes, workspaces["fwd"])
+    result["fwd"].append(bytes_held)
+    allocator.free(first_y)
+    allocator.malloc(y_bytes)  # grad = torch.randn_like(y)
+    allocator.free(y)  # del y
+    for call, out_bytes in (("bwd_data", x_bytes), ("bwd_filter", w_bytes)):
+        for _ in range(2):
+            out, bytes_held = held(out_bytes, workspaces[call])
+            result[call].append(bytes_held)
+            allocator.free(out)  # del out
+    return result
+
+
+def compare_heuristics(measured: Sequence[Dict[str, Any]], library: Any = None
                        ) -> Optional[Tuple[str, Dict[str, Any]]]:
-    """The measured bytes against cuDNN's own answer planned here without a GPU (#30): the first
-    plan PyTorch tries for the measured GPU's catalogue entry with the run's TF32 setting
-    (``cudnn_heuristics.torch_workspaces``), equal when the measured figure is that workspace
-    after the allocator's rounding. None where this machine's cuDNN cannot plan deviceless, the
-    GPU is not in the catalogue, or the run benchmarked (the fastest plan is a measurement)."""
+    """The measured bytes against cuDNN's own answer planned here without a GPU (#30, #38): the
+    plans PyTorch tries for the measured GPU's catalogue entry with the run's TF32 setting
+    (``cudnn_heuristics.torch_plans``), with this environment's cuDNN or ``library``. Per call:
+    how often replaying the measurement with the first plan's workspace gives the measured
+    bytes (``held_by_measurement``), how often a later plan's does (the device skipped the first
+    ones: ``try_plans`` moves on when building or running a plan fails), and how often no plan
+    PyTorch tries gives them; and, as before #38, how often the first plan rounded to 512 bytes
+    equals the measurement. None where no cuDNN here plans deviceless, the GPU is not in the
+    catalogue, or the run benchmarked (the fastest plan is a measurement)."""
     from xmem_admission.contract import cudnn
     from xmem_admission.contract.errors import XmemError
     from xmem_admission.contract.gpus import lookup
@@ -347,39 +415,66 @@ def compare_heuristics(measured: Sequence[Dict[str, Any]]
         return None
     try:
         gpu = lookup(str(first.get("gpu_name")))
-        lib = ch.load_cudnn()
+        lib = library if library is not None else ch.load_cudnn()
         if not lib.deviceless:
             return None
     except XmemError:  # not a catalogue GPU, or no cuDNN that plans without one
         return None
+    counts = {call: {"first": 0, "later": 0, "none": 0, "rounded_equal": 0, "below": 0}
+              for call in CALLS}
+    ratios: Dict[str, List[float]] = {call: [] for call in CALLS}
+    later_at: Dict[str, List[int]] = {call: [] for call in CALLS}
+    for row in measured:
+        shape = row["shape"]
+        conv = convolution(shape)
+        chosen: Dict[str, int] = {}
+        for call in CALLS:
+            try:
+                sizes = [p.workspace_bytes for p in ch.torch_plans(
+                    gpu, conv, cudnn.ConvCall(call),
+                    allow_tf32=bool(row.get("allow_tf32", True)), library=lib)]
+            except ch.CudnnCallError:
+                sizes = []
+            size = row["held_bytes"][call][-1]
+            planned = sizes[0] if sizes else 0
+            counts[call]["rounded_equal"] += size == _allocator_rounded(planned)
+            counts[call]["below"] += _allocator_rounded(planned) < size
+            if planned:
+                ratios[call].append(size / _allocator_rounded(planned))
+            found = None
+            for workspace in dict.fromkeys(sizes):
+                trial = {c: chosen.get(c, 0) for c in CALLS}
+                trial[call] = workspace
+                if held_by_measurement(shape, trial)[call][-1] == size:
+                    found = sizes.index(workspace)
+                    break
+            kind = "none" if found is None else ("first" if found == 0 else "later")
+            counts[call][kind] += 1
+            if found is not None and found > 0:
+                later_at[call].append(found)
+            # later calls see the allocator as this call left it: the workspace that explains
+            # the measurement, else the first plan's
+            chosen[call] = sizes[found] if found is not None else planned
+    n = len(measured)
     lines = [f"cuDNN's heuristics for the catalogue's {gpu.key}, planned here with cuDNN "
-             f"{lib.version_text} (measured with {first.get('cudnn_version')}); the first plan "
-             f"PyTorch tries, TF32 {'on' if first.get('allow_tf32', True) else 'off'}", "",
-             "| call | measured = first plan | median measured / first plan | "
-             "first plan below measured |", "| --- | --- | --- | --- |"]
+             f"{lib.version_text} (measured with {first.get('cudnn_version')}); the plans PyTorch "
+             f"tries, TF32 {'on' if first.get('allow_tf32', True) else 'off'}; a plan explains a "
+             "call when the measurement replayed through the allocator simulator with its "
+             "workspace gives the measured bytes", "",
+             "| call | first plan | a later plan (its place) | no plan | first plan rounded to "
+             "512 B = measured (before #38) | median measured / first plan |",
+             "| --- | --- | --- | --- | --- | --- |"]
     summary: Dict[str, Any] = {"gpu": gpu.key, "cudnn_here": lib.version_text, "calls": {}}
     for call in CALLS:
-        equal, below, ratios = 0, 0, []
-        for row in measured:
-            shape = row["shape"]
-            conv = convolution(shape)
-            try:
-                plans = ch.torch_workspaces(gpu, conv, cudnn.ConvCall(call),
-                                            allow_tf32=bool(row.get("allow_tf32", True)),
-                                            library=lib)
-            except ch.CudnnCallError:
-                plans = []
-            size = row["held_bytes"][call][-1]
-            planned = _allocator_rounded(plans[0]) if plans else 0
-            equal += size == planned
-            below += planned < size
-            if planned:
-                ratios.append(size / planned)
-        median = f"{statistics.median(ratios):.3f}" if ratios else "-"
-        lines.append(f"| {call} | {equal} of {len(measured)} | {median} | "
-                     f"{below} of {len(measured)} |")
-        summary["calls"][call] = {"equal": equal, "below": below,
-                                  "median_ratio": statistics.median(ratios) if ratios else None}
+        c = counts[call]
+        median = statistics.median(ratios[call]) if ratios[call] else None
+        places = ",".join(str(i) for i in sorted(later_at[call])) or "-"
+        lines.append(f"| {call} | {c['first']} of {n} | {c['later']} ({places}) | {c['none']} | "
+                     f"{c['rounded_equal']} | {f'{median:.3f}' if median else '-'} |")
+        summary["calls"][call] = {"equal": c["first"], "later": c["later"], "none": c["none"],
+                                  "later_places": sorted(later_at[call]),
+                                  "rounded_equal": c["rounded_equal"], "below": c["below"],
+                                  "median_ratio": median}
     return "\n".join(lines), summary
 
 
@@ -405,10 +500,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--count", type=int, default=120)
     parser.add_argument("--max-basis-mib", type=int, default=4096)
     parser.add_argument("--limit", type=int, help="measure only the first N shapes")
+    parser.add_argument("--cudnn", metavar="LIBCUDNN",
+                        help="--compare: plan with this libcudnn (e.g. the measured release's, "
+                             "from its nvidia-cudnn wheel) instead of this environment's")
     args = parser.parse_args(argv)
     try:
         if args.compare:
-            table, _ = compare(load_rows(args.compare))
+            library = None
+            if args.cudnn:
+                from xmem_admission.estimator import cudnn_heuristics as ch
+
+                try:
+                    library = ch.load_cudnn(args.cudnn)
+                except ch.CudnnPlanningUnavailable as exc:
+                    raise ValueError(str(exc)) from None
+            table, _ = compare(load_rows(args.compare), library)
             print(table)
             return 0
         if args.out is None:

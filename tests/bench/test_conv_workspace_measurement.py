@@ -138,3 +138,39 @@ def test_a_benchmarking_run_or_an_unknown_gpu_gets_no_heuristics_comparison():
     assert "heuristics" not in cw.compare(rows)[1]  # "A GPU" is no catalogue entry
     rows = [dict(r, gpu_name="NVIDIA H200", cudnn_benchmark=True) for r in rows]
     assert "heuristics" not in cw.compare(rows)[1]
+
+
+def test_a_workspace_in_a_fresh_segment_is_measured_as_the_whole_block():
+    # 16,365,568 bytes (over 10 MiB) get a 16 MiB segment; 411,648 bytes would be left, not more
+    # than 1 MiB, so the large pool does not split it: the call holds 16,777,216 bytes.
+    the_shape = shape([8, 3, 56, 56], [111, 3, 3, 3], [8, 111, 56, 56])
+    held = cw.held_by_measurement(the_shape, {"fwd": 16365568, "bwd_data": 0,
+                                              "bwd_filter": 3 * 2**20 + 100})
+    assert held["fwd"] == [16 * 2**20, 16 * 2**20]
+    assert held["bwd_data"] == [0, 0]
+    # below 10 MiB: a 20 MiB segment, split; the request rounded to 512 bytes
+    assert held["bwd_filter"] == [3 * 2**20 + 512] * 2
+
+
+def test_the_comparison_finds_the_later_plan_the_device_ran(deviceless_cudnn):
+    from xmem_admission.contract.cudnn import ConvCall
+    from xmem_admission.contract.gpus import lookup
+    from xmem_admission.estimator import cudnn_heuristics as ch
+
+    the_shape = shape([8, 120, 64, 64], [179, 120, 3, 3], [8, 179, 64, 64])
+    conv = cw.convolution(dict(the_shape, s=[1, 1], p=[1, 1]))
+    plans = {call: ch.torch_workspaces(lookup("H200"), conv, ConvCall(call),
+                                       library=deviceless_cudnn) for call in cw.CALLS}
+    later = next(i for i, w in enumerate(plans["bwd_filter"])
+                 if w != plans["bwd_filter"][0] and w > 0)
+    chosen = {"fwd": plans["fwd"][0], "bwd_data": plans["bwd_data"][0],
+              "bwd_filter": plans["bwd_filter"][later]}
+    held = cw.held_by_measurement(the_shape, chosen)
+    row = {"schema": cw.SCHEMA, "gpu_name": "NVIDIA H200", "cudnn_version": 92400,
+           "compute_capability": [9, 0], "allow_tf32": True, "cudnn_benchmark": False,
+           "index": 0, "shape": dict(the_shape, s=[1, 1], p=[1, 1]),
+           "held_bytes": dict(held, bwd_data=[held["bwd_data"][0] + 7 * 2**20] * 2)}
+    calls = cw.compare([row], deviceless_cudnn)[1]["heuristics"]["calls"]
+    assert calls["fwd"]["equal"] == 1
+    assert calls["bwd_data"]["none"] == 1
+    assert calls["bwd_filter"]["later"] == 1 and calls["bwd_filter"]["later_places"][0] <= later

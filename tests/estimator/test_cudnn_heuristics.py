@@ -7,6 +7,7 @@ nvidia-cudnn-cu13); the exact sizes are those of that release (issue 30's table,
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -214,3 +215,13 @@ def test_the_frontend_plans_the_same_engines_in_the_same_order(lib, shape, call)
                                          (8902, "8.9.2"), (8600, "8.6.0"), (7605, "7.6.5")])
 def test_cudnn_version_numbers_read_as_their_release_in_both_numbering_schemes(number, text):
     assert ch.version_text(number) == text
+
+
+def test_a_second_cudnn_release_is_refused_while_one_is_loaded(lib, tmp_path):
+    # Its engine libraries are opened by soname and would bind to the loaded release's: the
+    # copy stands for another release's libcudnn (another path), and is refused before loading.
+    other = tmp_path / "libcudnn.so.9"
+    other.write_bytes(Path(lib.path).read_bytes())
+    with pytest.raises(ch.CudnnPlanningUnavailable, match="side by side"):
+        ch.CudnnLibrary(str(other))
+    assert ch.CudnnLibrary(lib.path).version == lib.version  # the loaded one itself is fine

@@ -281,6 +281,33 @@ def _loaded_libcudnn() -> Optional[str]:
     return None
 
 
+def _preload_cublaslt(libcudnn: str) -> None:
+    """Load cuBLASLt process-wide when this process has none, from the NVIDIA wheels beside
+    ``libcudnn`` or on ``sys.path`` (``nvidia/cu13/lib``, ``nvidia/cublas/lib``): cuDNN 9.19
+    opens it by name when it first plans ("Cannot load symbol cublasLtGetVersion" and no plan
+    otherwise, seen with the nvidia-cudnn-cu13 9.19.0 wheel outside torch's own environment);
+    a wheel's RUNPATH does not reach a sibling wheel's folder. Nothing found: nothing done."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            if "libcublasLt.so" in maps.read():
+                return
+    except OSError:
+        pass
+    roots = [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(libcudnn))))]
+    roots += [os.path.join(entry, "nvidia") for entry in sys.path if entry]
+    for root in roots:
+        for folder in (os.path.join(root, "cu13", "lib"), os.path.join(root, "cublas", "lib")):
+            if not os.path.isdir(folder):
+                continue
+            names = sorted(n for n in os.listdir(folder) if n.startswith("libcublasLt.so"))
+            if names:
+                try:
+                    ctypes.CDLL(os.path.join(folder, names[-1]), mode=ctypes.RTLD_GLOBAL)
+                    return
+                except OSError:
+                    continue
+
+
 def _libcudnn_in(folder: str) -> Optional[str]:
     if not os.path.isdir(folder):
         return None
@@ -322,6 +349,14 @@ class CudnnLibrary:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        loaded = _loaded_libcudnn()
+        if loaded and os.path.realpath(loaded) != os.path.realpath(path):
+            # Its engine libraries (libcudnn_graph.so.9, ...) are opened by soname: a second
+            # release would bind to the first one's and fail or answer for it.
+            raise CudnnPlanningUnavailable(
+                f"cannot load cuDNN from {path}: this process already runs {loaded}, and two"
+                " cuDNN releases cannot be loaded side by side (plan in a fresh process)")
+        _preload_cublaslt(path)
         try:
             raw = ctypes.CDLL(path)
         except OSError as err:
