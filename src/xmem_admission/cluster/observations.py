@@ -45,7 +45,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 HAMI_USAGE = "vGPU_device_memory_usage_in_bytes"  # bytes (HAMi cmd/vGPUmonitor/metrics.go)
 DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB (dcgm-exporter default counters)
+DCGM_DRIVER = "DCGM_FI_DRIVER_VERSION"  # a label on every series (dcgm-exporter 3.x, 4.x)
 MIB = 1 << 20
 TENANT_HEADER = "X-Scope-OrgID"
 
@@ -116,6 +117,7 @@ class ObservedPeak:
     source: Source
     series: int  # the containers x devices (HAMi) or devices (DCGM) it is the maximum of
     shared_devices_skipped: int = 0  # DCGM devices left out: another pod was seen on them
+    driver_version: Optional[str] = None  # DCGM's DCGM_FI_DRIVER_VERSION label, when one
 
 
 def _label_value(value: str) -> str:
@@ -258,13 +260,14 @@ class PeakReader:
 
     def _dcgm(self, pods: Sequence[PodLifetime], deadline: float) -> Optional[ObservedPeak]:
         values: List[float] = []
+        drivers: Set[str] = set()
         skipped = 0
         for pod in pods:
             at, span = _window(pod, self.source.slack_seconds)
             selector = (f'{DCGM_FB_USED}{{namespace="{_label_value(pod.namespace)}",'
                         f'pod="{_label_value(pod.name)}"}}')
-            own = self.query(f"max by (UUID, GPU_I_ID) (max_over_time({selector}[{span}]))",
-                             at, deadline)
+            own = self.query(f"max by (UUID, GPU_I_ID, {DCGM_DRIVER}) "
+                             f"(max_over_time({selector}[{span}]))", at, deadline)
             if not own:
                 continue
             uuids = sorted({s["metric"].get("UUID", "") for s in own} - {""})
@@ -279,12 +282,14 @@ class PeakReader:
                     skipped += 1
                 else:
                     values.append(_number(series) * MIB)
+                    drivers.add(str(series["metric"].get(DCGM_DRIVER) or "")[:64])
         if not values:
             if skipped:
                 log.info("observed peak: DCGM devices of %s were shared with other pods (%d); "
                          "no figure", ", ".join(p.name for p in pods), skipped)
             return None
-        return ObservedPeak(int(max(values)), Source.DCGM, len(values), skipped)
+        driver = drivers.pop() if len(drivers) == 1 else ""  # devices of two drivers: none
+        return ObservedPeak(int(max(values)), Source.DCGM, len(values), skipped, driver or None)
 
 
 def _error_text(exc: urllib.error.HTTPError) -> str:
@@ -328,6 +333,6 @@ def _vector(body: bytes) -> List[Dict[str, Any]]:
     return [s for s in data["result"] if isinstance(s, dict) and isinstance(s.get("metric"), dict)]
 
 
-__all__ = ["DCGM_FB_USED", "Failure", "HAMI_USAGE", "ObservedPeak", "PeakMetrics", "PeakReader",
+__all__ = ["DCGM_DRIVER", "DCGM_FB_USED", "Failure", "HAMI_USAGE", "ObservedPeak", "PeakMetrics", "PeakReader",
            "PodLifetime",
            "PrometheusSource", "Source", "TENANT_HEADER"]

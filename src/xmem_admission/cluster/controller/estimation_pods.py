@@ -238,6 +238,8 @@ def _summary(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:
     status.update(gpu=plan.target.gpu.key, estimateBytes=plan.estimate_bytes,
                   estimate=records.human(plan.estimate_bytes), requestBytes=plan.request_bytes,
                   request=records.human(plan.request_bytes))
+    if plan.overhead is not None:  # what the memory outside the allocator became (issue 38)
+        status.update(overhead=plan.overhead.status(), overheadApplied=plan.overhead.column())
 
 
 def needs_summary(gme: Obj) -> bool:

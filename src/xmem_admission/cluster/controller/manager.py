@@ -23,6 +23,7 @@ from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import (
     admission_checks,
     estimation_pods,
+    learned_overhead,
     observed_peaks,
     oom_retries,
     records,
@@ -44,7 +45,8 @@ KINDS: Dict[str, Integration] = {i.kind: i for i in INTEGRATIONS if i.can_hold}
 # ("workload", kind, namespace, name), ("estimate", namespace, name), ("oom", namespace, pod)
 # for a sized workload's pod that ran out of GPU memory, ("ended", kind, namespace, name) for a
 # sized workload that finished (``observed_peaks``), and with Kueue ("kueue", namespace,
-# name) for a Kueue Workload, ("check", name) for an AdmissionCheck.
+# name) for a Kueue Workload, ("check", name) for an AdmissionCheck; ("overhead",) learns the
+# memory outside the allocator from every namespace's finished runs (``learned_overhead``).
 QueueKey = Tuple[Any, ...]
 POD_SELECTOR = f"{records.MANAGED_BY[0]}={records.MANAGED_BY[1]},{records.COMPONENT[0]}={records.COMPONENT[1]}"
 # The pods of workloads xmem sizes: the webhook copies the opt-in label into their templates.
@@ -232,6 +234,10 @@ class Controller:
 
     def reconcile(self, key: QueueKey) -> Optional[float]:
         """One reconcile of a queue key; the delay after which to look again, or None."""
+        if key[0] == "overhead":
+            if not self.ctx.estimates.synced.is_set():
+                return 5.0
+            return learned_overhead.reconcile(self.ctx)
         if key[0] in ("workload", "ended"):
             _, kind, namespace, name = key
             if not self.ctx.workloads[kind].informer.synced.is_set():
@@ -300,6 +306,7 @@ class Controller:
             for estimate in (gme.get("status") or {}).get("estimates") or []:
                 counts[estimate.get("gpu", "")] = counts.get(estimate.get("gpu", ""), 0) + 1
         self.metrics.set_estimates(counts)
+        self.queue.add(("overhead",))
 
     # --- leadership -------------------------------------------------------------------------
 

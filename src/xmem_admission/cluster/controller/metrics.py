@@ -25,7 +25,12 @@ Series (all prefixed ``xmem_controller_``):
 - ``observed_peaks_total{source}`` and ``observed_peak_failures_total{reason}``: finished
   workloads' peaks read from Prometheus (``cluster.observations``), and reads that failed
   (right-sizing, issue 31; what the peaks give back is the webhook's
-  ``xmem_right_sizing_given_back_bytes_total``).
+  ``xmem_right_sizing_given_back_bytes_total``);
+- ``learned_overhead_bytes{gpu_model,driver_version}`` and
+  ``learned_overhead_jobs{gpu_model,driver_version}``: what each GPU model and driver kept
+  outside the allocator in recent finished jobs, as learned (issue 38,
+  ``controller.learned_overhead``), and from how many jobs; a figure no longer learned is
+  removed.
 """
 
 from __future__ import annotations
@@ -91,7 +96,17 @@ class ControllerMetrics:
                                    "completed with the larger request of a retry.",
                                    ("backend",), registry=r)
         self.peaks = PeakMetrics(r)
+        self.overhead = Gauge(
+            "xmem_controller_learned_overhead_bytes",
+            "GPU memory outside the caching allocator per process (observed peak minus the "
+            "simulated reserved peak), learned from recent finished jobs, per GPU model and "
+            "driver.", ("gpu_model", "driver_version"), registry=r)
+        self.overhead_jobs = Gauge(
+            "xmem_controller_learned_overhead_jobs",
+            "Finished jobs the learned figure of a GPU model and driver comes from.",
+            ("gpu_model", "driver_version"), registry=r)
         self._gpu_models: Set[str] = set()
+        self._overhead_series: Set[Tuple[str, str]] = set()
 
     def set_held(self, ages_by_kind: Mapping[str, Iterable[float]], kinds: Tuple[str, ...]) -> None:
         """Publish the held workloads: their count and the oldest age, per kind."""
@@ -99,6 +114,18 @@ class ControllerMetrics:
             ages = list(ages_by_kind.get(kind, ()))
             self.held.labels(kind).set(len(ages))
             self.oldest.labels(kind).set(max(ages) if ages else 0.0)
+
+    def set_overhead(self, figures: Iterable[Tuple[str, str, int, int]]) -> None:
+        """Publish the learned figures: (GPU model, driver, bytes, jobs); others are removed."""
+        seen: Set[Tuple[str, str]] = set()
+        for gpu, driver, size, jobs in figures:
+            self.overhead.labels(gpu, driver).set(size)
+            self.overhead_jobs.labels(gpu, driver).set(jobs)
+            seen.add((gpu, driver))
+        for gone in self._overhead_series - seen:
+            self.overhead.remove(*gone)
+            self.overhead_jobs.remove(*gone)
+        self._overhead_series = seen
 
     def set_estimates(self, counts: Dict[str, int]) -> None:
         """Publish how many recorded estimates cover each GPU model."""

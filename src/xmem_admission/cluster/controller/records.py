@@ -23,8 +23,12 @@ the estimation's state and result::
                   askedBytes, allocatedBytes, reservedBytes, inUseBytes, needBytes,
                   gaveUp, message, outcome}]           # issue 31: see ``oom_retries``
     runs: [{workload: {kind, name, uid}, gpu, estimateBytes, requestBytes, completed,
-            finished, pods, observedPeakBytes, source, series}]  # issue 31: ``observed_peaks``
+            finished, pods, observedPeakBytes, source, series,  # issue 31: ``observed_peaks``
+            peakReservedBytes, driverVersion}]    # issue 38: ``learned_overhead``
     observedPeakBytes, observedPeak, observedRatio        # the latest run's peak, for kubectl
+    overhead: {gpu, source, outsideAllocatorBytes, catalogueBytes, correctionBytes, applied,
+               jobs, driverVersion, bounded}, overheadApplied   # issue 38: what the memory
+                                                  # outside the allocator moved the request by
 
 ``oomRetries`` has one entry per workload whose pods ran out of GPU memory (the newest
 ``MAX_RETRY_ENTRIES``): what the last out-of-memory message said (bytes asked for, allocated

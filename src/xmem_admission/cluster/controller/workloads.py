@@ -234,6 +234,8 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     if chosen is not None:
         message = (f"estimated {gib(chosen.estimate_bytes)} GiB peak on {chosen.target.gpu.key}; "
                    f"requesting {', '.join(requesting)}")
+        if chosen.overhead is not None:
+            message += f"; {chosen.overhead.text()}"
     else:
         message = "GPU memory estimated; the pod templates already carry a request"
     largest = ((gme.get("status") or {}).get("peak") or {}).get("largest")

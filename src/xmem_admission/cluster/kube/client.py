@@ -52,6 +52,7 @@ GME = Kind("xmem.io", "v1alpha1", "gpumemoryestimates", "GPUMemoryEstimate")
 POD = Kind("", "v1", "pods", "Pod")
 EVENT = Kind("", "v1", "events", "Event")
 LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease")
+POLICY = Kind("xmem.io", "v1alpha1", "gpuadmissionpolicies", "GPUAdmissionPolicy")
 
 # Built-in API groups, served by the client's typed APIs (attribute of ``Kube``); every other
 # group is a custom resource, reached through ``CustomObjectsApi``.
@@ -182,6 +183,15 @@ class Kube:
         m = obj["metadata"]
         return self.request(self.custom.replace_namespaced_custom_object_status, kind.group,
                             kind.version, m["namespace"], kind.plural, m["name"], obj)
+
+    def get_cluster(self, kind: Kind, name: str) -> Obj:
+        """GET a cluster-scoped custom resource."""
+        return self.request(self.custom.get_cluster_custom_object, kind.group, kind.version,
+                            kind.plural, name)
+
+    def node(self, name: str) -> Obj:
+        """GET a Node (its labels: the driver version GPU Feature Discovery writes)."""
+        return self.request(self.core.read_node, name)
 
     def replace_cluster_status(self, kind: Kind, obj: Obj) -> Obj:
         """PUT a cluster-scoped custom resource's status, with its resourceVersion."""

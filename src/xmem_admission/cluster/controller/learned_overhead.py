@@ -1,0 +1,97 @@
+"""The memory outside the allocator, learned from every namespace's finished runs (issue 38).
+
+One pass (queue key ``("overhead",)``: after a completed run with an observed peak is recorded,
+and at every resync) reads the runs of every ``GPUMemoryEstimate`` in the controller's cache,
+turns each completed run that carries its observed peak, the simulated reserved peak of its
+estimate and its GPU model into a sample (``policy.overhead.Sample``: observed minus reserved,
+per driver version), learns the figures under the policy's ``spec.learnedOverhead``
+(``policy.overhead.learn``), publishes them as ``xmem_controller_learned_overhead_bytes`` and
+``..._jobs`` per GPU model and driver, and, when they changed, writes them on the policy's
+``status.learnedOverhead`` (the status subresource: only the controller writes it). The webhook
+and this controller read them back with the policy (``policy.model.overhead_figures``) and
+``sizing.plan`` applies them to new estimates.
+
+Samples cross namespaces on purpose: what a GPU model and driver keep outside the allocator is a
+fact of the hardware and driver, not of a tenant. How that stays safe when a tenant forges its
+own samples is ``policy.overhead``'s docstring (bounded effect, a per-namespace share of the
+window, a high quantile).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Dict, List, Optional, Tuple
+
+from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.controller.context import Context
+from xmem_admission.cluster.kube.client import POLICY
+from xmem_admission.cluster.policy.model import OverheadFigure
+from xmem_admission.cluster.policy.overhead import UNKNOWN_DRIVER, Sample, describe, learn
+from xmem_admission.contract.errors import KubeApiError
+
+log = logging.getLogger(__name__)
+
+
+def _count(value: Any) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def samples(ctx: Context) -> List[Sample]:
+    """Every recorded completed run that says what it used outside the allocator."""
+    out: List[Sample] = []
+    for gme in ctx.estimates.items():
+        namespace = gme["metadata"].get("namespace", "")
+        for entry in records.run_entries(gme):
+            gpu = entry.get("gpu")
+            peak = _count(entry.get("observedPeakBytes"))
+            reserved = _count(entry.get("peakReservedBytes"))
+            finished = records.parse_time(entry.get("finished"))
+            if entry.get("completed") is not True or not isinstance(gpu, str) or \
+                    peak is None or reserved is None or finished is None:
+                continue
+            driver = entry.get("driverVersion")
+            out.append(Sample(gpu, driver if isinstance(driver, str) and driver
+                              else UNKNOWN_DRIVER, namespace, peak - reserved,
+                              finished.timestamp()))
+    return out
+
+
+def status_entries(figures: Tuple[OverheadFigure, ...]) -> List[Dict[str, Any]]:
+    """The policy's ``status.learnedOverhead``."""
+    return [{"gpu": f.gpu, "driverVersion": f.driver, "outsideAllocatorBytes": f.outside_bytes,
+             "outsideAllocator": records.human(f.outside_bytes), "jobs": f.jobs,
+             "namespaces": f.namespaces} for f in figures]
+
+
+def summary(figures: Tuple[OverheadFigure, ...]) -> str:
+    """The ``kubectl get gap`` column: ``H200/580.159.04 770Mi (7 jobs)``."""
+    text = "; ".join(f"{f.gpu}/{f.driver} {round(f.outside_bytes / (1 << 20))}Mi "
+                     f"({f.jobs} jobs)" for f in figures)
+    return text[:500] or "none yet"
+
+
+def reconcile(ctx: Context) -> Optional[float]:
+    """Learn, publish, and write the figures on the policy when they changed."""
+    policy = ctx.policy.current()
+    if policy is None:
+        return None
+    settings = policy.learned_overhead
+    figures = learn(samples(ctx), settings)
+    ctx.metrics.set_overhead((f.gpu, f.driver, f.outside_bytes, f.jobs) for f in figures)
+    if figures == settings.figures:
+        return None
+    try:
+        obj = ctx.kube.get_cluster(POLICY, policy.name)
+    except KubeApiError as exc:
+        if exc.not_found:  # a policy from a file (``--policy``): nothing to write it on
+            log.info("learned overhead not written: no GPUAdmissionPolicy %r (%s)",
+                     policy.name, "; ".join(describe(f) for f in figures) or "none")
+            return None
+        raise
+    status = dict(obj.get("status") or {}, learnedOverhead=status_entries(figures),
+                  learned=summary(figures), learnedAt=records.stamp(ctx.now()))
+    ctx.kube.replace_cluster_status(POLICY, dict(obj, status=status))
+    for figure in figures:
+        log.info("learned: %s", describe(figure))
+    ctx.policy.refresh()  # the controller's own sizing uses them from now on
+    return None
