@@ -140,6 +140,17 @@ def kept_trace(row_id: str, traces: str) -> Optional[Tuple[Any, float, str]]:
 # The paper's runs used torch 2.6 with CUDA 12.4 (data/xmem-paper/README.md, "Software"): their
 # figures outside the allocator are those of CUDA 12, whatever torch traces them here.
 PAPER_CUDA_MAJOR = 12
+# ... and its cuDNN: torch 2.6's wheels require nvidia-cudnn-cu12 9.1.0 (CUDNN_VERSION 90100),
+# which cannot plan without a GPU (cudnn_heuristics.DEVICELESS_MIN_VERSION): an estimation pod
+# beside the runs' torch sizes convolution workspaces by the fitted rule, whatever cuDNN traces
+# them here, so the rows are simulated with the trace's cuDNN set to the runs' (#38 item 5).
+PAPER_CUDNN = 90100
+
+
+def as_paper_runs(trace: Any) -> Any:
+    """``trace`` as if recorded beside the runs' torch: its cuDNN is theirs (``PAPER_CUDNN``)."""
+    trace.meta["cudnn"] = PAPER_CUDNN
+    return trace
 
 
 def paper_runtime_overhead(gpu: str, result: Any) -> int:
@@ -168,7 +179,7 @@ def estimate_row(row: Row, mode: str, log: Optional[IO[str]],
     """Run one row through ``xmem estimate``'s path; returns the output line's object. The
     trace is kept in ``traces`` (a folder) when given."""
     from xmem_admission.contract.gpus import lookup
-    from xmem_admission.estimator.estimate import estimate
+    from xmem_admission.estimator.estimate import estimate, estimate_trace
 
     gpu = lookup(row.data["gpu_name"])
     started = time.perf_counter()
@@ -178,8 +189,8 @@ def estimate_row(row: Row, mode: str, log: Optional[IO[str]],
     seconds = round(time.perf_counter() - started, 3)
     if traces is not None:
         keep_trace(traces, row.id, trace, seconds, est.mode)
-    return _answer(row, est.gpus[0], paper_runtime_overhead(gpu.key, est.gpus[0]), seconds,
-                   est.mode)
+    result = estimate_trace(as_paper_runs(trace), [gpu], margin=0.0)[0]
+    return _answer(row, result, paper_runtime_overhead(gpu.key, result), seconds, est.mode)
 
 
 def resimulate(row: Row, traces: str) -> Optional[Dict[str, Any]]:
@@ -193,7 +204,7 @@ def resimulate(row: Row, traces: str) -> Optional[Dict[str, Any]]:
         return None
     trace, seconds, mode = kept
     gpu = lookup(row.data["gpu_name"])
-    result = estimate_trace(trace, [gpu], margin=0.0)[0]
+    result = estimate_trace(as_paper_runs(trace), [gpu], margin=0.0)[0]
     return _answer(row, result, paper_runtime_overhead(gpu.key, result), seconds, mode)
 
 
