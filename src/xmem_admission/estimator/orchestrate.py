@@ -25,6 +25,12 @@ plan (an older trace's, a 3-D convolution), the architecture's fitted rule (``co
 sizes it, or nothing where there is none; which of them answered is in the trace's meta
 (``conv_workspaces``) and the estimate's output.
 
+The probe marks each reduction that runs through PyTorch's ``gpu_reduce_kernel`` on a GPU
+(``reduce:``, ``reductions``); where the kernel's launch configuration for the target GPU (its
+SM count) splits each output across thread blocks, the kernel's staging buffer and semaphores
+are allocated after the reduction's output and freed at once, semaphores first. The meta's
+``reduction_staging`` counts them.
+
 Standard library only (probe bundle).
 """
 
@@ -40,6 +46,7 @@ from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 from xmem_admission.contract import cudnn
 from xmem_admission.contract.gpus import GPU
 from xmem_admission.estimator import cudnn_heuristics as heuristics
+from xmem_admission.estimator import reductions
 from xmem_admission.estimator.conv_marks import ConvMark
 from xmem_admission.estimator.trace import (
     ALLOC,
@@ -309,6 +316,51 @@ def _emit_planned(stream: _Stream, planned: List[PlannedCall]) -> None:
                 f"{cudnn.TRANSIENT_PREFIX}{call.call}", call.workspaces))
 
 
+class _ReductionStaging:
+    """Turns ``reduce:`` marks into the staging buffers and semaphores each launch takes on the
+    GPU (``reductions``): buffer, semaphores, then their frees, semaphores first, as the
+    ``at::DataPtr`` locals of ``gpu_reduce_kernel`` go."""
+
+    def __init__(self, gpu: GPU) -> None:
+        self.device = reductions.device_of(gpu)
+        self.marks = 0
+        self.launches = 0
+        self.largest = 0
+        self.unreadable = 0
+
+    def add(self, label: str, stream: _Stream) -> None:
+        self.marks += 1
+        if self.device is None:
+            return
+        try:
+            mark = reductions.ReductionMark.parse(label)
+        except ValueError:
+            self.unreadable += 1
+            return
+        phase = f"{reductions.PREFIX}{mark.op}"
+        events = stream.events
+        for staging in reductions.staging_blocks(mark, self.device):
+            buffer, semaphores = stream.next_id, stream.next_id + 1
+            stream.next_id += 2
+            events.append(Alloc(ALLOC, buffer, staging.buffer, 0, stream.category, phase))
+            events.append(Alloc(ALLOC, semaphores, staging.semaphores, 0, stream.category, phase))
+            events.append(Free(FREE, semaphores))
+            events.append(Free(FREE, buffer))
+            self.launches += 1
+            self.largest = max(self.largest, staging.buffer)
+
+    def describe(self) -> Dict[str, Any]:
+        """The trace's ``reduction_staging`` meta: how many marks, how many launches staged in
+        global memory on this GPU, the largest buffer."""
+        out: Dict[str, Any] = {"marks": self.marks, "staged_launches": self.launches,
+                               "largest_buffer_bytes": self.largest}
+        if self.device is None:
+            out["not_modelled"] = "no launch limits for this GPU's architecture"
+        if self.unreadable:
+            out["unreadable_marks"] = self.unreadable
+        return out
+
+
 def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
             conv_rule: Optional[cudnn.ConvWorkspaceRule] = None,
             planner: Optional[ConvPlanner] = None) -> Trace:
@@ -326,6 +378,7 @@ def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
     events = stream.events
     resident_done = False
     any_conv = False
+    staged = _ReductionStaging(gpu)
     for event in trace.events:
         events.append(event)
         if event.op != MARK:
@@ -351,6 +404,9 @@ def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
                 if size > 0:
                     stream.transient(size, f"{cudnn.TRANSIENT_PREFIX}{call}")
             continue
+        if event.label.startswith(reductions.PREFIX):
+            staged.add(event.label, stream)
+            continue
         if not event.label.startswith("cublas:"):
             continue
         for size in (workspace, lt_workspace):
@@ -360,4 +416,6 @@ def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
                 cublaslt_workspace_bytes=lt_workspace)
     if any_conv:
         meta["conv_workspaces"] = planner.describe()
+    if staged.marks:
+        meta["reduction_staging"] = staged.describe()
     return Trace(events, meta)

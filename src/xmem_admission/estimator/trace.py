@@ -37,6 +37,13 @@ activation checkpointing recomputes a module's forward in backward carries the s
 model's forward and backward, or by its backward nodes) is ``LOSS``. The op is the ATen operator that returned the block (``aten.mm``), or what made
 it outside the dispatcher (``ALL_GATHER`` for an FSDP unshard's storage); empty when unknown.
 
+Marks are free-form labels; a prefix gives some of them a meaning the rewrite for a GPU
+(``orchestrate``) acts on, in traces of either version: ``cublas:THREAD`` (the first BLAS op of
+a thread: its cuBLAS workspaces), ``cudnn:CALLS ...`` (a convolution run through cuDNN:
+``conv_marks``), ``reduce:OP ...`` (a reduction that may stage partial results in global
+memory: ``reductions``; written since issue 38, older traces lack them and simulate without
+those blocks). A reader that does not know a prefix keeps the mark and allocates nothing for it.
+
 Rules a valid trace obeys (``Trace.validate`` checks them): ids of live allocations are unique;
 a free names a live id; sizes are non-negative integers (the unrounded bytes the framework asked
 for, as ``requested_size`` in a PyTorch snapshot); streams are non-negative integers (0 is the

@@ -36,6 +36,8 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from xmem_admission.estimator.conv_marks import ConvFlags, ConvMark, as_2d, routes_to_cudnn
+from xmem_admission.estimator.reductions import OPS as REDUCTION_OPS
+from xmem_admission.estimator.reductions import mark_for as reduction_mark
 from xmem_admission.estimator.trace import (
     ALL_GATHER,
     ALLOC,
@@ -599,6 +601,11 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             mark = conv_mark(func, args, out)
             if mark is not None:
                 self.trace.mark(mark)
+            if str(func) in REDUCTION_OPS and self.is_cuda(args[0]):
+                # a reduction that may stage partials in global memory (``reductions``)
+                reduction = reduction_mark(str(func), args, kwargs, out)
+                if reduction is not None:
+                    self.trace.mark(reduction.label())
         finally:
             self.dispatch_depth -= 1
         return out
