@@ -18,8 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.estimator.trace_counts import allocations_of_step
 from xmem_admission.estimator.probe.autocast import CudaAutocastState
-from xmem_admission.estimator.trace import ALLOC, MARK
+from xmem_admission.estimator.trace import ALLOC
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 H200 = os.path.join(ROOT, "bench", "data", "H200")
@@ -48,14 +49,8 @@ CLASSIFIER = textwrap.dedent(f"""
 
 
 def second_step_sizes(trace):
-    """Sizes of the blocks allocated between the first and second step marks."""
-    sizes, steps = Counter(), 0
-    for e in trace.events:
-        if e.op == MARK and e.label.startswith("step"):
-            steps += 1
-        elif e.op == ALLOC and steps == 1:
-            sizes[e.size] += 1
-    return sizes
+    """Sizes of the blocks allocated in the second step."""
+    return Counter(e.size for e in allocations_of_step(trace, 1))
 
 
 @pytest.fixture

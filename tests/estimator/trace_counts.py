@@ -33,3 +33,13 @@ def live_by_category_at(trace, label: str) -> Counter:
                 total[a.category] += a.size
             return total
     raise AssertionError(f"the trace has no mark {label!r}")
+
+
+def allocations_of_step(trace, step: int):
+    """The allocations between the ``step``-th and the next step mark (0: before the first)."""
+    steps = 0
+    for e in trace.events:
+        if e.op == MARK and e.label.startswith("step"):
+            steps += 1
+        elif e.op == ALLOC and steps == step:
+            yield e

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch.nn import _reduction
 from torch.utils.weak import WeakIdKeyDictionary
 
+from xmem_admission.estimator.probe.tracker import is_fake
+
 LOWER = "lower"      # run in the autocast dtype (fp16/bf16)
 FP32 = "fp32"        # run in float32
 FP32_OPT = "fp32_opt_dtype"  # output float32 through the op's dtype argument
@@ -105,6 +107,10 @@ class CudaAutocastState:
         composite = COMPOSITES.get(func)
         if composite is not None:
             return composite(self, *args, **kwargs)
+        if func in _HALF_TO_FLOAT:
+            out = _half_to_float(func, args, kwargs)
+            if out is not None:
+                return out
         cast = self.cast_args(func, args, kwargs)
         if cast is not None:
             args, kwargs = cast
@@ -251,3 +257,37 @@ def _along(weight: torch.Tensor, dims: int, class_dim: int) -> torch.Tensor:
 
 
 COMPOSITES: Dict[Callable[..., Any], Callable[..., Any]] = {F.cross_entropy: _cross_entropy}
+
+# softmax and log_softmax of fp16 asked for fp32 (what fp32_set_opt_dtype asks) run on CUDA as
+# one kernel that reads fp16 and writes fp32: ``softmax`` / ``log_softmax`` of
+# aten/src/ATen/native/SoftMax.cpp take ``_softmax(input, dim, half_to_float=true)`` when
+# ``input_.is_cuda() && input_.scalar_type() == ScalarType::Half && dtype == ScalarType::Float``
+# (Half only: bf16 takes the other branch, ``input_.toType(dtype)`` then ``_softmax``). No fp32
+# copy of the input, and the backward (``_softmax_backward_data`` with ``input_dtype`` Half, its
+# meta function) hands back fp16 directly, where the CPU path makes an fp32 gradient and a cast.
+_HALF_TO_FLOAT: Dict[Callable[..., Any], Tuple[Callable[..., Any], Tuple[str, ...]]] = {
+    F.softmax: (torch._softmax, ("input", "dim", "_stacklevel", "dtype")),
+    torch.softmax: (torch._softmax, ("input", "dim", "dtype")),
+    torch.Tensor.softmax: (torch._softmax, ("input", "dim", "dtype")),
+    F.log_softmax: (torch._log_softmax, ("input", "dim", "_stacklevel", "dtype")),
+    torch.log_softmax: (torch._log_softmax, ("input", "dim", "dtype")),
+    torch.Tensor.log_softmax: (torch._log_softmax, ("input", "dim", "dtype")),
+}
+
+
+def _half_to_float(func: Callable[..., Any], args: Tuple[Any, ...],
+                   kwargs: Dict[str, Any]) -> Optional[torch.Tensor]:
+    """CUDA's half-to-float softmax for an fp16 input under autocast, or None where it is not.
+
+    Only for fake tensors: the CPU kernels refuse half_to_float ("softmax with half to float
+    conversion is not supported on CPU"), so a profile-mode run keeps the cast path.
+    """
+    kernel, names = _HALF_TO_FLOAT[func]
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    x, dim = bound.get("input", bound.get("self")), bound.get("dim")
+    if (not isinstance(x, torch.Tensor) or x.dtype != torch.float16 or not is_fake(x)
+            or bound.get("dtype") is not None or not isinstance(dim, int)):
+        return None
+    out: torch.Tensor = kernel(x, dim, True)
+    return out
