@@ -77,3 +77,13 @@ def test_a_kernel_before_volta_stages_no_fp32_gradient():
     # kernel_backward.h: kEnableSplitKeys = kMinSm >= 70, and fp32 accumulates in its output
     kernel = efficient_backward_kernel(torch.float32, (6, 1), 64)
     assert efficient_backward_workspace(kernel, 8, 12, 1024, 1024, 64, 64) == 0
+
+
+def test_a_mask_whose_rows_are_not_eight_wide_is_padded_as_sdpa_pads_it(probe_run, script):
+    # attention.cpp preprocess_mask: a (2, 2, 33, 33) fp32 mask has strides that are not
+    # multiples of 8 elements, so the memory-efficient kernel gets a copy padded to 40 columns
+    result, _ = probe_run([script("masked_attention.py"), "--steps", "2"], "fake", 2)
+    assert result.status == "ok", result.reason
+    padded = [e.size for e in result.trace.events
+              if e.op == ALLOC and e.source == "aten.constant_pad_nd"]
+    assert padded == [2 * 2 * 33 * 40 * 4] * 2

@@ -66,8 +66,10 @@ def cuda_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
         if mask is not None and mask.dtype == torch.bool:
             # sdp_utils.cpp convert_boolean_attn_mask: where(mask, 0, -inf) in the query dtype
             mask = torch.zeros((), dtype=q.dtype).masked_fill(~mask, float("-inf"))
-        trained = [t is not None and t.requires_grad for t in (q, k, v, mask)]
-        if torch.is_grad_enabled() and any(trained):
+        if mask is not None:
+            mask = _preprocess_mask(mask, q, k)
+        # attention.cpp should_compute_logsumexp: a query, key or value needs grad, grad mode on
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             out: torch.Tensor = EfficientAttention.apply(q, k, v, mask, float(dropout_p),
                                                          bool(is_causal), scale, capability)
             return out
@@ -75,6 +77,19 @@ def cuda_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
                                                             is_causal, scale=scale)[0]
     return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal,
                                                    None, scale=scale, enable_gqa=gqa)[0]
+
+
+def _preprocess_mask(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The mask as ``scaled_dot_product_attention`` hands it to the memory-efficient kernel
+    (aten/src/ATen/native/transformers/attention.cpp, ``preprocess_mask``): unless every stride
+    but the last is a multiple of 8 elements and the last is 1 (``aligned_tensor<8>``), a copy
+    padded by ``8 - last % 8`` columns, sliced back (``pad_bias``); then expanded to
+    (batch, heads, queries, keys)."""
+    aligned = all(stride % 8 == 0 for stride in mask.stride()[:-1]) and mask.stride(-1) == 1
+    if not aligned:
+        last = mask.shape[-1]
+        mask = torch.nn.functional.pad(mask, (0, 8 - last % 8))[..., :last]
+    return mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
 # -- the memory-efficient kernel's backward ---------------------------------------------------
