@@ -142,3 +142,46 @@ def test_the_probe_marks_a_linear_bias_gradient_and_the_h200_rewrite_stages_it(p
     out = for_gpu(result.trace, H200, env={})
     sizes = [e.size for e in out.events if e.op == "alloc" and e.phase == "reduce:sum"]
     assert 138_412_032 in sizes and 96 in sizes
+
+
+def test_a_sum_into_another_dtype_reads_a_converted_copy_held_around_the_kernel():
+    import torch
+
+    flags = torch.empty((8192,), dtype=torch.bool, device="meta")
+    count = torch.empty((), dtype=torch.int64, device="meta")
+    # make_reduction_from_out_ty: a bool input summed into int64 is reduced as self.to(int64)
+    mark = reductions.mark_for("aten.sum.default", (flags,), {}, count)
+    assert mark is not None and mark.converted and mark.copy_bytes == 8192 * 8
+    assert ReductionMark.parse(mark.label()) == mark
+    trace = Trace()
+    trace.alloc(1, 8, phase="forward")
+    trace.mark(mark.label())
+    out = for_gpu(trace, H200, env={})
+    stream = [(e.op, e.size if e.op == "alloc" else e.id) for e in out.events
+              if e.op in ("alloc", "free")]
+    copy = [e.id for e in out.events if e.op == "alloc" and e.size == 8192 * 8]
+    assert stream[0] == ("alloc", 8) and stream[1] == ("alloc", 8192 * 8)
+    assert stream[-1] == ("free", copy[0])  # freed when the reduction returns, last
+    assert out.meta["reduction_staging"]["converted_inputs"] == 1
+
+
+def test_a_bfloat16_sum_into_float_needs_no_copy_and_accumulates_in_float():
+    import torch
+
+    x = torch.empty((8, 1024, 768), dtype=torch.bfloat16, device="meta")
+    y = torch.empty((768,), dtype=torch.float32, device="meta")
+    # reduce_dispatch: "type promotion that does cast and reduction in a single kernel"
+    mark = reductions.mark_for("aten.sum.dim_IntList", (x, [0, 1]), {"dtype": torch.float32}, y)
+    assert mark is not None and not mark.converted
+    assert (mark.itemsize, mark.out_itemsize, mark.acc_bytes, mark.dims) == (2, 4, 4, (0, 1))
+    # float partials, as for a float input: the same 48 MiB on an H200
+    assert staging_blocks(mark, _h200())[0].buffer == 50_331_648
+
+
+def test_a_bfloat16_sum_too_large_for_32_bit_indexing_accumulates_in_a_float_buffer():
+    # [2**21, 1024] bfloat16 is 4 GiB: split in two launches; bfloat16 into bfloat16 cannot
+    # accumulate in its output, so a float per output element is held across both
+    mark = ReductionMark("sum", (2**21, 1024), (1024, 1), (0,), 0, 2, 2, 4)
+    assert reductions.accumulation_buffer(mark) == 1024 * 4
+    assert reductions.accumulation_buffer(_bias_grad(2**21, 1024)) == 0  # float into float
+    assert len(staging_blocks(mark, _h200())) == 2

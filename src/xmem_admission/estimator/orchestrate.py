@@ -319,19 +319,19 @@ def _emit_planned(stream: _Stream, planned: List[PlannedCall]) -> None:
 class _ReductionStaging:
     """Turns ``reduce:`` marks into the staging buffers and semaphores each launch takes on the
     GPU (``reductions``): buffer, semaphores, then their frees, semaphores first, as the
-    ``at::DataPtr`` locals of ``gpu_reduce_kernel`` go."""
+    ``at::DataPtr`` locals of ``gpu_reduce_kernel`` go; a reduction of a converted copy of its
+    input holds that copy around them."""
 
     def __init__(self, gpu: GPU) -> None:
         self.device = reductions.device_of(gpu)
         self.marks = 0
         self.launches = 0
         self.largest = 0
+        self.copies = 0
         self.unreadable = 0
 
     def add(self, label: str, stream: _Stream) -> None:
         self.marks += 1
-        if self.device is None:
-            return
         try:
             mark = reductions.ReductionMark.parse(label)
         except ValueError:
@@ -339,7 +339,18 @@ class _ReductionStaging:
             return
         phase = f"{reductions.PREFIX}{mark.op}"
         events = stream.events
-        for staging in reductions.staging_blocks(mark, self.device):
+        # held across every launch: the converted input (the iterator's, freed last) and the
+        # accumulation buffer of an iterator split for 32-bit indexing (gpu_reduce_kernel's)
+        held: List[int] = []
+        for size, category in ((mark.copy_bytes, Category.TEMPORARY.value),
+                               (reductions.accumulation_buffer(mark), stream.category)):
+            if size > 0:
+                held.append(stream.next_id)
+                events.append(Alloc(ALLOC, stream.next_id, size, 0, category, phase))
+                stream.next_id += 1
+        self.copies += 1 if mark.copy_bytes else 0
+        for staging in (reductions.staging_blocks(mark, self.device)
+                        if self.device is not None else []):
             buffer, semaphores = stream.next_id, stream.next_id + 1
             stream.next_id += 2
             events.append(Alloc(ALLOC, buffer, staging.buffer, 0, stream.category, phase))
@@ -348,12 +359,16 @@ class _ReductionStaging:
             events.append(Free(FREE, buffer))
             self.launches += 1
             self.largest = max(self.largest, staging.buffer)
+        for ident in reversed(held):
+            events.append(Free(FREE, ident))
 
     def describe(self) -> Dict[str, Any]:
         """The trace's ``reduction_staging`` meta: how many marks, how many launches staged in
         global memory on this GPU, the largest buffer."""
         out: Dict[str, Any] = {"marks": self.marks, "staged_launches": self.launches,
                                "largest_buffer_bytes": self.largest}
+        if self.copies:
+            out["converted_inputs"] = self.copies
         if self.device is None:
             out["not_modelled"] = "no launch limits for this GPU's architecture"
         if self.unreadable:

@@ -25,21 +25,26 @@ the GPU does not decide (the mark below) and ``orchestrate`` sizes the blocks pe
 ``staging_blocks``, as it does for cuDNN's workspaces (``conv_marks``).
 
 A mark reads ``reduce:OP x=SHAPE s=STRIDES d=DIMS o=OFFSET b=IN_BYTES ob=OUT_BYTES acc=ARG_BYTES
-vt=VT0 n=OUTPUTS``: the input as the kernel reads it (sizes, strides and storage offset in
+vt=VT0 n=OUTPUTS [cv=1]``: the input as the kernel reads it (sizes, strides and storage offset in
 elements, element size), the reduced dimensions (all of them for a full reduction), the output's
 element size, the size of the kernel's accumulator type ``arg_t``, its unroll factor ``vt0``
 (also ``input_vec_size``, which defaults to it for every op here) and the number of outputs.
+``cv=1``: the kernel reads a converted copy of the input, not the input (a ``sum``, ``mean``,
+``prod`` or norm into another dtype: ReduceOpsUtils.h ``make_reduction_from_out_ty`` reduces
+``self.to(in_dtype)`` unless a half or bfloat16 input is reduced into float on CUDA, which one
+kernel does): ``x``, ``s`` and ``b`` then describe that copy, allocated after the output and
+held until the reduction returns (the iterator owns it).
 
-Not modelled: a reduction whose input PyTorch first converts to another dtype (``sum`` of an
-integer tensor into a float, say: ``make_reduction`` then reduces a converted copy the trace does
-not hold either); reductions that do not reach ``gpu_reduce_kernel`` (softmax, cross entropy,
-``native_layer_norm_backward``'s weight and bias gradients: their own kernels); ``any``/``all``.
+Not modelled: reductions that do not reach ``gpu_reduce_kernel`` (softmax, cross entropy,
+``native_layer_norm_backward``'s weight and bias gradients: their own kernels); ``any``/``all``;
+complex inputs.
 
 Standard library only (the probe bundle; the probe turns tensors into the numbers used here).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -66,6 +71,16 @@ class ReductionMark:
     acc_bytes: int
     vt0: int = 4
     outputs: int = 1
+    converted: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def copy_bytes(self) -> int:
+        """The converted copy of the input the kernel reads, 0 when it reads the input."""
+        return self.numel * self.itemsize if self.converted else 0
 
     def label(self) -> str:
         def text(values: Sequence[int]) -> str:
@@ -73,7 +88,8 @@ class ReductionMark:
 
         return (f"{PREFIX}{self.op} x={text(self.shape)} s={text(self.strides)} "
                 f"d={text(self.dims)} o={self.offset} b={self.itemsize} ob={self.out_itemsize} "
-                f"acc={self.acc_bytes} vt={self.vt0} n={self.outputs}")
+                f"acc={self.acc_bytes} vt={self.vt0} n={self.outputs}"
+                + (" cv=1" if self.converted else ""))
 
     @classmethod
     def parse(cls, label: str) -> ReductionMark:
@@ -89,7 +105,8 @@ class ReductionMark:
         try:
             mark = cls(head[len(PREFIX):], dims("x"), dims("s"), dims("d"),
                        int(fields["o"]), int(fields["b"]), int(fields["ob"]),
-                       int(fields["acc"]), int(fields.get("vt", "4")), int(fields.get("n", "1")))
+                       int(fields["acc"]), int(fields.get("vt", "4")), int(fields.get("n", "1")),
+                       fields.get("cv") == "1")
         except KeyError as missing:
             raise ValueError(f"reduce: mark without {missing}: {label!r}") from None
         if len(mark.shape) != len(mark.strides) or any(
@@ -143,10 +160,9 @@ def _accumulator(kind: str, in_dtype: str, out_dtype: str) -> Optional[Tuple[int
         # reduced into float ("type promotion that does cast and reduction in a single kernel"),
         # accumulates in float; any other type in itself (``OpFunctor<scalar_t>``, acc_t =
         # scalar_t). ``gpu_reduce_kernel<scalar_t, out_t>``: vt0 = input_vec_size = 4.
+        # (an input of another dtype is reduced as a copy in the output's: ``_converts``)
         if out_dtype in _LOW_PRECISION or (in_dtype in _LOW_PRECISION and out_dtype == "float32"):
             return 4, 4
-        if in_dtype != out_dtype:
-            return None  # make_reduction reduces ``self.to(in_dtype)``: a copy not traced
         return _ITEMSIZE[out_dtype], 4
     if kind == "minmax":
         # ReduceMaxValuesKernel.cu / ReduceMinValuesKernel.cu: ``gpu_reduce_kernel<scalar_t,
@@ -167,6 +183,25 @@ def _accumulator(kind: str, in_dtype: str, out_dtype: str) -> Optional[Tuple[int
             return 16, 2
         return None
     return None
+
+
+def _converts(kind: str, in_dtype: str, out_dtype: str) -> bool:
+    """Does ``make_reduction_from_out_ty`` reduce ``self.to(out_dtype)`` instead of ``self``?
+    (ReduceOpsUtils.h: ``gpu_lowp_to_f32`` keeps a half or bfloat16 input for a float output.)"""
+    return (kind == "sum" and in_dtype != out_dtype
+            and not (in_dtype in _LOW_PRECISION and out_dtype == "float32"))
+
+
+def _dense(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """``is_non_overlapping_and_dense``: the dims, sorted by stride, step exactly over the ones
+    inside them (size-1 dims aside)."""
+    expected = 1
+    for size, stride in sorted(((n, s) for n, s in zip(shape, strides) if n != 1),
+                               key=lambda pair: pair[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -190,9 +225,7 @@ def mark_for(op: str, args: Sequence[Any], kwargs: Dict[str, Any], out: Any
     if not hasattr(first, "dtype"):
         return None
     shape = tuple(int(s) for s in x.shape)
-    numel = 1
-    for size in shape:
-        numel *= size
+    numel = math.prod(shape)
     if numel == 0:
         return None  # "if (iter.numel() == 0) result.zero_()": no kernel
     dim_arg: Any = None
@@ -218,13 +251,28 @@ def mark_for(op: str, args: Sequence[Any], kwargs: Dict[str, Any], out: Any
         return None
     acc, vt0 = types
     strides = tuple(int(s) for s in x.stride())
+    offset = int(x.storage_offset())
+    converted = _converts(kind, in_dtype, out_dtype)
+    itemsize = _ITEMSIZE[out_dtype if converted else in_dtype]
+    if converted:
+        # ``Tensor::to`` keeps a dense input's strides (memory_format=preserve), else
+        # contiguous; the copy is a block of its own
+        offset = 0
+        if not _dense(shape, strides):
+            strides = tuple(_contiguous(shape))
     if kind == "arg" and dim_index is not None and dim_arg is None:
         # argmax without a dim reduces ``self.reshape({-1})`` (TensorCompare.cpp): a flat view
         shape, strides, dims = (numel,), (1,), (0,)
     outputs = len(out) if isinstance(out, (tuple, list)) else 1
-    return ReductionMark(op.split(".")[1], shape, strides, dims, int(x.storage_offset()),
-                         _ITEMSIZE[in_dtype], _ITEMSIZE[_dtype_name(first.dtype)], acc, vt0,
-                         outputs)
+    return ReductionMark(op.split(".")[1], shape, strides, dims, offset, itemsize,
+                         _ITEMSIZE[_dtype_name(first.dtype)], acc, vt0, outputs, converted)
+
+
+def _contiguous(shape: Sequence[int]) -> List[int]:
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * max(int(shape[d + 1]), 1)
+    return strides
 
 
 # -- TensorIterator, as reduce_op builds it ---------------------------------------------------------
@@ -247,10 +295,7 @@ class Geometry:
 
     @property
     def numel(self) -> int:
-        total = 1
-        for size in self.shape:
-            total *= size
-        return total
+        return math.prod(self.shape)
 
     @property
     def num_reduce_dims(self) -> int:  # TensorIteratorBase::num_reduce_dims
@@ -527,15 +572,15 @@ class Staging:
     semaphores: int
 
 
-def accumulation_buffer(mark: ReductionMark, g: Geometry) -> int:
+def accumulation_buffer(mark: ReductionMark) -> int:
     """Reduce.cuh ``AccumulationBuffer``: an iterator too large for 32-bit indexing whose output
     cannot accumulate in itself (half into half, bfloat16 into bfloat16: ``can_accumulate_in_output``
-    is false) gets a buffer of ``sizeof(arg_t)`` per output element, for all its launches."""
+    is false) gets a buffer of ``sizeof(arg_t)`` per output element, for all its launches
+    (unless ``arg_t`` is no larger than the output's type: then the output is the buffer)."""
+    g = geometry(mark)
     if g.can_use_32bit_indexing() or not (mark.itemsize == mark.out_itemsize == 2
                                           and mark.acc_bytes > mark.out_itemsize):
         return 0
-    if mark.op in ("amax", "amin", "argmax", "argmin"):
-        return 0  # arg_t is scalar_t itself (or a pair): accumulates in the output
     size = mark.out_itemsize
     for n, stride in zip(g.shape, g.out_strides):
         size = max(size, n * stride)
