@@ -149,7 +149,8 @@ def test_bf16_autocast_follows_cuda_lists(probe_run, script):
     sizes = Counter(e.size for e in allocs(bf16.trace))
     # CUDA autocast casts the 128x512 weight to bf16 once per step (cached for the region)
     assert sizes[128 * 512 * 2] >= 3
-    # cross_entropy runs in fp32 under CUDA autocast: its log-softmax of 32x10 logits is fp32
+    # CUDA autocast lists nll_loss as fp32: cross_entropy's bf16 log-softmax of the 32x10 logits
+    # is copied to fp32 for it
     assert sizes[32 * 10 * 4] >= 3
     assert sum(bytes_by_category(bf16.trace).values()) != sum(
         bytes_by_category(fp32.trace).values())
