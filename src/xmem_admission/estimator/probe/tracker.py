@@ -127,6 +127,9 @@ _BLAS_PACKETS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.
 # probe marks each one PyTorch sends to cuDNN (``conv_marks``) with its shapes, geometry, layout,
 # dtype and torch.backends.cudnn's flags; ``orchestrate`` sizes the workspace for the target GPU.
 _CONV_FORWARD = aten.convolution.default
+# Reductions that may stage partial results in global memory on a GPU (``reductions``).
+_REDUCTION_PACKETS = {getattr(aten, name.split(".")[1]) for name in REDUCTION_OPS
+                      if hasattr(aten, name.split(".")[1])}
 _CONV_BACKWARD = aten.convolution_backward.default
 
 
@@ -601,8 +604,10 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             mark = conv_mark(func, args, out)
             if mark is not None:
                 self.trace.mark(mark)
-            if str(func) in REDUCTION_OPS and self.is_cuda(args[0]):
-                # a reduction that may stage partials in global memory (``reductions``)
+            if (func.overloadpacket in _REDUCTION_PACKETS and self.is_cuda(args[0])
+                    and not is_traceable_wrapper_subclass(args[0])):
+                # a reduction that may stage partials in global memory (``reductions``); a
+                # wrapper's (DTensor's) runs as ops on its local tensors, marked themselves
                 reduction = reduction_mark(str(func), args, kwargs, out)
                 if reduction is not None:
                     self.trace.mark(reduction.label())
