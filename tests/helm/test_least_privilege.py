@@ -61,6 +61,8 @@ def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
         ("", "xmem.io", "gpumemoryestimates", "create"),
         ("", "xmem.io", "gpumemoryestimates", "update"),
         ("", "xmem.io", "gpumemoryestimates/status", "update"),
+        # the memory outside the allocator it learned, on the policy's status (issue 38)
+        ("", "xmem.io", "gpuadmissionpolicies/status", "update"),
         # blockOwnerDeletion on the estimation pods' owner reference (OpenShift's
         # OwnerReferencesPermissionEnforcement asks for it)
         ("", "xmem.io", "gpumemoryestimates/finalizers", "update"),

@@ -247,16 +247,25 @@ class PeakReader:
 
     def _hami(self, pods: Sequence[PodLifetime], deadline: float) -> Optional[ObservedPeak]:
         values: List[float] = []
+        drivers: Set[str] = set()
         for pod in pods:
             at, span = _window(pod, self.source.slack_seconds)
             selector = (f'{HAMI_USAGE}{{podnamespace="{_label_value(pod.namespace)}",'
                         f'podname="{_label_value(pod.name)}"}}')
             promql = (f"max by (podnamespace, podname, ctrname, vdeviceid, deviceuuid) "
                       f"(max_over_time({selector}[{span}]))")
-            values += [_number(s) for s in self.query(promql, at, deadline)]
+            found = self.query(promql, at, deadline)
+            values += [_number(s) for s in found]
+            uuids = sorted({s["metric"].get("deviceuuid", "") for s in found} - {""})
+            if uuids:  # HAMi's series name no driver; DCGM's series of the same device do
+                devices = _label_value("|".join(re.escape(u) for u in uuids))
+                drivers |= {str(s["metric"].get(DCGM_DRIVER) or "")[:64] for s in self.query(
+                    f'max by ({DCGM_DRIVER}) (max_over_time({DCGM_FB_USED}{{UUID=~"{devices}"}}'
+                    f"[{span}]))", at, deadline)}
         if not values:
             return None
-        return ObservedPeak(int(max(values)), Source.HAMI, len(values))
+        return ObservedPeak(int(max(values)), Source.HAMI, len(values),
+                            driver_version=_one(drivers))
 
     def _dcgm(self, pods: Sequence[PodLifetime], deadline: float) -> Optional[ObservedPeak]:
         values: List[float] = []
@@ -288,8 +297,14 @@ class PeakReader:
                 log.info("observed peak: DCGM devices of %s were shared with other pods (%d); "
                          "no figure", ", ".join(p.name for p in pods), skipped)
             return None
-        driver = drivers.pop() if len(drivers) == 1 else ""  # devices of two drivers: none
-        return ObservedPeak(int(max(values)), Source.DCGM, len(values), skipped, driver or None)
+        return ObservedPeak(int(max(values)), Source.DCGM, len(values), skipped, _one(drivers))
+
+
+def _one(drivers: Set[str]) -> Optional[str]:
+    """The driver version of a workload's devices: the one every series named, else None
+    (none named, or devices under two drivers)."""
+    named = drivers - {""}
+    return named.pop() if len(named) == 1 and len(drivers) == 1 else None
 
 
 def _error_text(exc: urllib.error.HTTPError) -> str:

@@ -19,11 +19,12 @@ Issue 31, items 1 and 2. When a workload of a kind the controller handles ends (
    (``policy.right_sizing``). For the memory outside the allocator (issue 38,
    ``controller.learned_overhead``) the run also carries the simulated reserved peak of the
    estimate it was sized from (``peakReservedBytes``) and the NVIDIA driver version it ran
-   under (``driverVersion``: DCGM's ``DCGM_FI_DRIVER_VERSION`` label, else the node's GPU
-   Feature Discovery label ``nvidia.com/cuda.driver-version.full``, written by NVIDIA's
-   k8s-device-plugin ``internal/lm/nvml.go`` at b9fe486d8b7c581e1b144ea31f0d6f6173668601,
-   ``newVersionLabeler``, else the deprecated ``nvidia.com/cuda.driver.major/minor/rev``
-   beside it); then the learned figures are recomputed.
+   under (``driverVersion``: the ``DCGM_FI_DRIVER_VERSION`` label of DCGM's series for the
+   device, ``cluster.observations``); then the learned figures are recomputed. The node's GPU
+   Feature Discovery label ``nvidia.com/cuda.driver-version.full`` (NVIDIA k8s-device-plugin
+   ``internal/lm/nvml.go`` at b9fe486d8b7c581e1b144ea31f0d6f6173668601, ``newVersionLabeler``)
+   says the same, but the controller reads no Node (least privilege: tests/helm
+   ``test_least_privilege``), so a run without DCGM series counts as driver ``unknown``.
 
 Prometheus down, slow or refusing changes nothing: the reader logs a warning and counts the
 failure (``xmem_controller_observed_peak_failures_total{reason}``), no run is written and the
@@ -50,15 +51,12 @@ from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.observations import ObservedPeak, PodLifetime
 from xmem_admission.cluster.policy import sizing
-from xmem_admission.contract.errors import KubeApiError, KubeUnavailable, QuantityError
+from xmem_admission.contract.errors import QuantityError
 
 log = logging.getLogger(__name__)
 
 COMPLETED, FAILED = "Completed", "Failed"
 AVOIDED = "OutOfGPUMemoryAvoided"  # the Event's reason
-GFD_DRIVER = "nvidia.com/cuda.driver-version.full"  # GPU Feature Discovery (see above)
-GFD_DRIVER_PARTS = ("nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor",
-                    "nvidia.com/cuda.driver.rev")  # its deprecated labels, same values
 MAX_LOOKED = 100_000  # uids remembered as looked at; past it the set starts over (a few
 # workloads are then looked at once more: a read, never a write without a figure)
 
@@ -151,26 +149,6 @@ def _reserved(gme: Obj, gpu: Optional[str], estimate: Optional[int]) -> Optional
     return None
 
 
-def driver_version(ctx: Context, pods: List[Obj], peak: Optional[ObservedPeak]) -> Optional[str]:
-    """The NVIDIA driver the workload ran under: DCGM's label, else its node's GPU Feature
-    Discovery labels (None when neither says; a node that cannot be read says nothing)."""
-    if peak is not None and peak.driver_version:
-        return peak.driver_version
-    for name in sorted({str((p.get("spec") or {}).get("nodeName") or "") for p in pods} - {""}):
-        try:
-            node_labels = (ctx.kube.node(name).get("metadata") or {}).get("labels") or {}
-        except (KubeApiError, KubeUnavailable) as exc:
-            log.debug("node %s not read for its driver version: %s", name, exc)
-            continue
-        full = node_labels.get(GFD_DRIVER)
-        if not full:
-            parts = [node_labels.get(k) for k in GFD_DRIVER_PARTS]
-            full = ".".join(p for p in parts if p) if parts[0] and parts[1] else ""
-        if isinstance(full, str) and full:
-            return full[:64]
-    return None
-
-
 def _sizing(gme: Obj, pods: List[Obj]) -> Tuple[Optional[str], Optional[int], Optional[int]]:
     """(GPU model, estimate it was sized from, largest request) of the workload's pods."""
     gpu: Optional[str] = None
@@ -240,7 +218,7 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
                 _look(ctx, uid)  # the reader warned and counted it; nothing else changes
             else:
                 gpu, estimate, request = _sizing(gme, pods)
-                driver = driver_version(ctx, pods, peak) if peak is not None else None
+                driver = peak.driver_version if peak is not None else None
                 status = records.with_run(status, run_entry(
                     obj, kind, completed, gpu, estimate, request, len(lifetimes), peak,
                     records.stamp(ctx.now()), _reserved(gme, gpu, estimate), driver))

@@ -189,10 +189,6 @@ class Kube:
         return self.request(self.custom.get_cluster_custom_object, kind.group, kind.version,
                             kind.plural, name)
 
-    def node(self, name: str) -> Obj:
-        """GET a Node (its labels: the driver version GPU Feature Discovery writes)."""
-        return self.request(self.core.read_node, name)
-
     def replace_cluster_status(self, kind: Kind, obj: Obj) -> Obj:
         """PUT a cluster-scoped custom resource's status, with its resourceVersion."""
         return self.request(self.custom.replace_cluster_custom_object_status, kind.group,
