@@ -38,7 +38,8 @@ SCRAPES = 9  # scrapes to wait for: every spike, and a few lower values after it
 FAILURES = "xmem_controller_observed_peak_failures_total"
 A, B, C, D = (f"GPU-5fd4e2a4-1c0b-7b52-2f0a-3e61c0d2a9{n}" for n in ("0a", "0b", "0c", "0d"))
 DCGM_LABELS = 'gpu="{gpu}",UUID="{uuid}",pci_bus_id="00000000:07:00.0",device="nvidia{gpu}",' \
-              'modelName="NVIDIA A100-SXM4-80GB",Hostname="gpu-node-1"'
+              'modelName="NVIDIA A100-SXM4-80GB",Hostname="gpu-node-1",' \
+              'DCGM_FI_DRIVER_VERSION="580.159.04"'
 
 
 def exposition(n: int) -> str:
@@ -112,6 +113,7 @@ def test_the_peak_of_a_pod_alone_on_its_gpu_is_the_spike_an_instant_query_misses
     assert [float(s["value"][1]) for s in instant] == [1000.0]  # the latest value: no spike
     assert peak is not None and peak.source is Source.DCGM
     assert peak.peak_bytes == 7000 * MiB and peak.series == 1
+    assert peak.driver_version == "580.159.04"  # dcgm-exporter's label on every series
     assert registry.get_sample_value("xmem_controller_observed_peaks_total",
                                      {"source": "dcgm"}) == 1
 
@@ -146,6 +148,7 @@ def test_hamis_per_container_series_come_before_the_shared_cards_dcgm_figure(scr
 
     assert peak is not None and peak.source is Source.HAMI
     assert peak.peak_bytes == 6 * GiB and peak.series == 1
+    assert peak.driver_version == "580.159.04"  # from DCGM's series of the same device
 
 
 def test_a_workloads_peak_is_the_largest_of_its_pods(scraped):
