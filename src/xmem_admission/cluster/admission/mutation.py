@@ -186,7 +186,7 @@ def annotate_plan(draft: Draft, ref: TemplateRef, plan: Plan) -> None:
 def apply_backend(draft: Draft, template: GpuTemplate, plan: Plan) -> List[str]:
     """Write the plan's request in the target's backend form; returns warning lines."""
     ref, containers = template
-    backend = backends.for_name(plan.target.backend)
+    backend = backends.for_target(plan.target)
     applied = backend.apply(draft, ref, containers, plan.request_bytes, plan.target.gpu)
     lines = list(applied.warnings)
     if applied.written:
@@ -221,7 +221,7 @@ def grow_after_oom(draft: Draft, template: GpuTemplate, plan: Plan,
         return plan, []
     ref, containers = template
     gpu = plan.target.gpu
-    backend = backends.for_name(plan.target.backend)
+    backend = backends.for_target(plan.target)
     pending = {slot for slot, _, _ in backend.pending(ref, containers, gpu)}
     carrying = [c for c in containers if c[0] not in pending]
     lines: List[str] = []

@@ -206,7 +206,7 @@ def _requests(draft_obj: Obj, workload: Workload, plans: List[Optional[Plan]]) -
     for (ref, containers), plan in zip(gpu_templates(workload.integration, draft_obj), plans):
         if plan is None:
             continue
-        applied = backends.for_name(plan.target.backend).apply(
+        applied = backends.for_target(plan.target).apply(
             draft, ref, containers, plan.request_bytes, plan.target.gpu)
         out.extend(applied.written or [f"{labels.REQUEST_BYTES} {plan.request_bytes}"])
     return list(dict.fromkeys(out))

@@ -42,6 +42,7 @@ class BackendName(str, enum.Enum):
     KAI = "kai"
     MIG_MIXED = "mig-mixed"
     MIG_SINGLE = "mig-single"
+    DRA = "dra"  # a resource.k8s.io/v1 claim (docs/dra.md; settings: spec.dra)
 
 
 class Enforcement(str, enum.Enum):
@@ -75,12 +76,54 @@ class FailureAction(str, enum.Enum):
     HOLD = "Hold"  # keep it held (until maxHoldSeconds) and report
 
 
+class DraDriver(str, enum.Enum):
+    """Whose DRA conventions a claim follows (``backends/dra.py`` cites each driver's slices)."""
+
+    NVIDIA = "nvidia"  # sigs.k8s.io/dra-driver-nvidia-gpu, shared GPUs (ConsumableShares memory)
+    NVIDIA_MIG = "nvidia-mig"  # the same driver's MIG devices, chosen by their memory capacity
+    HAMI = "hami"  # Project-HAMi/k8s-dra-driver: memory and cores, enforced by HAMi-core
+
+
+class ExistingClaim(str, enum.Enum):
+    """What the webhook does with a GPU container that already references a claim."""
+
+    LEAVE = "Leave"  # keep the user's claim; the Event says it was left
+    REPLACE = "Replace"  # point that claim at xmem's template, sized by the estimate
+
+
+class DraFallback(str, enum.Enum):
+    """What the controller does when the policy's DeviceClass has no shareable device with a
+    ``memory`` capacity (a claim would never be allocated)."""
+
+    RELEASE = "Release"  # release it as it was written (whole GPUs), with a Warning Event
+    HOLD = "Hold"  # keep it held (until maxHoldSeconds), with a Warning Event
+
+
+# The DeviceClass each driver's chart installs (dra-driver-nvidia-gpu deployments/helm:
+# gpu.nvidia.com, mig.nvidia.com; HAMi k8s-dra-driver demo: hami-core-gpu.project-hami.io).
+DRA_CLASSES = {DraDriver.NVIDIA: "gpu.nvidia.com", DraDriver.NVIDIA_MIG: "mig.nvidia.com",
+               DraDriver.HAMI: "hami-core-gpu.project-hami.io"}
+
+
+@dataclass(frozen=True)
+class Dra:
+    """``spec.dra``: how the ``dra`` backend writes a claim (``docs/dra.md``)."""
+
+    driver: DraDriver = DraDriver.NVIDIA
+    device_class: str = DRA_CLASSES[DraDriver.NVIDIA]
+    pin_product: bool = True  # a CEL selector on productName for the estimated GPU model
+    existing_claim: ExistingClaim = ExistingClaim.LEAVE
+    fallback: DraFallback = DraFallback.RELEASE
+    cores_percent: Optional[int] = None  # HAMi only: capacity ``cores`` (percent of the SMs)
+
+
 @dataclass(frozen=True)
 class Target:
     """A GPU model workloads may run on, and the backend its requests are written for."""
 
     gpu: gpus.GPU
     backend: BackendName
+    dra: Optional[Dra] = None  # the claim's settings, for backend dra
 
 
 @dataclass(frozen=True)
@@ -211,7 +254,7 @@ class Settings:
 SPEC_FIELDS = (
     "enabled", "targets", "safetyMarginPercent", "overcommitPercent", "minimumRequest",
     "granularity", "enforcement", "onEstimationFailure", "estimation", "untrustedAnnotations",
-    "integration", "oomRetry", "rightSizing",
+    "integration", "oomRetry", "rightSizing", "dra",
 )
 # spec only, never in an override (learnedOverhead: what a GPU model and driver keep outside the
 # allocator is no namespace's)
@@ -233,6 +276,7 @@ DEFAULTS: Dict[str, Any] = {
     "integration": IntegrationMode.SUSPEND.value,
     "oomRetry": {},
     "rightSizing": {},
+    "dra": {},
 }
 # Bounds that keep arithmetic on policy input finite: a retry grows at most elevenfold per OOM,
 # and at most the last 100 runs of a fingerprint count (choices of this project).
@@ -429,6 +473,33 @@ def _right_sizing(raw: Any, where: str) -> RightSizing:
     return RightSizing(runs=runs, lower_requests=lower, prometheus=prometheus)
 
 
+def _dra(raw: Any, where: str) -> Dra:
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be an object")
+    _check_keys(raw, ("driver", "deviceClass", "pinProduct", "existingClaim", "fallback",
+                      "cores"), where)
+    driver = _enum(DraDriver, raw.get("driver", DraDriver.NVIDIA.value), f"{where}.driver")
+    device_class = raw.get("deviceClass", DRA_CLASSES[driver])
+    # A DeviceClass name is a DNS subdomain (resource.k8s.io/v1 ObjectMeta): at most 253.
+    if not isinstance(device_class, str) or not device_class or len(device_class) > 253:
+        raise _fail(f"{where}.deviceClass", f"must be a DeviceClass name, got {device_class!r}")
+    pin = raw.get("pinProduct", True)
+    if not isinstance(pin, bool):
+        raise _fail(f"{where}.pinProduct", "must be true or false")
+    cores = raw.get("cores")
+    if cores is not None:
+        if driver is not DraDriver.HAMI:
+            raise _fail(f"{where}.cores", "is HAMi's capacity (driver: hami) only")
+        # HAMi-core's SM limit is a percentage (CUDA_DEVICE_SM_LIMIT, HAMi-core README).
+        if _int(cores, f"{where}.cores", 1) > 100:
+            raise _fail(f"{where}.cores", f"must be a percentage, at most 100, got {cores}")
+    return Dra(driver=driver, device_class=device_class, pin_product=pin,
+               existing_claim=_enum(ExistingClaim, raw.get("existingClaim", "Leave"),
+                                    f"{where}.existingClaim"),
+               fallback=_enum(DraFallback, raw.get("fallback", "Release"), f"{where}.fallback"),
+               cores_percent=cores)
+
+
 def _learned_overhead(raw: Any, where: str) -> LearnedOverhead:
     if not isinstance(raw, dict):
         raise _fail(where, "must be an object")
@@ -528,9 +599,17 @@ def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
     oom_retry = _oom_retry(raw["oomRetry"], at("oomRetry"))
     if oom_retry.max_request_bytes is not None and oom_retry.max_request_bytes < minimum:
         raise _fail(at("oomRetry") + ".maxRequest", "is below minimumRequest: no retry could grow")
+    dra = _dra(raw["dra"], at("dra"))
+    targets = tuple(dataclasses.replace(t, dra=dra) if t.backend is BackendName.DRA else t
+                    for t in _targets(raw["targets"], at("targets")))
+    if dra.driver is DraDriver.NVIDIA_MIG:
+        for index, target in enumerate(targets):
+            if target.backend is BackendName.DRA and not target.gpu.mig_profiles:
+                raise _fail(f"{at('targets')}[{index}].backend",
+                            f"{target.gpu.key} has no MIG profiles (spec.dra.driver nvidia-mig)")
     return Settings(
         enabled=enabled,
-        targets=_targets(raw["targets"], at("targets")),
+        targets=targets,
         safety_margin_percent=_number(raw["safetyMarginPercent"], at("safetyMarginPercent"), 0, 100),
         overcommit_percent=_number(
             raw["overcommitPercent"], at("overcommitPercent"), 0, 100, high_open=True
