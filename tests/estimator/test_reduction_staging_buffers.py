@@ -185,3 +185,11 @@ def test_a_bfloat16_sum_too_large_for_32_bit_indexing_accumulates_in_a_float_buf
     assert reductions.accumulation_buffer(mark) == 1024 * 4
     assert reductions.accumulation_buffer(_bias_grad(2**21, 1024)) == 0  # float into float
     assert len(staging_blocks(mark, _h200())) == 2
+
+
+def test_the_staging_is_taken_on_the_stream_the_reduction_runs_on():
+    trace = Trace()
+    trace.alloc(1, 12288, stream=3, phase="backward")  # the output, made on a side stream
+    trace.mark(_bias_grad(6304, 3072).label())
+    out = for_gpu(trace, H200, env={})
+    assert {e.stream for e in out.events if e.op == "alloc"} == {3}

@@ -339,6 +339,8 @@ class _ReductionStaging:
             return
         phase = f"{reductions.PREFIX}{mark.op}"
         events = stream.events
+        # the kernel's stream: the reduction's output is the block made just before the mark
+        on = next((e.stream for e in reversed(events[-64:]) if e.op == ALLOC), 0)
         # held across every launch: the converted input (the iterator's, freed last) and the
         # accumulation buffer of an iterator split for 32-bit indexing (gpu_reduce_kernel's)
         held: List[int] = []
@@ -346,15 +348,15 @@ class _ReductionStaging:
                                (reductions.accumulation_buffer(mark), stream.category)):
             if size > 0:
                 held.append(stream.next_id)
-                events.append(Alloc(ALLOC, stream.next_id, size, 0, category, phase))
+                events.append(Alloc(ALLOC, stream.next_id, size, on, category, phase))
                 stream.next_id += 1
         self.copies += 1 if mark.copy_bytes else 0
         for staging in (reductions.staging_blocks(mark, self.device)
                         if self.device is not None else []):
             buffer, semaphores = stream.next_id, stream.next_id + 1
             stream.next_id += 2
-            events.append(Alloc(ALLOC, buffer, staging.buffer, 0, stream.category, phase))
-            events.append(Alloc(ALLOC, semaphores, staging.semaphores, 0, stream.category, phase))
+            events.append(Alloc(ALLOC, buffer, staging.buffer, on, stream.category, phase))
+            events.append(Alloc(ALLOC, semaphores, staging.semaphores, on, stream.category, phase))
             events.append(Free(FREE, semaphores))
             events.append(Free(FREE, buffer))
             self.launches += 1
