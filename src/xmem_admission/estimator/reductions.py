@@ -35,6 +35,13 @@ element size, the size of the kernel's accumulator type ``arg_t``, its unroll fa
 kernel does): ``x``, ``s`` and ``b`` then describe that copy, allocated after the output and
 held until the reduction returns (the iterator owns it).
 
+The rules are torch 2.11's; the headers of 2.14 and 2.15 set the same configuration (2.15
+writes ``ctas_per_output`` as a ``std::clamp`` of the same three figures). torch 2.2's header
+differs in one place: it vectorizes along the input only where ``dim0 > 128`` and ``vt0 >= 4``
+(here: ``dim0 >= 128``, any ``vt0``), which changes the blocks of a reduction along the fastest
+dimension with exactly 128 values per output or of ``var``/``std`` there; which release between
+the two changed it is not checked, so every trace is sized by 2.11's rule.
+
 Not modelled: reductions that do not reach ``gpu_reduce_kernel`` (softmax, cross entropy,
 ``native_layer_norm_backward``'s weight and bias gradients: their own kernels); ``any``/``all``;
 complex inputs.
