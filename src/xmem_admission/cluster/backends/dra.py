@@ -132,14 +132,17 @@ def round_up(request_bytes: int, policy: Optional[Mapping[str, int]],
 
 def mig_bounds(gpu: gpus.GPU, request_bytes: int) -> Optional[tuple[int, Optional[int]]]:
     """(least, below) memory of the MIG devices that are the smallest to hold the request: at
-    least the request, and less than the next larger slice size of the GPU (None: no bound).
-    None when no slice of the GPU holds it."""
+    least the request, and below the midpoint between that slice size and the next larger one
+    of the GPU (None: no bound). The midpoint, not the next size itself, because the catalogue's
+    slice figures (``nvidia-smi mig -lgip``, rounded to 0.01 GiB in gpus.py) and the driver's
+    published ``memory`` (the profile's MemorySizeMB) may differ by a few MiB. None when no
+    slice of the GPU holds it."""
     profile = gpus.smallest_mig_profile(gpu, request_bytes)
     if profile is None:
         return None
     larger = sorted({p.memory_bytes for p in gpu.mig_profiles if p.memory_bytes >
                      profile.memory_bytes})
-    return request_bytes, (larger[0] if larger else None)
+    return request_bytes, ((profile.memory_bytes + larger[0]) // 2 if larger else None)
 
 
 def selectors(dra: Dra, gpu: gpus.GPU, request_bytes: int) -> List[Dict[str, Any]]:
@@ -181,8 +184,7 @@ def claim_template(namespace: str, owner: Mapping[str, Any], request_bytes: int,
             "name": template_name(meta["name"], request_bytes, count), "namespace": namespace,
             "labels": {"app.kubernetes.io/managed-by": "xmem-admission"},
             "ownerReferences": [{"apiVersion": owner.get("apiVersion"), "kind": owner.get("kind"),
-                                 "name": meta["name"], "uid": meta.get("uid"),
-                                 "blockOwnerDeletion": True}],
+                                 "name": meta["name"], "uid": meta.get("uid")}],
         },
         "spec": {"spec": {"devices": {"requests": [{"name": REQUEST, "exactly": exactly}]}}},
     }

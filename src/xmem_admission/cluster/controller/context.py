@@ -60,6 +60,7 @@ class Context:
     max_attempts: int = 3  # estimation pods per attempt lost to eviction or deletion
     now: Callable[[], datetime.datetime] = utcnow
     sized_pods: Optional[Informer] = None  # pods of opted-in workloads (``oom_retries``)
+    devices: Optional[Any] = None  # a dra_claims.DeviceView: the cluster's DRA devices
     # Finished workloads (uids) looked at with nothing to record: no sized pod, or Prometheus
     # failed (a warning and a metric; never retried, never a write): ``observed_peaks``.
     looked: Set[str] = field(default_factory=set)

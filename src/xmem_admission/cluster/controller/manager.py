@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import (
     admission_checks,
+    dra_claims,
     estimation_pods,
     learned_overhead,
     observed_peaks,
@@ -87,6 +88,7 @@ class Controller:
             log_lines=log_lines, deadline_slack=deadline_slack,
             sized_pods=Informer(kube, POD, self._on_sized_pod,
                                 label_selector=SIZED_POD_SELECTOR),
+            devices=dra_claims.DeviceView.of(kube),
         )
         # Kueue's AdmissionCheck (admission_checks), served under this controllerName when set.
         self.kueue_check = kueue_check
@@ -152,8 +154,12 @@ class Controller:
         kueue: List[Informer] = [i for i in (self.admission_checks, self.kueue_workloads)
                                  if i is not None]
         sized = [self.ctx.sized_pods] if self.ctx.sized_pods is not None else []
+        # ResourceSlices and DeviceClasses: not waited for (a cluster without resource.k8s.io/v1
+        # or without any DRA driver is no stop; the dra backend then writes unrounded claims).
+        devices = self.ctx.devices.informers() if self.ctx.devices is not None else []
         return [w.informer for w in self.ctx.workloads.values()] + [self.ctx.estimates,
-                                                                    self.ctx.pods] + sized + kueue
+                                                                    self.ctx.pods] + sized + \
+            kueue + devices
 
     def start(self) -> Controller:
         self._stop.clear()

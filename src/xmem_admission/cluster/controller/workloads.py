@@ -30,14 +30,19 @@ import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 from xmem_admission.cluster import backends, labels
-from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.controller import dra_claims, records
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.integrations import GpuTemplate, gpu_templates
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.policy import fingerprint, sizing
-from xmem_admission.cluster.policy.model import Estimation, FailureAction, Settings
+from xmem_admission.cluster.policy.model import (
+    DraFallback,
+    Estimation,
+    FailureAction,
+    Settings,
+)
 from xmem_admission.cluster.policy.sizing import Plan
 from xmem_admission.contract.errors import InvalidObjectError
 
@@ -222,6 +227,9 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     plans, misfit = plans_for(workload.integration, new, record, settings)
     if misfit:
         return _fail(ctx, workload, obj, settings, "FitsNoGPU", misfit, deadline)
+    unsatisfiable = dra_claims.prepare(ctx.kube, ctx.devices, workload.integration, obj, plans)
+    if unsatisfiable:
+        return _no_device(ctx, workload, obj, settings, unsatisfiable, deadline)
     for (ref, _containers), plan in zip(gpu_templates(workload.integration, new), plans):
         if plan is not None:
             _annotate(new, ref.path, plan.annotations())
@@ -244,6 +252,28 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     if labels.USER_SUSPENDED in annotations_of(obj):
         message += " (left suspended, as its owner had it)"
     ctx.emit(obj, "Normal", "Estimated", f"xmem: {message}")
+    return None
+
+
+def _no_device(ctx: Context, workload: Workload, obj: Obj, settings: Settings, why: str,
+               deadline: datetime.datetime) -> Optional[float]:
+    """No device of the policy's DeviceClass could ever hold the claim (``dra_claims``): the
+    workload is not released with it. ``spec.dra.fallback`` Hold keeps it held (until
+    maxHoldSeconds), Release releases it as written; the workload's ``xmem.io/dra-unsatisfiable``
+    annotation and a Warning Event say why."""
+    dra = next((t.dra for t in settings.targets if t.dra is not None), None)
+    hold = dra is not None and dra.fallback is DraFallback.HOLD and ctx.now() < deadline
+    new = copy.deepcopy(obj) if hold else _released(workload, obj)
+    new["metadata"].setdefault("annotations", {})[dra_claims.UNSATISFIABLE] = why[:500]
+    if hold and annotations_of(obj).get(dra_claims.UNSATISFIABLE) == why[:500]:
+        return 30.0  # said already; look again as devices come and go
+    _write(ctx, workload, new)
+    tail = f"kept held until {records.stamp(deadline)} (policy spec.dra.fallback: Hold)" if hold \
+        else "released as written, without a claim (policy spec.dra.fallback: Release)"
+    ctx.emit(obj, "Warning", "NoShareableDevice", f"xmem: no claim written: {why}; {tail}")
+    if hold:
+        return 30.0
+    ctx.metrics.released.labels(workload.kind.kind, "unchanged").inc()
     return None
 
 

@@ -1,0 +1,205 @@
+"""Look before writing a claim: the cluster's DRA devices, and the templates the pods will use.
+
+``DeviceView`` mirrors the cluster's ResourceSlices and DeviceClasses (``resource.k8s.io/v1``,
+cluster-scoped; two informers, list and watch). For the policy's DeviceClass it says which
+devices a claim could get: for the shared forms (``nvidia``, ``hami``) devices published with
+``allowMultipleAllocations: true`` and a ``memory`` capacity (KEP-5075 consumable capacity), for
+``nvidia-mig`` MIG devices whose ``memory`` is within the bounds the claim selects; of the
+estimated GPU model where the policy pins it (attribute ``productName`` under the driver's
+domain). The request is rounded up to the device's ``requestPolicy`` as the scheduler will
+(``backends.dra.round_up``), so the template asks what the allocation will record.
+
+Which devices a DeviceClass holds is read from its CEL selectors' plain clauses
+(``device.driver == "..."`` and ``device.attributes["..."].<name> == "..."``); a clause of any
+other shape is not evaluated here, so the view errs towards "a device exists", never towards
+holding a workload that the scheduler could place.
+
+``prepare`` runs at release, before the workload is unsuspended: the ResourceClaimTemplate of
+every GPU pod template is created (owned by the workload; one that exists is kept), or, when the
+class has no device that could ever hold the request, the reason is returned and the policy's
+``spec.dra.fallback`` applies (``workloads``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from xmem_admission.cluster.backends import dra
+from xmem_admission.cluster.integrations import gpu_templates
+from xmem_admission.cluster.kube import quantity
+from xmem_admission.cluster.kube.client import Kind, Kube, Obj
+from xmem_admission.cluster.kube.informer import Informer
+from xmem_admission.cluster.kube.quantity import gib
+from xmem_admission.cluster.policy.model import BackendName, Dra, DraDriver
+from xmem_admission.cluster.policy.sizing import Plan
+from xmem_admission.contract import gpus
+from xmem_admission.contract.errors import KubeApiError, QuantityError
+
+RESOURCE_SLICE = Kind("resource.k8s.io", "v1", "resourceslices", "ResourceSlice")
+DEVICE_CLASS = Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass")
+CLAIM_TEMPLATE = Kind("resource.k8s.io", "v1", "resourceclaimtemplates",
+                      "ResourceClaimTemplate")
+# The workload annotation that says why no claim was written (the workload's condition).
+UNSATISFIABLE = "xmem.io/dra-unsatisfiable"
+
+_DRIVER = re.compile(r"""device\.driver\s*==\s*["']([^"']+)["']""")
+_ATTRIBUTE = re.compile(
+    r"""device\.attributes\[\s*["']([^"']+)["']\s*\]\.(\w+)\s*==\s*["']([^"']*)["']""")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of a ResourceSlice, as far as a memory claim cares."""
+
+    driver: str
+    name: str
+    attributes: Mapping[str, Any]  # unqualified name -> plain value
+    memory: Optional[int]  # capacity "memory" in bytes
+    shared: bool  # allowMultipleAllocations
+    policy: Optional[Mapping[str, int]]  # validRange min/max/step, in bytes
+    valid_values: Tuple[int, ...]
+
+
+def _bytes(value: Any) -> Optional[int]:
+    try:
+        return quantity.parse_bytes(value)
+    except QuantityError:
+        return None
+
+
+def _attribute(raw: Any) -> Any:
+    """A DeviceAttribute's value (v1: exactly one of int, bool, string, version)."""
+    if isinstance(raw, dict):
+        for key in ("string", "int", "bool", "version"):
+            if key in raw:
+                return raw[key]
+    return None
+
+
+def devices_of(slice_: Obj) -> List[Device]:
+    """The devices a ResourceSlice publishes (``spec.devices``)."""
+    spec = slice_.get("spec") or {}
+    driver = str(spec.get("driver") or "")
+    out = []
+    for raw in spec.get("devices") or []:
+        if not isinstance(raw, dict):
+            continue
+        attributes = {str(k).rsplit("/", 1)[-1]: _attribute(v)
+                      for k, v in (raw.get("attributes") or {}).items()}
+        capacity = (raw.get("capacity") or {}).get("memory") or {}
+        request_policy = capacity.get("requestPolicy") or {}
+        valid_range = request_policy.get("validRange") or {}
+        bounds = {k: _bytes(valid_range[k]) for k in ("min", "max", "step") if k in valid_range}
+        out.append(Device(
+            driver=driver, name=str(raw.get("name") or ""), attributes=attributes,
+            memory=_bytes(capacity["value"]) if "value" in capacity else None,
+            shared=raw.get("allowMultipleAllocations") is True,
+            policy={k: v for k, v in bounds.items() if v is not None} or None,
+            valid_values=tuple(v for v in (_bytes(x) for x in
+                                           request_policy.get("validValues") or [])
+                               if v is not None),
+        ))
+    return out
+
+
+def in_class(device: Device, device_class: Obj) -> bool:
+    """Whether the class's plain selector clauses let the device through (see the module)."""
+    for selector in (device_class.get("spec") or {}).get("selectors") or []:
+        expression = str(((selector or {}).get("cel") or {}).get("expression") or "")
+        for driver in _DRIVER.findall(expression):
+            if driver != device.driver:
+                return False
+        for domain, name, value in _ATTRIBUTE.findall(expression):
+            if domain == device.driver and str(device.attributes.get(name)) != value:
+                return False
+    return True
+
+
+class DeviceView:
+    """The cluster's ResourceSlices and DeviceClasses, mirrored by two informers."""
+
+    def __init__(self, slices: Informer, classes: Informer):
+        self.slices = slices
+        self.classes = classes
+
+    @classmethod
+    def of(cls, kube: Kube) -> DeviceView:
+        return cls(Informer(kube, RESOURCE_SLICE), Informer(kube, DEVICE_CLASS))
+
+    def informers(self) -> List[Informer]:
+        return [self.slices, self.classes]
+
+    def capacity(self, target_dra: Dra, gpu: gpus.GPU, request_bytes: int) -> Tuple[Optional[int], str]:
+        """(what the claim asks, '') when a device of the class could hold the request, else
+        (None, why not). The asked figure is the request rounded up to the device's request
+        policy (None for the MIG form, which asks no capacity)."""
+        name = target_dra.device_class
+        device_class = self.classes.get("", name)
+        if device_class is None:
+            return None, f"DeviceClass {name} does not exist"
+        domain = dra.DOMAINS[target_dra.driver]
+        listed = [d for s in self.slices.items() for d in devices_of(s)]
+        members = [d for d in listed if in_class(d, device_class)]
+        if target_dra.pin_product:
+            members = [d for d in members if d.driver != domain or
+                       d.attributes.get("productName") == gpu.cuda_name]
+        of = f" of model {gpu.cuda_name!r}" if target_dra.pin_product else ""
+        if target_dra.driver is DraDriver.NVIDIA_MIG:
+            bounds = dra.mig_bounds(gpu, request_bytes)
+            for device in members:
+                if device.memory is not None and bounds is not None and \
+                        device.memory >= bounds[0] and (bounds[1] is None or
+                                                        device.memory < bounds[1]):
+                    return None, ""
+            return None, (f"DeviceClass {name} has no MIG device{of} with memory between "
+                          f"{gib(request_bytes)} GiB and the next larger slice "
+                          f"({len(members)} devices in its ResourceSlices)")
+        asks = []
+        for device in members:
+            if not device.shared or device.memory is None:
+                continue
+            rounded = dra.round_up(request_bytes, device.policy, device.valid_values)
+            if rounded is not None and rounded <= device.memory:
+                asks.append(rounded)
+        if asks:
+            return max(asks), ""
+        return None, (f"DeviceClass {name} has no shareable device (allowMultipleAllocations "
+                      f"with a memory capacity){of} that holds {gib(request_bytes)} GiB "
+                      f"({len(members)} devices in its ResourceSlices)")
+
+
+def dra_plans(integration: Any, obj: Obj, plans: Sequence[Optional[Plan]]
+              ) -> List[Tuple[Plan, Dra, int]]:
+    """(plan, its claim settings, GPUs per pod) for every pod template sized by ``dra``."""
+    out = []
+    for (_ref, containers), plan in zip(gpu_templates(integration, obj), plans):
+        if plan is None or plan.target.backend is not BackendName.DRA or plan.target.dra is None:
+            continue
+        out.append((plan, plan.target.dra, max(c[2] for c in containers)))
+    return out
+
+
+def prepare(kube: Kube, view: Optional[DeviceView], integration: Any, obj: Obj,
+            plans: Sequence[Optional[Plan]]) -> str:
+    """Create the ResourceClaimTemplates a released workload's pods will reference; returns
+    why none could be allocated ('' when every claim can be, or none is needed)."""
+    made: Dict[str, Obj] = {}
+    namespace = obj["metadata"]["namespace"]
+    for plan, settings, count in dra_plans(integration, obj, plans):
+        asked: Optional[int] = None
+        if view is not None:
+            asked, why = view.capacity(settings, plan.target.gpu, plan.request_bytes)
+            if why:
+                return why
+        body = dra.claim_template(namespace, obj, plan.request_bytes, count, plan.target.gpu,
+                                  settings, asked)
+        made[body["metadata"]["name"]] = body
+    for body in made.values():
+        try:
+            kube.create(CLAIM_TEMPLATE, namespace, body)
+        except KubeApiError as exc:
+            if not exc.already_exists:  # made at an earlier release of the same workload
+                raise
+    return ""
