@@ -161,6 +161,12 @@ def test_jobs_that_used_more_outside_the_allocator_move_the_next_new_jobs_reques
         assert learned["gpu"] == GPU and learned["driverVersion"] == DRIVER
         assert learned["jobs"] == 2 and learned["namespaces"] == 1
         assert 0 <= learned["outsideAllocatorBytes"] - (own + EXTRA) < MiB  # DCGM's MiB
+        listed = subprocess.run(
+            [tool("kubectl"), "--kubeconfig", str(cluster.plane.admin_kubeconfig), "get", "gap",
+             xmem.policy_name], capture_output=True, text=True, timeout=60, check=True).stdout
+        assert "LEARNED" in listed.splitlines()[0].split()
+        assert f"{GPU}/{DRIVER} {round(learned['outsideAllocatorBytes'] / MiB)}Mi (2 jobs)" \
+            in listed.splitlines()[1]
         port = _metrics_port(xmem, name)
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert metric_sum(text, "xmem_controller_learned_overhead_bytes", gpu_model=GPU,
