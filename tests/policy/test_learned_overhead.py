@@ -244,3 +244,13 @@ def test_the_figures_come_from_the_policys_status_and_malformed_ones_are_skipped
 
     assert policy.for_namespace("any").learned_overhead.figures == (
         OverheadFigure("H200", "580.159.04", 770 * MiB, 7, 2),)
+
+
+def test_an_estimate_the_learned_figure_pushes_past_the_gpu_fits_no_gpu_and_says_by_how_much():
+    settings = settings_with([OverheadFigure("H200", "580.159.04", 770 * MiB, 7, 3)])
+    capacity = settings.targets[0].gpu.capacity_bytes
+    near = record((capacity - 100 * MiB) / GiB)  # fits on its own, not with 470 MiB more
+
+    assert sizing.plan(near, settings_with()) is not None
+    assert sizing.plan(near, settings) is None
+    assert "short by 0.4 GiB" in sizing.misfit(near, settings)

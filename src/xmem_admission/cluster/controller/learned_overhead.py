@@ -30,6 +30,7 @@ from xmem_admission.cluster.policy.overhead import UNKNOWN_DRIVER, Sample, descr
 from xmem_admission.contract.errors import KubeApiError
 
 log = logging.getLogger(__name__)
+_unwritten: Dict[str, Tuple[OverheadFigure, ...]] = {}  # per policy name: said once, not per pass
 
 
 def _count(value: Any) -> Optional[int]:
@@ -84,8 +85,10 @@ def reconcile(ctx: Context) -> Optional[float]:
         obj = ctx.kube.get_cluster(POLICY, policy.name)
     except KubeApiError as exc:
         if exc.not_found:  # a policy from a file (``--policy``): nothing to write it on
-            log.info("learned overhead not written: no GPUAdmissionPolicy %r (%s)",
-                     policy.name, "; ".join(describe(f) for f in figures) or "none")
+            if _unwritten.get(policy.name) != figures:
+                log.info("learned overhead not written: no GPUAdmissionPolicy %r (%s)",
+                         policy.name, "; ".join(describe(f) for f in figures) or "none")
+                _unwritten[policy.name] = figures
             return None
         raise
     status = dict(obj.get("status") or {}, learnedOverhead=status_entries(figures),

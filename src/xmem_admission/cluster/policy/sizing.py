@@ -47,7 +47,7 @@ from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.quantity import ceil_div, gib
 from xmem_admission.cluster.policy import overhead, right_sizing
 from xmem_admission.cluster.policy.model import Settings, Target
-from xmem_admission.cluster.policy.store import EstimateRecord
+from xmem_admission.cluster.policy.store import EstimateRecord, GPUEstimate
 from xmem_admission.contract import gpus
 from xmem_admission.contract.errors import UnknownGPUError
 
@@ -166,6 +166,14 @@ def covered(record: EstimateRecord, settings: Settings) -> bool:
     return any(record.for_gpu(key) is not None for key in settings.gpu_keys)
 
 
+def _needed(record: EstimateRecord, estimate: GPUEstimate, settings: Settings) -> int:
+    """What ``plan`` holds against a GPU's capacity: the estimate, with the memory outside the
+    allocator pinned or learned unless the workload's own runs size it."""
+    if settings.right_sizing.runs > 0 and any(r.gpu == estimate.gpu for r in record.runs):
+        return estimate.total_bytes
+    return overhead.corrected_total(estimate, settings.learned_overhead)[0]
+
+
 def misfit(record: EstimateRecord, settings: Settings) -> str:
     """Why an estimate fits no GPU of the policy, by how much, and what would fit."""
     shortfalls = []
@@ -174,8 +182,9 @@ def misfit(record: EstimateRecord, settings: Settings) -> str:
         estimate = record.for_gpu(target.gpu.key)
         if estimate is None:
             continue
-        need = estimate.total_bytes if need is None else min(need, estimate.total_bytes)
-        short = estimate.total_bytes - target.gpu.capacity_bytes
+        total = _needed(record, estimate, settings)
+        need = total if need is None else min(need, total)
+        short = total - target.gpu.capacity_bytes
         shortfalls.append(
             f"{target.gpu.key} ({gib(target.gpu.capacity_bytes)} GiB) short by {gib(short)} GiB"
         )
@@ -195,7 +204,7 @@ def misfit(record: EstimateRecord, settings: Settings) -> str:
 def short_misfit(record: EstimateRecord, settings: Settings) -> str:
     """A one-line (< 120 characters) version of ``misfit`` for kubectl warnings."""
     need = min(
-        (e.total_bytes for e in record.gpus if settings.target(e.gpu) is not None),
+        (_needed(record, e, settings) for e in record.gpus if settings.target(e.gpu) is not None),
         default=0,
     )
     largest = max(t.gpu.capacity_bytes for t in settings.targets)
