@@ -1053,8 +1053,24 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    """Non-overlapping and dense, as ``can_accumulate_inplace`` requires."""
-    return bool(t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last))
+    """Non-overlapping and dense, as ``can_accumulate_inplace`` requires: the dims sorted by
+    stride (those of size < 2 last, as they constrain nothing) must pack the elements with no
+    gap or overlap; the rule of c10's ``_compute_non_overlapping_and_dense``
+    (``c10/core/Contiguity.h``; ``TensorImpl::compute_non_overlapping_and_dense`` before).
+    A transposed gradient (a rotary embedding's q/k) is dense, so it accumulates in place."""
+    sizes, strides = list(t.shape), list(t.stride())
+    if len(sizes) == 1:
+        return sizes[0] < 2 or strides[0] == 1
+    order = sorted(range(len(sizes)), key=lambda d: (sizes[d] < 2, strides[d] if sizes[d] >= 2
+                                                     else 0))
+    expected = 1
+    for d in order:
+        if sizes[d] < 2:
+            return True
+        if strides[d] != expected:
+            return False
+        expected *= sizes[d]
+    return True
 
 
 def is_fake(t: Any) -> bool:
