@@ -10,8 +10,9 @@ No kubelet plugin runs on a kwok node, so the test publishes what the driver's p
   ``architecture``, ``cudaComputeCapability``, ``driverVersion``); MIG devices as
   MigDeviceInfo.GetDevice (``type`` "mig", ``profile``, capacity ``memory`` of the profile and
   one ``memorySlice<N>`` per memory slice it spans), not shared.
-- ``hami_slice``: Project-HAMi/k8s-dra-driver: shared GPUs with capacity ``memory`` and
-  ``cores`` (100 = the whole GPU's SMs), under the driver ``hami-core-gpu.project-hami.io``.
+- ``hami_slice``: Project-HAMi/k8s-dra-driver (cmd/hami-kubelet-plugin/hami_core.go):
+  ``hami-gpu-<minor>``, ``type`` "hami-gpu", shared, capacity ``memory`` in bytes (step 1Mi) and
+  ``cores`` 0-100 (default 100), under the driver ``hami-core-gpu.project-hami.io``.
 - ``device_classes``: the classes the drivers' charts install, selecting by driver and type.
 """
 
@@ -39,12 +40,18 @@ def _memory(capacity_bytes: int) -> int:
     return capacity_bytes // MiB * MiB
 
 
-def nvidia_gpu(gpu: gpus.GPU, minor: int = 0, capacity_bytes: Optional[int] = None
-               ) -> Dict[str, Any]:
-    """One shared GPU device (ConsumableShares mode ``memory``)."""
+def nvidia_gpu(gpu: gpus.GPU, minor: int = 0, capacity_bytes: Optional[int] = None,
+               shared: bool = True) -> Dict[str, Any]:
+    """One GPU device: shared (ConsumableShares mode ``memory``), or as the driver publishes it
+    without ConsumableShares (``shared=False``: whole, its ``memory`` capacity with no request
+    policy; the API server refuses a request policy on a device that is not shared)."""
     memory = _memory(capacity_bytes if capacity_bytes is not None else
                      NVML_MEMORY.get(gpu.key, gpu.capacity_bytes))
     cc = gpu.compute_capability
+    if not shared:
+        return {"name": f"gpu-{minor}",
+                "attributes": nvidia_gpu(gpu, minor, memory)["attributes"],
+                "capacity": {"memory": {"value": f"{memory // MiB}Mi"}}}
     return {
         "name": f"gpu-{minor}",
         "allowMultipleAllocations": True,
@@ -71,7 +78,7 @@ def nvidia_mig(gpu: gpus.GPU, profile: str, minor: int = 0, start: int = 0,
     for index in range(start, start + slices):
         capacity[f"memorySlice{index}"] = {"value": "1"}
     return {
-        "name": f"gpu-{minor}-mig-{profile}-{start}",
+        "name": f"gpu-{minor}-mig-{profile.replace('.', '')}-{start}",  # a DNS label
         "attributes": {"type": {"string": "mig"}, "profile": {"string": profile},
                        "productName": {"string": gpu.cuda_name}},
         "capacity": capacity,
@@ -82,19 +89,21 @@ def nvidia_slice(node: str, devices: Sequence[Dict[str, Any]]) -> Dict[str, Any]
     return _slice(NVIDIA, node, devices)
 
 
-def hami_gpu(gpu: gpus.GPU, index: int = 0) -> Dict[str, Any]:
-    """One GPU as HAMi's DRA driver shares it (memory and cores)."""
-    memory = _memory(NVML_MEMORY.get(gpu.key, gpu.capacity_bytes)) // MiB
+def hami_gpu(gpu: gpus.GPU, minor: int = 0) -> Dict[str, Any]:
+    """One GPU as HAMi's DRA driver shares it (hami_core.go HAMiGpuInfo.GetDevice): memory in
+    bytes (step 1Mi) and cores 0-100, whose default 100 is what a claim asking none consumes."""
+    memory = NVML_MEMORY.get(gpu.key, gpu.capacity_bytes)
     return {
-        "name": f"gpu-{index}",
+        "name": f"hami-gpu-{minor}",
         "allowMultipleAllocations": True,
-        "attributes": {"productName": {"string": gpu.cuda_name}},
+        "attributes": {"type": {"string": "hami-gpu"}, "minor": {"int": minor},
+                       "productName": {"string": gpu.cuda_name}},
         "capacity": {
-            "memory": {"value": f"{memory}Mi", "requestPolicy": {
-                "default": f"{memory}Mi",
-                "validRange": {"min": "1Mi", "max": f"{memory}Mi", "step": "1Mi"}}},
             "cores": {"value": "100", "requestPolicy": {
                 "default": "100", "validRange": {"min": "0", "max": "100", "step": "1"}}},
+            "memory": {"value": str(memory), "requestPolicy": {
+                "default": str(memory),
+                "validRange": {"min": "1Mi", "max": str(memory), "step": "1Mi"}}},
         },
     }
 
@@ -124,5 +133,6 @@ def device_classes() -> List[Dict[str, Any]]:
                                 f"device.attributes['{NVIDIA}'].type == 'gpu'"),
         klass("mig.nvidia.com", f"device.driver == '{NVIDIA}' && "
                                 f"device.attributes['{NVIDIA}'].type == 'mig'"),
-        klass(HAMI, f"device.driver == '{HAMI}'"),
+        klass(HAMI, f"device.driver == '{HAMI}' && "
+                    f"device.attributes['{HAMI}'].type == 'hami-gpu'"),
     ]

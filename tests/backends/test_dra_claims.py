@@ -94,14 +94,29 @@ def test_a_pod_no_workload_owns_keeps_its_gpu_with_a_warning(served: HttpsWebhoo
     assert any("no workload to own" in w for w in answer.warnings), answer.warnings
 
 
+def test_a_pod_whose_workload_could_get_no_device_keeps_its_gpu(served: HttpsWebhook) -> None:
+    builder = released_pod(18 * GiB)
+    builder.template_annotation(dra.UNSATISFIABLE, "DeviceClass gpu.nvidia.com does not exist")
+    served.use(make_policy("dra", ("H200",)))
+    answer = served.send(review(builder.obj()))
+    patched = answer.patched() if answer.ops else builder.obj()
+    assert "resourceClaims" not in patched["spec"]
+    assert patched["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert any("no claim written (DeviceClass gpu.nvidia.com does not exist)" in w
+               for w in answer.warnings), answer.warnings
+
+
 @pytest.mark.parametrize("driver, klass, requests", [
     ("nvidia", "gpu.nvidia.com", {"memory": str(18 * GiB)}),
     ("hami", "hami-core-gpu.project-hami.io", {"memory": str(18 * GiB), "cores": "30"}),
+    # HAMi's devices default cores to all 100: a claim asking none would take the whole GPU
+    ("hami-no-cores", "hami-core-gpu.project-hami.io", {"memory": str(18 * GiB), "cores": "0"}),
 ])
 def test_the_template_asks_memory_in_bytes_of_the_drivers_class_on_the_estimated_model(
     driver: str, klass: str, requests: Dict[str, str],
 ) -> None:
     extra = {"cores": 30} if driver == "hami" else {}
+    driver = driver.replace("-no-cores", "")
     target = make_policy("dra", ("H200",), dra={"driver": driver, **extra}).defaults.targets[0]
     assert target.dra is not None
     body = dra.claim_template("team-a", JOB, 18 * GiB, 1, target.gpu, target.dra)

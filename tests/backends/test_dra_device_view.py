@@ -34,6 +34,9 @@ def view(slices: List[Dict[str, Any]], classes: Any = None) -> DeviceView:
         found.slices.put(obj)
     for obj in published.device_classes() if classes is None else classes:
         found.classes.put(obj)
+    found.slices.synced.set()
+    found.classes.synced.set()
+    assert found.ready()
     return found
 
 
@@ -51,8 +54,7 @@ def test_a_shared_gpu_of_the_class_takes_the_request_rounded_to_its_step() -> No
 
 
 def test_a_class_without_a_shareable_device_says_why() -> None:
-    whole = published.nvidia_gpu(H200)
-    whole.pop("allowMultipleAllocations")
+    whole = published.nvidia_gpu(H200, shared=False)
     asked, why = view([published.nvidia_slice("gpu-a", [whole])]).capacity(NVIDIA, H200, 18 * GiB)
     assert asked is None
     assert "DeviceClass gpu.nvidia.com has no shareable device" in why and "1 devices" in why

@@ -23,8 +23,11 @@ selectors, allocationMode, count, capacity: CapacityRequirements{requests}}):
   step 1Mi; attributes (deviceinfo.go GpuInfo.Attributes) ``type`` "gpu", ``productName``,
   ``architecture``, ``cudaComputeCapability``, ``driverVersion`` under the domain
   ``gpu.nvidia.com``. The claim asks ``capacity.requests.memory``: the request.
-- ``hami`` (Project-HAMi/k8s-dra-driver README, demo claim): ``capacity.requests`` ``memory``
-  and ``cores`` (percent of the SMs), enforced at run time by HAMi-core.
+- ``hami`` (Project-HAMi/k8s-dra-driver, cmd/hami-kubelet-plugin/hami_core.go
+  HAMiGpuInfo.GetDevice: ``hami-gpu-<minor>``, ``type`` "hami-gpu", shared, capacity ``memory``
+  in bytes, step 1Mi, and ``cores`` 0-100, default 100): ``capacity.requests`` ``memory`` and
+  ``cores``, enforced at run time by HAMi-core (CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_SM_LIMIT
+  from the claim's consumedCapacity).
 - ``nvidia-mig``: the same driver's MIG devices (deviceinfo.go MigDeviceInfo.GetDevice: ``type``
   "mig", capacity ``memory`` of the GPU instance profile, ``memorySlice<N>``) are not shared; the
   claim asks no capacity and a CEL selector picks a device by its ``memory``: at least the
@@ -64,6 +67,10 @@ from xmem_admission.contract import gpus
 API_VERSION = "resource.k8s.io/v1"
 CLAIM = "xmem-gpu"  # the pod's resourceClaims entry and the containers' claims name
 REQUEST = "gpu"  # the device request's name inside the claim
+# On a workload and its GPU pod templates: why no claim is written (the controller found no
+# device of the class that could hold it, and released the workload as written): the webhook
+# then leaves the pod's GPUs as they are.
+UNSATISFIABLE = "xmem.io/dra-unsatisfiable"
 # The attribute and capacity domain each driver publishes (its driver name).
 DOMAINS = {DraDriver.NVIDIA: "gpu.nvidia.com", DraDriver.NVIDIA_MIG: "gpu.nvidia.com",
            DraDriver.HAMI: "hami-core-gpu.project-hami.io"}
@@ -175,8 +182,12 @@ def claim_template(namespace: str, owner: Mapping[str, Any], request_bytes: int,
         exactly["selectors"] = found
     if dra.driver is not DraDriver.NVIDIA_MIG:
         requests = {"memory": str(capacity_bytes or mib(request_bytes) * MiB)}
-        if dra.driver is DraDriver.HAMI and dra.cores_percent is not None:
-            requests["cores"] = str(dra.cores_percent)
+        if dra.driver is DraDriver.HAMI:
+            # HAMi's devices publish cores with request policy default 100 (hami_core.go
+            # HAMiGpuInfo.GetDevice): a claim that asks none takes every core and so the whole
+            # GPU. It asks the policy's percentage, else 0 (the range's minimum, HAMi's
+            # default gpucores: no SM limit).
+            requests["cores"] = str(dra.cores_percent or 0)
         exactly["capacity"] = {"requests": requests}
     return {
         "apiVersion": API_VERSION, "kind": "ResourceClaimTemplate",
@@ -197,8 +208,7 @@ def describe(dra: Dra, gpu: gpus.GPU, request_bytes: int) -> str:
         top = f" < {gib(bounds[1])} GiB" if bounds and bounds[1] else ""
         return f"DRA claim {dra.device_class}: a MIG device with memory >= " \
                f"{gib(request_bytes)} GiB{top}"
-    cores = f", cores {dra.cores_percent}%" if dra.cores_percent is not None and \
-        dra.driver is DraDriver.HAMI else ""
+    cores = f", cores {dra.cores_percent or 0}" if dra.driver is DraDriver.HAMI else ""
     return f"DRA claim {dra.device_class}: memory {mib(request_bytes)}Mi{cores}"
 
 
@@ -224,7 +234,11 @@ class DraBackend(Backend):
         return Existing(f"claim {names[0]} (left as written: spec.dra.existingClaim Leave)",
                         None, field)
 
-    def refusal(self, root: Mapping[str, Any], request_bytes: int, gpu: gpus.GPU) -> Optional[str]:
+    def refusal(self, root: Mapping[str, Any], template: Mapping[str, Any], request_bytes: int,
+                gpu: gpus.GPU) -> Optional[str]:
+        why = ((template.get("metadata") or {}).get("annotations") or {}).get(UNSATISFIABLE)
+        if why:
+            return f"xmem: dra: no claim written ({why}); left as written"[:500]
         if workload_of(root) is None:
             return "xmem: dra: a Pod with no controlling owner has no workload to own its " \
                    "ResourceClaimTemplate; left as written"
@@ -247,7 +261,7 @@ class DraBackend(Backend):
             if found is not None and found.bytes_per_gpu is None]
         if not pending:
             return Applied(warnings=left)
-        refusal = self.refusal(draft.root, request_bytes, gpu)
+        refusal = self.refusal(draft.root, ref.template, request_bytes, gpu)
         if refusal is not None:
             return Applied(warnings=[refusal])
         workload = workload_of(draft.root)

@@ -41,8 +41,7 @@ RESOURCE_SLICE = Kind("resource.k8s.io", "v1", "resourceslices", "ResourceSlice"
 DEVICE_CLASS = Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass")
 CLAIM_TEMPLATE = Kind("resource.k8s.io", "v1", "resourceclaimtemplates",
                       "ResourceClaimTemplate")
-# The workload annotation that says why no claim was written (the workload's condition).
-UNSATISFIABLE = "xmem.io/dra-unsatisfiable"
+UNSATISFIABLE = dra.UNSATISFIABLE  # why no claim was written (the workload's condition)
 
 _DRIVER = re.compile(r"""device\.driver\s*==\s*["']([^"']+)["']""")
 _ATTRIBUTE = re.compile(
@@ -130,6 +129,10 @@ class DeviceView:
 
     def informers(self) -> List[Informer]:
         return [self.slices, self.classes]
+
+    def ready(self) -> bool:
+        """Whether both have listed once (before that, no class would seem to exist)."""
+        return self.slices.synced.is_set() and self.classes.synced.is_set()
 
     def capacity(self, target_dra: Dra, gpu: gpus.GPU, request_bytes: int) -> Tuple[Optional[int], str]:
         """(what the claim asks, '') when a device of the class could hold the request, else

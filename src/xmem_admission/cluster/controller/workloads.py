@@ -227,6 +227,9 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     plans, misfit = plans_for(workload.integration, new, record, settings)
     if misfit:
         return _fail(ctx, workload, obj, settings, "FitsNoGPU", misfit, deadline)
+    if ctx.devices is not None and not ctx.devices.ready() and ctx.now() < deadline and \
+            dra_claims.dra_plans(workload.integration, obj, plans):
+        return 1.0  # the DRA devices are not listed yet: judge them once they are
     unsatisfiable = dra_claims.prepare(ctx.kube, ctx.devices, workload.integration, obj, plans)
     if unsatisfiable:
         return _no_device(ctx, workload, obj, settings, unsatisfiable, deadline)
@@ -259,12 +262,16 @@ def _no_device(ctx: Context, workload: Workload, obj: Obj, settings: Settings, w
                deadline: datetime.datetime) -> Optional[float]:
     """No device of the policy's DeviceClass could ever hold the claim (``dra_claims``): the
     workload is not released with it. ``spec.dra.fallback`` Hold keeps it held (until
-    maxHoldSeconds), Release releases it as written; the workload's ``xmem.io/dra-unsatisfiable``
-    annotation and a Warning Event say why."""
+    maxHoldSeconds), Release releases it as written (its GPU pod templates carry the annotation
+    too, so the webhook leaves their pods' GPUs alone); the workload's
+    ``xmem.io/dra-unsatisfiable`` annotation and a Warning Event say why."""
     dra = next((t.dra for t in settings.targets if t.dra is not None), None)
     hold = dra is not None and dra.fallback is DraFallback.HOLD and ctx.now() < deadline
     new = copy.deepcopy(obj) if hold else _released(workload, obj)
     new["metadata"].setdefault("annotations", {})[dra_claims.UNSATISFIABLE] = why[:500]
+    if not hold:  # the pods' webhook pass would size them from the record: it must not
+        for ref, _containers in gpu_templates(workload.integration, new):
+            _annotate(new, ref.path, {dra_claims.UNSATISFIABLE: why[:500]})
     if hold and annotations_of(obj).get(dra_claims.UNSATISFIABLE) == why[:500]:
         return 30.0  # said already; look again as devices come and go
     _write(ctx, workload, new)

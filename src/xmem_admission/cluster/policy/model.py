@@ -491,7 +491,7 @@ def _dra(raw: Any, where: str) -> Dra:
         if driver is not DraDriver.HAMI:
             raise _fail(f"{where}.cores", "is HAMi's capacity (driver: hami) only")
         # HAMi-core's SM limit is a percentage (CUDA_DEVICE_SM_LIMIT, HAMi-core README).
-        if _int(cores, f"{where}.cores", 1) > 100:
+        if _int(cores, f"{where}.cores", 0) > 100:
             raise _fail(f"{where}.cores", f"must be a percentage, at most 100, got {cores}")
     return Dra(driver=driver, device_class=device_class, pin_product=pin,
                existing_claim=_enum(ExistingClaim, raw.get("existingClaim", "Leave"),

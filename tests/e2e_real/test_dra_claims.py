@@ -1,0 +1,169 @@
+"""GPU memory as a DRA claim, allocated by the real kube-scheduler (Kubernetes 1.36, DRA gates at
+their defaults: consumable capacity and partitionable devices are beta and on).
+
+kwok GPU nodes carry ResourceSlices published as the drivers publish them (``localkube/dra.py``:
+dra-driver-nvidia-gpu in its ConsumableShares ``memory`` mode, its MIG devices, HAMi's driver);
+no kubelet plugin runs on a kwok node, so a claim is allocated (the scheduler's part) and never
+prepared (the plugin's part), and kwok's pod-ready stage plays the pod Running.
+
+Estimates are fixed, as a finished estimation would record them (a GPUMemoryEstimate for the
+workloads' fingerprint, ``tests.support.estimates.record_dict``): an 17 GiB peak plus the
+policy's 5 % margin in 256 MiB steps is an 18 GiB request, 7 of which fit an H200's 143,771 MiB
+and 8 do not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+from kubernetes import client
+
+from localkube import dra as published
+from localkube.controlplane import wait_for
+from localkube.kwok import gpu_node
+from tests.e2e_real.support import job, policy
+from tests.support.estimates import record_dict
+from xmem_admission.cluster import labels
+from xmem_admission.cluster.controller.gme_store import KubeStore
+from xmem_admission.cluster.kube.client import Kube
+from xmem_admission.cluster.kube.quantity import GiB, parse_bytes
+from xmem_admission.cluster.policy.store import EstimateRecord
+from xmem_admission.contract import gpus
+
+H200, A100 = gpus.lookup("H200"), gpus.lookup("A100-80GB")
+RESOURCE = "resource.k8s.io/v1"
+
+
+@pytest.fixture(autouse=True)
+def _no_devices_left(cluster: Any) -> Iterator[None]:
+    """Each test's kwok node and ResourceSlice go with it: other tests judge the whole
+    cluster's devices."""
+    yield
+    for slice_ in cluster.list(RESOURCE, "ResourceSlice"):
+        node = slice_["spec"].get("nodeName") or ""
+        if node.startswith("dra-"):
+            cluster.delete(RESOURCE, "ResourceSlice", slice_["metadata"]["name"])
+            cluster.delete("v1", "Node", node)
+
+
+def _setup(xmem: Any, node: str, slice_: Dict[str, Any], gpu: str, **dra: Any) -> None:
+    cluster = xmem.cluster
+    for klass in published.device_classes():
+        cluster.apply(klass)
+    cluster.apply(gpu_node(node, gpu=gpu, labels={"pool": node}))
+    cluster.apply(slice_)
+    cluster.apply(policy(xmem.policy_name, backend="dra", gpus=(gpu,), dra=dra))
+    xmem.serve()
+
+
+def _held_jobs(xmem: Any, node: str, count: int, gpu: str, peak_gib: float) -> List[str]:
+    """``count`` identical Jobs (one fingerprint), held by the webhook, then their estimate
+    recorded as a finished estimation records it."""
+    batch = client.BatchV1Api(xmem.cluster.api)
+    names, fingerprint = [], ""
+    for index in range(count):
+        name = f"{node}-{index}"
+        created = batch.create_namespaced_job(
+            xmem.namespace, job(name, xmem.namespace, node_selector={"pool": node})).to_dict()
+        assert created["spec"]["suspend"] is True
+        fingerprint = created["metadata"]["annotations"][labels.FINGERPRINT]
+        names.append(name)
+    data = record_dict(fingerprint, {gpu: peak_gib})
+    data["workload"] = {"namespace": xmem.namespace, "kind": "Job", "name": names[0]}
+    KubeStore(Kube(xmem.cluster.api)).put(EstimateRecord.from_dict(data))
+    return names
+
+
+def _pod(xmem: Any, name: str) -> Optional[Dict[str, Any]]:
+    pods = xmem.pods(f"job-name={name}")
+    return pods[0] if pods else None
+
+
+def _allocation(xmem: Any, pod: Dict[str, Any]) -> Dict[str, Any]:
+    """The allocation result of the pod's claim (made by the resourceclaim controller)."""
+    statuses = pod.get("status", {}).get("resourceClaimStatuses") or []
+    assert statuses, pod.get("status")
+    claim = xmem.cluster.get(RESOURCE, "ResourceClaim", statuses[0]["resourceClaimName"],
+                             xmem.namespace)
+    assert claim is not None
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    return result
+
+
+@pytest.mark.parametrize("driver, slice_of", [
+    ("nvidia", lambda node: published.nvidia_slice(node, [published.nvidia_gpu(H200)])),
+    ("hami", lambda node: published.hami_slice(node, [published.hami_gpu(H200)])),
+])
+def test_seven_jobs_of_18_gib_share_one_h200_and_the_eighth_waits_for_one_to_finish(
+        xmem: Any, driver: str, slice_of: Any) -> None:
+    node = f"dra-{driver}"
+    _setup(xmem, node, slice_of(node), "H200", driver=driver)
+    names = _held_jobs(xmem, node, 8, "H200", 17.0)
+    xmem.controller("", "--no-leader-election")
+    for name in names:
+        xmem.wait_released(name)
+    template = xmem.cluster.get(RESOURCE, "ResourceClaimTemplate", f"{names[0]}-xmem-18432mi",
+                                xmem.namespace)
+    assert template is not None, "the controller made no ResourceClaimTemplate"
+    exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert parse_bytes(exactly["capacity"]["requests"]["memory"]) == 18 * GiB
+    assert template["metadata"]["ownerReferences"][0]["name"] == names[0]
+
+    def placed() -> Optional[List[Dict[str, Any]]]:
+        pods = [_pod(xmem, n) for n in names]
+        if not all(pods):
+            return None
+        bound = [p for p in pods if p and p["spec"].get("nodeName")]
+        return bound if len(bound) == 7 else None
+
+    bound = wait_for(placed, 180, "seven pods to be scheduled")
+    assert {p["spec"]["nodeName"] for p in bound} == {node}
+    results = [_allocation(xmem, p) for p in bound]
+    assert {r["device"] for r in results} == {d["name"] for d in slice_of(node)["spec"]["devices"]}
+    assert all(parse_bytes(r["consumedCapacity"]["memory"]) == 18 * GiB for r in results)
+    assert len({r["shareID"] for r in results}) == 7
+    waiting = [n for n in names if not (_pod(xmem, n) or {}).get("spec", {}).get("nodeName")]
+    assert len(waiting) == 1
+    wait_for(lambda: (_pod(xmem, bound[0]["metadata"]["labels"]["job-name"]) or {}).get(
+        "status", {}).get("phase") == "Running", 60, "kwok to run a pod with a claim")
+
+    # One finishes (kwok plays no completion: the Job is deleted, its pod and claim go with it).
+    xmem.cluster.delete("batch/v1", "Job", bound[0]["metadata"]["labels"]["job-name"],
+                        xmem.namespace)
+    wait_for(lambda: (_pod(xmem, waiting[0]) or {}).get("spec", {}).get("nodeName"), 180,
+             "the eighth pod to be scheduled once a share is free")
+
+
+def test_a_job_that_fits_a_1g_20gb_mig_device_gets_one(xmem: Any) -> None:
+    node = "dra-mig"
+    slice_ = published.nvidia_slice(node, [
+        published.nvidia_mig(A100, "1g.20gb", start=0, slices=2),
+        published.nvidia_mig(A100, "3g.40gb", start=4, slices=4)])
+    _setup(xmem, node, slice_, "A100-80GB", driver="nvidia-mig", pinProduct=False)
+    (name,) = _held_jobs(xmem, node, 1, "A100-80GB", 14.0)  # 15 GiB request with the margin
+    xmem.controller("", "--no-leader-election")
+    xmem.wait_released(name)
+    pod = wait_for(lambda: (_pod(xmem, name) or {}).get("spec", {}).get("nodeName") and
+                   _pod(xmem, name), 180, "the MIG pod to be scheduled")
+    assert _allocation(xmem, pod)["device"] == "gpu-0-mig-1g20gb-0"
+
+
+def test_a_class_without_a_shareable_device_releases_without_a_claim_and_says_why(
+        xmem: Any) -> None:
+    node = "dra-whole"
+    whole = published.nvidia_gpu(H200, shared=False)
+    _setup(xmem, node, published.nvidia_slice(node, [whole]), "H200", driver="nvidia")
+    (name,) = _held_jobs(xmem, node, 1, "H200", 17.0)
+    xmem.controller("", "--no-leader-election")
+    released = xmem.wait_released(name)
+    why = released["metadata"]["annotations"]["xmem.io/dra-unsatisfiable"]
+    assert "has no shareable device" in why
+    assert labels.REQUEST_BYTES not in (released["spec"]["template"]["metadata"].get(
+        "annotations") or {})
+    assert xmem.cluster.list(RESOURCE, "ResourceClaimTemplate", xmem.namespace) == []
+    events = wait_for(lambda: [e for e in xmem.events(name)
+                               if e["reason"] == "NoShareableDevice"], 30, "the Warning Event")
+    assert "released as written" in events[0]["message"]
+    pod = wait_for(lambda: _pod(xmem, name), 60, "the Job's pod")
+    assert not pod["spec"].get("resourceClaims")
