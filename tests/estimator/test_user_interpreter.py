@@ -201,3 +201,22 @@ def test_split_command_drops_an_interpreter_by_any_path_but_keeps_a_script_named
     split: List[str] = runner.split_command(["/venv/bin/python3.13", "-u", "train.py", "--x"])
     assert split == ["train.py", "--x"]
     assert runner.split_command(["python_train.py", "--x"]) == ["python_train.py", "--x"]
+
+
+def test_the_convolutions_of_a_trace_made_by_another_torch_are_planned_with_that_torchs_cudnn(
+        tmp_path):
+    # The estimation pod plans beside the user's torch, with its cuDNN: `xmem estimate --python`
+    # on the same machine answers the same, not with the cuDNN of xmem's own environment.
+    trace = tmp_path / "trace.json"
+    proc = xmem("estimate", "--json", "--gpu", "H200", "--trace", str(trace), "--python",
+                NEWEST.interpreter, "--", "python", "tests/estimator/scripts/tiny_cnn.py")
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads(trace.read_text())["meta"]
+    assert meta["cudnn_library"] and meta["cudnn_library"].startswith(str(NEWEST.folder))
+    theirs = meta["cudnn"]
+    assert theirs != torch.backends.cudnn.version()  # the two environments' cuDNNs differ
+    planned = json.loads(proc.stdout)["gpus"][0]["conv_workspaces"]
+    assert planned["source"] == "cudnn-heuristics"
+    assert planned["cudnn_library"] == meta["cudnn_library"]
+    major, minor, patch = theirs // 10000, theirs // 100 % 100, theirs % 100
+    assert planned["cudnn"] == f"{major}.{minor}.{patch}"

@@ -120,6 +120,23 @@ class PlannedCall:
     search: Tuple[int, ...] = ()
 
 
+def _traced_or_own(traced_library: Optional[str],
+                   traced_cudnn: Optional[int]) -> heuristics.CudnnLibrary:
+    """The libcudnn to plan with: the traced torch's own (the probe records its path) where it is
+    on this machine and of the version the trace names and this process has no other cuDNN
+    loaded, so `xmem estimate --python` plans as the estimation pod beside that torch does;
+    else this environment's (``load_cudnn``)."""
+    if traced_library and os.path.isfile(traced_library):
+        try:
+            lib = heuristics.load_cudnn(traced_library)
+        except heuristics.CudnnPlanningUnavailable:
+            pass
+        else:
+            if traced_cudnn is None or lib.version == traced_cudnn:
+                return lib
+    return heuristics.load_cudnn()
+
+
 class ConvPlanner:
     """Sizes the convolution workspaces of one trace for one GPU: cuDNN's heuristics where a
     cuDNN here plans without a GPU, else the architecture's fitted rule (``source``, and
@@ -129,7 +146,8 @@ class ConvPlanner:
                  conv_rule: Optional[cudnn.ConvWorkspaceRule] = None,
                  library: Optional[heuristics.CudnnLibrary] = None,
                  use_heuristics: bool = True, resident_bytes: Optional[int] = None,
-                 traced_cudnn: Optional[int] = None) -> None:
+                 traced_cudnn: Optional[int] = None,
+                 traced_library: Optional[str] = None) -> None:
         self.gpu = gpu
         self.env: Mapping[str, str] = os.environ if env is None else env
         self.rule = conv_rule if conv_rule is not None else cudnn.rule_for(
@@ -149,7 +167,7 @@ class ConvPlanner:
                             " a GPU (deviceless plans need 9.11 or newer)")
         elif use_heuristics and conv_rule is None:
             try:
-                lib = library or heuristics.load_cudnn()
+                lib = library or _traced_or_own(traced_library, traced_cudnn)
                 self.cudnn_version = lib.version_text
                 if lib.deviceless:
                     self.library = lib
@@ -389,8 +407,10 @@ def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
     lt_workspace = cublaslt_workspace_bytes(gpu, env)
     if planner is None:
         traced = trace.meta.get("cudnn")
+        library = trace.meta.get("cudnn_library")
         planner = ConvPlanner(gpu, env, conv_rule,
-                              traced_cudnn=traced if isinstance(traced, int) else None)
+                              traced_cudnn=traced if isinstance(traced, int) else None,
+                              traced_library=library if isinstance(library, str) else None)
     stream = _Stream([], 1 + max((e.id for e in trace.events if e.op == ALLOC), default=0))
     events = stream.events
     resident_done = False

@@ -337,6 +337,18 @@ def _forked_child() -> None:
     _CHILD_MODES_OFF[-1].__enter__()
 
 
+def _cudnn_library() -> Optional[str]:
+    """Where the traced torch's libcudnn is (``cudnn_heuristics.find_libcudnn`` in this
+    process), so that a simulation on the same machine (``xmem estimate --python``) plans with
+    that cuDNN, not its own; None without one."""
+    try:
+        from xmem_admission.estimator.cudnn_heuristics import find_libcudnn
+
+        return find_libcudnn()
+    except Exception:  # noqa: BLE001 - no cuDNN to name is no cuDNN here
+        return None
+
+
 def _cudnn_version() -> Optional[int]:
     """The traced torch's cuDNN (``torch.backends.cudnn.version()``, 8902 for 8.9.2), None
     without one: whoever simulates the trace elsewhere (``xmem estimate --python``) plans its
@@ -373,7 +385,8 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
                                              capability, int(device.get("multi_processor_count", 1)))
     trace = Trace(meta={"tool": "xmem-probe", "mode": mode, "torch": torch.__version__,
                         "cuda": torch.version.cuda,  # the CUDA torch was built for, or None
-                        "cudnn": _cudnn_version(), "device": device["name"],
+                        "cudnn": _cudnn_version(), "cudnn_library": _cudnn_library(),
+                        "device": device["name"],
                         "command": list(argv)})
     fake_mode = None
     if fake:

@@ -1058,7 +1058,8 @@ def _dense(t: torch.Tensor) -> bool:
     gap or overlap; the rule of c10's ``_compute_non_overlapping_and_dense``
     (``c10/core/Contiguity.h``; ``TensorImpl::compute_non_overlapping_and_dense`` before).
     A transposed gradient (a rotary embedding's q/k) is dense, so it accumulates in place."""
-    sizes, strides = list(t.shape), list(t.stride())
+    sizes: List[int] = [int(n) for n in t.shape]
+    strides: List[int] = [int(n) for n in t.stride()]
     if len(sizes) == 1:
         return sizes[0] < 2 or strides[0] == 1
     order = sorted(range(len(sizes)), key=lambda d: (sizes[d] < 2, strides[d] if sizes[d] >= 2
