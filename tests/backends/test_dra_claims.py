@@ -162,6 +162,9 @@ def test_a_request_is_rounded_up_as_the_device_request_policy_allows(
 def test_a_long_workload_name_still_makes_a_valid_distinct_template_name() -> None:
     one, two = (dra.template_name(c * 250, 8 * GiB) for c in "ab")
     assert len(one) <= 253 and one != two and dra.request_of(one) == 8 * GiB
+    several = dra.template_name("train", 10 * GiB, 4)
+    assert (dra.request_of(several), dra.count_of(several)) == (10 * GiB, 4)
+    assert dra.count_of(one) == 1
 
 
 @pytest.mark.parametrize("spec, field", [

@@ -135,6 +135,27 @@ def test_seven_jobs_of_18_gib_share_one_h200_and_the_eighth_waits_for_one_to_fin
              "the eighth pod to be scheduled once a share is free")
 
 
+def test_a_job_sized_at_creation_from_a_recorded_estimate_gets_its_template_and_a_share(
+        xmem: Any) -> None:
+    """Never held: the webhook writes the claim into the Job's template at CREATE, and the
+    controller makes the template its pods reference as soon as it sees the Job."""
+    node = "dra-cached"
+    _setup(xmem, node, published.nvidia_slice(node, [published.nvidia_gpu(H200)]), "H200",
+           driver="nvidia")
+    (first,) = _held_jobs(xmem, node, 1, "H200", 17.0)  # records the estimate
+    xmem.controller("", "--no-leader-election")
+    xmem.wait_released(first)
+    body = job(f"{node}-again", xmem.namespace, node_selector={"pool": node})
+    created = client.BatchV1Api(xmem.cluster.api).create_namespaced_job(
+        xmem.namespace, body).to_dict()
+    assert not created["spec"].get("suspend")
+    claims = created["spec"]["template"]["spec"]["resource_claims"]
+    assert claims[0]["resource_claim_template_name"] == f"{node}-again-xmem-18432mi"
+    pod = wait_for(lambda: (_pod(xmem, f"{node}-again") or {}).get("spec", {}).get(
+        "nodeName") and _pod(xmem, f"{node}-again"), 120, "the pod sized at creation to be scheduled")
+    assert parse_bytes(_allocation(xmem, pod)["consumedCapacity"]["memory"]) == 18 * GiB
+
+
 def test_a_job_that_fits_a_1g_20gb_mig_device_gets_one(xmem: Any) -> None:
     node = "dra-mig"
     slice_ = published.nvidia_slice(node, [

@@ -96,6 +96,12 @@ def request_of(name: str) -> Optional[int]:
     return int(found.group(1)) * MiB if found else None
 
 
+def count_of(name: str) -> int:
+    """The GPUs per pod a template name says (1 without an ``-x<N>`` suffix)."""
+    found = _NAME.search(name)
+    return int(found.group(2)) if found and found.group(2) else 1
+
+
 def workload_of(root: Mapping[str, Any]) -> Optional[str]:
     """The workload a pod template belongs to: a Pod's controlling owner, else the object."""
     meta = root.get("metadata") or {}

@@ -61,6 +61,8 @@ class Context:
     now: Callable[[], datetime.datetime] = utcnow
     sized_pods: Optional[Informer] = None  # pods of opted-in workloads (``oom_retries``)
     devices: Optional[Any] = None  # a dra_claims.DeviceView: the cluster's DRA devices
+    # Workloads (uids) whose claim templates dra_claims.reconcile has seen to.
+    claimed: Set[str] = field(default_factory=set)
     # Finished workloads (uids) looked at with nothing to record: no sized pod, or Prometheus
     # failed (a warning and a metric; never retried, never a write): ``observed_peaks``.
     looked: Set[str] = field(default_factory=set)

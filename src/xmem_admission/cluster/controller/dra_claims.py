@@ -18,6 +18,11 @@ holding a workload that the scheduler could place.
 every GPU pod template is created (owned by the workload; one that exists is kept), or, when the
 class has no device that could ever hold the request, the reason is returned and the policy's
 ``spec.dra.fallback`` applies (``workloads``).
+
+``reconcile`` serves a workload the webhook sized at its CREATE from a recorded estimate (never
+held, so never released by the controller): its pods already reference the template, and the
+resourceclaim controller makes their claims once it exists, so it is created here at once; if
+no device could hold it, a Warning Event says so (the pods exist already and cannot change).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.client import Kind, Kube, Obj
 from xmem_admission.cluster.kube.informer import Informer
 from xmem_admission.cluster.kube.quantity import gib
-from xmem_admission.cluster.policy.model import BackendName, Dra, DraDriver
+from xmem_admission.cluster.policy import sizing
+from xmem_admission.cluster.policy.model import BackendName, Dra, DraDriver, Settings
 from xmem_admission.cluster.policy.sizing import Plan
 from xmem_admission.contract import gpus
 from xmem_admission.contract.errors import KubeApiError, QuantityError
@@ -188,9 +194,15 @@ def prepare(kube: Kube, view: Optional[DeviceView], integration: Any, obj: Obj,
             plans: Sequence[Optional[Plan]]) -> str:
     """Create the ResourceClaimTemplates a released workload's pods will reference; returns
     why none could be allocated ('' when every claim can be, or none is needed)."""
+    return make_templates(kube, view, obj, dra_plans(integration, obj, plans))
+
+
+def make_templates(kube: Kube, view: Optional[DeviceView], obj: Obj,
+                   wanted: Sequence[Tuple[Plan, Dra, int]]) -> str:
+    """Create a template per (plan, claim settings, GPUs per pod), after the device check."""
     made: Dict[str, Obj] = {}
     namespace = obj["metadata"]["namespace"]
-    for plan, settings, count in dra_plans(integration, obj, plans):
+    for plan, settings, count in wanted:
         asked: Optional[int] = None
         if view is not None:
             asked, why = view.capacity(settings, plan.target.gpu, plan.request_bytes)
@@ -206,3 +218,57 @@ def prepare(kube: Kube, view: Optional[DeviceView], integration: Any, obj: Obj,
             if not exc.already_exists:  # made at an earlier release of the same workload
                 raise
     return ""
+
+
+def referenced(integration: Any, obj: Obj, settings: Settings) -> List[Tuple[Plan, Dra, int]]:
+    """(plan, claim settings, GPUs per pod) of every pod template that already references an
+    xmem claim template (the webhook wrote it at the workload's CREATE): its name says the
+    request and the count (``dra.template_name``), its annotations the GPU model."""
+    out = []
+    for ref in integration.pod_templates(obj):
+        template = ref.template
+        annotations = (template.get("metadata") or {}).get("annotations") or {}
+        for entry in (template.get("spec") or {}).get("resourceClaims") or []:
+            name = str((entry or {}).get("resourceClaimTemplateName") or "")
+            request = dra.request_of(name)
+            if (entry or {}).get("name") != dra.CLAIM or request is None or \
+                    name != dra.template_name(obj["metadata"]["name"], request,
+                                              dra.count_of(name)):
+                continue
+            pinned = sizing.pinned_gpu(annotations)
+            target = (settings.target(pinned) if pinned else None) or settings.targets[0]
+            if target.backend is BackendName.DRA and target.dra is not None:
+                out.append((Plan(target, 0, request), target.dra, dra.count_of(name)))
+    return out
+
+
+def wants(ctx: Any, kind: str, obj: Obj) -> bool:
+    """Whether a stored, unheld workload's pods may reference a template not made yet (cheap)."""
+    settings = ctx.settings(obj["metadata"].get("namespace", ""))
+    if settings is None or not any(t.backend is BackendName.DRA for t in settings.targets):
+        return False
+    if obj["metadata"].get("uid") in ctx.claimed:
+        return False
+    integration = ctx.workloads[kind].integration
+    return integration.finished(obj) is None and bool(referenced(integration, obj, settings))
+
+
+def reconcile(ctx: Any, kind: str, namespace: str, name: str) -> Optional[float]:
+    """Create the templates an unheld workload's pods reference (see the module docstring)."""
+    workload = ctx.workloads[kind]
+    obj = workload.informer.get(namespace, name)
+    settings = ctx.settings(namespace)
+    if obj is None or settings is None or "deletionTimestamp" in obj["metadata"]:
+        return None
+    if ctx.devices is not None and not ctx.devices.ready():
+        return 1.0
+    why = make_templates(ctx.kube, ctx.devices, obj,
+                         referenced(workload.integration, obj, settings))
+    if len(ctx.claimed) > 10_000:
+        ctx.claimed.clear()
+    ctx.claimed.add(obj["metadata"].get("uid"))
+    if why:
+        ctx.emit(obj, "Warning", "NoShareableDevice", f"xmem: its pods' claims cannot be "
+                 f"allocated: {why}; sized at creation from a recorded estimate, they wait "
+                 f"until such a device appears")
+    return None

@@ -106,7 +106,10 @@ class Controller:
             m = obj["metadata"]
             if workloads.is_held(obj):
                 self.queue.add(("workload", kind, m.get("namespace", ""), m["name"]))
-            elif type_ != "DELETED" and observed_peaks.wants(self.ctx, kind, obj):
+                return
+            if type_ != "DELETED" and dra_claims.wants(self.ctx, kind, obj):
+                self.queue.add(("claims", kind, m.get("namespace", ""), m["name"]))
+            if type_ != "DELETED" and observed_peaks.wants(self.ctx, kind, obj):
                 self.queue.add(("ended", kind, m.get("namespace", ""), m["name"]))
         return handler
 
@@ -244,10 +247,12 @@ class Controller:
             if not self.ctx.estimates.synced.is_set():
                 return 5.0
             return learned_overhead.reconcile(self.ctx)
-        if key[0] in ("workload", "ended"):
+        if key[0] in ("workload", "ended", "claims"):
             _, kind, namespace, name = key
             if not self.ctx.workloads[kind].informer.synced.is_set():
                 return 5.0
+            if key[0] == "claims":
+                return dra_claims.reconcile(self.ctx, kind, namespace, name)
             if key[0] == "ended":
                 return observed_peaks.reconcile(self.ctx, kind, namespace, name)
             return workloads.reconcile(self.ctx, kind, namespace, name)
