@@ -19,10 +19,12 @@ every GPU pod template is created (owned by the workload; one that exists is kep
 class has no device that could ever hold the request, the reason is returned and the policy's
 ``spec.dra.fallback`` applies (``workloads``).
 
-``reconcile`` serves a workload the webhook sized at its CREATE from a recorded estimate (never
-held, so never released by the controller): its pods already reference the template, and the
-resourceclaim controller makes their claims once it exists, so it is created here at once; if
-no device could hold it, a Warning Event says so (the pods exist already and cannot change).
+``reconcile`` serves a workload the controller did not release itself: one the webhook sized at
+its CREATE from a recorded estimate (its template references ours already), or one Kueue
+admitted with xmem's podSetUpdates (its template carries the request): its pods reference the
+template, and the resourceclaim controller makes their claims once it exists, so it is created
+here at once; if no device could hold it, a Warning Event says so (the pods exist already and
+cannot change).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from xmem_admission.cluster import labels
 from xmem_admission.cluster.backends import dra
 from xmem_admission.cluster.integrations import gpu_templates
 from xmem_admission.cluster.kube import quantity
@@ -220,6 +223,25 @@ def make_templates(kube: Kube, view: Optional[DeviceView], obj: Obj,
     return ""
 
 
+def carried(integration: Any, obj: Obj, settings: Settings) -> List[Tuple[Plan, Dra, int]]:
+    """(plan, claim settings, GPUs per pod) of every GPU pod template that carries a request in
+    ``xmem.io/request-bytes`` for a ``dra`` target, unless marked unsatisfiable: its pods get the
+    claim at Pod CREATE (a Job Kueue admitted with xmem's podSetUpdates is one). The webhook
+    removes sizing annotations anyone but the controller wrote."""
+    plans: List[Optional[Plan]] = []
+    for ref, _containers in gpu_templates(integration, obj):
+        annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
+        try:
+            request = quantity.parse_digits(annotations.get(labels.REQUEST_BYTES))
+        except QuantityError:
+            request = 0
+        pinned = sizing.pinned_gpu(annotations)
+        target = (settings.target(pinned) if pinned else None) or settings.targets[0]
+        plans.append(Plan(target, 0, request) if request > 0 and
+                     UNSATISFIABLE not in annotations else None)
+    return dra_plans(integration, obj, plans)
+
+
 def referenced(integration: Any, obj: Obj, settings: Settings) -> List[Tuple[Plan, Dra, int]]:
     """(plan, claim settings, GPUs per pod) of every pod template that already references an
     xmem claim template (the webhook wrote it at the workload's CREATE): its name says the
@@ -250,7 +272,8 @@ def wants(ctx: Any, kind: str, obj: Obj) -> bool:
     if obj["metadata"].get("uid") in ctx.claimed:
         return False
     integration = ctx.workloads[kind].integration
-    return integration.finished(obj) is None and bool(referenced(integration, obj, settings))
+    return integration.finished(obj) is None and bool(
+        referenced(integration, obj, settings) or carried(integration, obj, settings))
 
 
 def reconcile(ctx: Any, kind: str, namespace: str, name: str) -> Optional[float]:
@@ -263,7 +286,8 @@ def reconcile(ctx: Any, kind: str, namespace: str, name: str) -> Optional[float]
     if ctx.devices is not None and not ctx.devices.ready():
         return 1.0
     why = make_templates(ctx.kube, ctx.devices, obj,
-                         referenced(workload.integration, obj, settings))
+                         referenced(workload.integration, obj, settings) +
+                         carried(workload.integration, obj, settings))
     if len(ctx.claimed) > 10_000:
         ctx.claimed.clear()
     ctx.claimed.add(obj["metadata"].get("uid"))
