@@ -23,8 +23,10 @@ from localkube import dra as published
 from localkube.controlplane import wait_for
 from localkube.kwok import gpu_node
 from tests.e2e_real.support import job, policy
+from tests.e2e_real.test_kueue import KUEUE_VALUES, QUEUE, V1B2, kueue  # noqa: F401 - fixture
 from tests.support.estimates import record_dict
 from xmem_admission.cluster import labels
+from xmem_admission.cluster.controller.admission_checks import CONTROLLER_NAME
 from xmem_admission.cluster.controller.gme_store import KubeStore
 from xmem_admission.cluster.kube.client import Kube
 from xmem_admission.cluster.kube.quantity import GiB, parse_bytes
@@ -188,3 +190,34 @@ def test_a_class_without_a_shareable_device_releases_without_a_claim_and_says_wh
     assert "released as written" in events[0]["message"]
     pod = wait_for(lambda: _pod(xmem, name), 60, "the Job's pod")
     assert not pod["spec"].get("resourceClaims")
+
+
+def test_a_job_kueue_admits_after_the_admission_check_gets_its_claim_sized(
+        xmem: Any, kueue: Any) -> None:  # noqa: F811 - the fixture imported above
+    """Kueue holds the Job; the xmem AdmissionCheck hands the request over as podSetUpdates;
+    the pod gets the claim at its CREATE and the controller makes its template. (Kueue's quota
+    here is still counted in nvidia.com/gpu: its DRA quota is not charged the estimate.)"""
+    node = "dra-kueue"
+    cluster = xmem.cluster
+    for klass in published.device_classes():
+        cluster.apply(klass)
+    cluster.apply(gpu_node(node, gpu="H200", labels={"pool": node}))
+    cluster.apply(published.nvidia_slice(node, [published.nvidia_gpu(H200)]))
+    cluster.apply(policy(xmem.policy_name, backend="dra", gpus=("H200",), integration="kueue",
+                         dra={"driver": "nvidia"}))
+    cluster.apply({"apiVersion": V1B2, "kind": "LocalQueue",
+                   "metadata": {"name": QUEUE, "namespace": xmem.namespace},
+                   "spec": {"clusterQueue": "gpu"}})
+    xmem.serve(KUEUE_VALUES)
+    body = job(node, xmem.namespace, node_selector={"pool": node})
+    body["metadata"]["labels"][labels.KUEUE_QUEUE_NAME] = QUEUE
+    created = client.BatchV1Api(cluster.api).create_namespaced_job(xmem.namespace, body).to_dict()
+    data = record_dict(created["metadata"]["annotations"][labels.FINGERPRINT], {"H200": 17.0})
+    data["workload"] = {"namespace": xmem.namespace, "kind": "Job", "name": node}
+    KubeStore(Kube(cluster.api)).put(EstimateRecord.from_dict(data))
+    xmem.controller("", "--no-leader-election", "--kueue-controller-name", CONTROLLER_NAME)
+    pod = wait_for(lambda: (_pod(xmem, node) or {}).get("spec", {}).get("nodeName") and
+                   _pod(xmem, node), 180, "the pod Kueue admitted to be scheduled")
+    assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == \
+        f"{node}-xmem-18432mi"
+    assert parse_bytes(_allocation(xmem, pod)["consumedCapacity"]["memory"]) == 18 * GiB
