@@ -18,11 +18,26 @@ output that is not contiguous in (batch, query, head, dim) order, computes the r
 copy), and asks the caching allocator for the cutlass kernel's workspace (``Params::
 workspace_size()`` in ``mem_eff_attention/kernel_backward.h``). ``EfficientAttention`` replays
 those allocations in the order and with the lifetimes the CUDA code gives them.
+
+cuDNN's attention comes first on Hopper and Blackwell: ``priority_order`` (sdp_utils.cpp) moves
+cudnn_attention ahead of flash once ``check_prefer_cudnn_attention()`` holds: the variable
+``TORCH_CUDNN_SDPA_DEPRIORITIZED`` unset, a runtime cuDNN newer than 9.15.0 (``cudnn_version >
+91500``), compute capability 9.x or 10.x (for a wheel built against CUDA 12, minor 0 or 3 only).
+``CudnnAttention`` replays what ``_cudnn_attention_forward`` / ``_cudnn_attention_backward``
+(attention.cu, attention_backward.cu) and ``run_cudnn_SDP_fprop`` / ``run_cudnn_SDP_bprop``
+(aten/src/ATen/native/cudnn/MHA.cpp) allocate: the dropout seed and offset (8 bytes each, kept
+for the backward), the output in the query's layout and the fp32 logsumexp, the execution plan's
+workspace (``mha_graph->get_workspace_size()``, taken from the caching allocator around
+``execute`` and freed at once); in the backward the three gradients (``empty_like``), a copy of a
+gradient whose innermost stride is not 1 (``permute_to_matching_layout``), and the workspace,
+which holds cudnn-frontend's fp32 dQ accumulator (``SDPABackwardNode``,
+``dQ_accum_size = b * h_q * s_q * d_qk * sizeof(float)``) and the engine's own part.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -32,9 +47,91 @@ aten = torch.ops.aten
 _HALF = (torch.float16, torch.bfloat16)
 
 
+# The cuDNN engine's own workspace beside cudnn-frontend's buffers: an H200 (cuDNN 9.19, torch
+# 2.11.0+cu130, bench/data/H200 snapshots) took 256 bytes around every forward ``execute`` and
+# b * h * s_q * 4 + 256 bytes beyond the frontend's dQ accumulator in every backward: one fp32
+# per query row and head (the dO.O row sums, which the frontend leaves to the engine from cuDNN
+# 8.9.5 on: ``softmax_sum`` is non-virtual only below 8905) and the same 256. Read off
+# gpt-834m-bf16-b8-adamw-expandable (50,856,192 = 50,331,648 + 524,288 + 256); the rule gives the
+# 25,559,296, 17,039,616, 51,118,336 and 68,157,696 bytes of gpt-134m-bf16-b8-adamw,
+# gpt-411m-bf16-b4-sgd, gpt-134m-bf16-b16-adamw-ckpt and llama-gqa-1.1b-bf16-b4-s2048-adamw.
+CUDNN_ENGINE_WORKSPACE = 256
+# sdp_utils.cpp check_prefer_cudnn_attention: "cudnn_version > 91500" (cuDNN 9.15.1 fixes
+# sequence lengths that are not multiples of 128)
+_CUDNN_PREFERRED_AFTER = 91500
+# torch releases whose libtorch_cuda.so reads TORCH_CUDNN_SDPA_DEPRIORITIZED (the 2.11.0, 2.14.1
+# and 2.15.0 cu130 wheels do; 2.2.2 has no cuDNN-first order; releases between were not checked)
+_CUDNN_FIRST_SINCE = (2, 11)
+
+
+def cudnn_first(capability: Tuple[int, int]) -> bool:
+    """Whether SDPA on a GPU of ``capability`` tries cuDNN's attention before flash with the
+    torch and cuDNN of this process (the user's image): sdp_utils.cpp ``priority_order`` and
+    ``check_prefer_cudnn_attention``."""
+    if os.environ.get("TORCH_CUDNN_SDPA_DEPRIORITIZED", "").strip().lower() in (
+            "1", "true", "on", "yes", "y"):  # c10::utils::check_env's true values
+        return False
+    release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if release < _CUDNN_FIRST_SINCE:
+        return False
+    try:
+        version = int(torch.backends.cudnn.version() or 0)
+    except Exception:  # noqa: BLE001 - a cuDNN that does not load is no cuDNN
+        return False
+    major, minor = capability
+    if version <= _CUDNN_PREFERRED_AFTER or major not in (9, 10):
+        return False
+    built_for = int((torch.version.cuda or "0").split(".")[0])
+    # "#if CUDA_VERSION < 13000 ... (!minor || minor == 3)"
+    return built_for >= 13 or minor in (0, 3)
+
+
+def _cudnn_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
+                 dropout_p: float, capability: Tuple[int, int], gqa: bool) -> bool:
+    """``can_use_cudnn_attention`` (sdp_utils.cpp) for dense inputs: fp16/bf16 on sm80-sm121,
+    dropout in steps of 1/16, batch and heads up to 65,535, head dims multiples of 8 up to the
+    cuDNN's limit, more than one key, contiguous last dims, not deterministic. Masked and
+    grouped-query calls are left to the other kernels here: their cuDNN graphs hold more (a bias
+    and the full-head dK/dV of ``CompositeSDPABackwardNode``) than this module models."""
+    if mask is not None or gqa or not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    if torch.are_deterministic_algorithms_enabled() and \
+            not torch.is_deterministic_algorithms_warn_only_enabled():
+        return False  # check_cudnn_deterministic
+    if not ((8, 0) <= capability <= (12, 1)) or q.dtype not in _HALF or \
+            not q.dtype == k.dtype == v.dtype:
+        return False
+    if dropout_p * 16.0 != math.floor(dropout_p * 16.0):
+        return False  # check_cudnn_dropout
+    version = int(torch.backends.cudnn.version() or 0)
+    if dropout_p > 0.0 and 91100 < version < 91400:
+        return False  # "cuDNN version does not support droppout in SDPA (9.11 - 9.13)"
+    batch, heads, queries, d_qk = q.shape
+    keys, d_v = k.shape[2], v.shape[-1]
+    if batch > 65535 or heads > 65535 or keys == 1 or (dropout_p > 0.0 and queries == 1):
+        return False
+    if min(q.shape[2], keys) == 0 or any(t.stride(-1) != 1 and t.shape[-1] != 1
+                                         for t in (q, k, v)):
+        return False
+    sm90_or_sm10x = capability == (9, 0) or capability[0] == 10
+    limit = 128
+    if sm90_or_sm10x and version > 92200:
+        limit = 256  # check_cudnn_tensor_shapes with a frontend that takes d256
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if training and not (max(d_qk, d_v) <= 128 or (d_qk, d_v) in ((192, 128), (256, 256))):
+            return False  # check_cudnn_d256_bprop_head_dim
+    elif sm90_or_sm10x and version >= 91100 and (d_qk, d_v) == (192, 128):
+        limit = 192
+    return bool(d_qk <= limit and d_v <= limit and d_qk % 8 == 0 and d_v % 8 == 0)
+
+
 def choose_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
-                   dropout_p: float, capability: Tuple[int, int], gqa: bool) -> str:
-    """Return "flash", "efficient" or "math" for these inputs on a GPU of ``capability``."""
+                   dropout_p: float, capability: Tuple[int, int], gqa: bool,
+                   prefer_cudnn: bool = False) -> str:
+    """Return "cudnn", "flash", "efficient" or "math" for these inputs on a GPU of
+    ``capability``; ``prefer_cudnn`` is ``cudnn_first``'s answer."""
+    if prefer_cudnn and _cudnn_takes(q, k, v, mask, dropout_p, capability, gqa):
+        return "cudnn"
     head_dim = q.shape[-1]
     same_dims = k.shape[-1] == head_dim and v.shape[-1] == head_dim
     if (capability >= (8, 0) and q.dtype in _HALF and mask is None and head_dim <= 256
@@ -52,7 +149,13 @@ def cuda_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
               dropout_p: float, is_causal: bool, scale: Optional[float], enable_gqa: bool,
               capability: Tuple[int, int]) -> torch.Tensor:
     gqa = bool(enable_gqa) and q.shape[1] != k.shape[1]
-    backend = choose_backend(q, k, v, mask, dropout_p, capability, gqa)
+    backend = choose_backend(q, k, v, mask, dropout_p, capability, gqa, cudnn_first(capability))
+    if backend == "cudnn":
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            result: torch.Tensor = CudnnAttention.apply(q, k, v, float(dropout_p),
+                                                        bool(is_causal), scale)
+            return result
+        return _cudnn_forward(q, k, v, float(dropout_p), bool(is_causal), scale, False)[0]
     if backend == "flash":
         if gqa:
             # Flash handles grouped heads natively since 2.5 (sdp_utils.cpp,
@@ -245,3 +348,65 @@ class EfficientAttention(torch.autograd.Function):  # type: ignore[misc]  # torc
         return (grad_q if wants[0] else None, grad_k if wants[1] else None,
                 grad_v if wants[2] else None, grad_bias if wants[3] else None,
                 None, None, None, None)
+
+
+# -- cuDNN's attention ------------------------------------------------------------------------
+
+def cudnn_backward_workspace(batch: int, heads: int, queries: int, head_dim: int) -> int:
+    """Bytes of the workspace ``run_cudnn_SDP_bprop`` takes for one backward: cudnn-frontend's
+    fp32 dQ accumulator (``SDPABackwardNode``: ``b * h_q * s_q * d_qk * sizeof(float)``, made
+    whenever the dP workspace optimisation is off, as it always is from cuDNN 9.0 without dBias
+    or a deterministic algorithm) and the engine's part (``CUDNN_ENGINE_WORKSPACE``)."""
+    rows = batch * heads * queries
+    return rows * head_dim * 4 + rows * 4 + CUDNN_ENGINE_WORKSPACE
+
+
+def _cudnn_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                   is_causal: bool, scale: Optional[float],
+                   logsumexp: bool) -> Tuple[torch.Tensor, ...]:
+    """``_cudnn_attention_forward`` (attention.cu): the dropout seed and offset (one int64
+    each, on the device), then ``run_cudnn_SDP_fprop`` (MHA.cpp): the output
+    (``alloc_with_matching_layout``: the query's dimension order) and the fp32 logsumexp, then
+    the plan's workspace around ``execute``. The ATen op's fake kernel makes the output, the
+    logsumexp and the seed and offset (in that order; CUDA makes the two 8-byte tensors first,
+    a difference of order inside the small pool only)."""
+    outputs = aten._scaled_dot_product_cudnn_attention(q, k, v, None, logsumexp, dropout_p,
+                                                       is_causal, False, scale=scale)
+    workspace = q.new_empty((CUDNN_ENGINE_WORKSPACE,), dtype=torch.uint8)
+    del workspace
+    return outputs[0], outputs[1], outputs[6], outputs[7]
+
+
+class CudnnAttention(torch.autograd.Function):  # type: ignore[misc]  # torch is read as Any
+    """``_scaled_dot_product_cudnn_attention`` with what CUDA allocates forward and backward.
+
+    Backward is ``_scaled_dot_product_cudnn_attention_backward_cuda`` ->
+    ``_cudnn_attention_backward`` (attention_backward.cu): ``empty_like`` of the query, key and
+    value, then ``run_cudnn_SDP_bprop`` (MHA.cpp): a copy of the output's gradient in the
+    output's layout when its innermost stride is not 1 (cuDNN 9.5.1 and later;
+    ``permute_to_matching_layout``), the workspace (``cudnn_backward_workspace``), freed when
+    ``execute`` returns, then that copy with the function."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float,
+                is_causal: bool, scale: Optional[float]) -> torch.Tensor:
+        out, lse, seed, offset = _cudnn_forward(q, k, v, dropout_p, is_causal, scale, True)
+        ctx.save_for_backward(q, k, v, out, lse, seed, offset)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Tuple[Optional[torch.Tensor], ...]:
+        q, k, v, out, _lse, _seed, _offset = ctx.saved_tensors
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        matched = None
+        if grad.stride(-1) != 1:
+            # permute_to_matching_layout: the gradient copied into the output's dimension order
+            order = sorted(range(4), key=lambda dim: out.stride(dim), reverse=True)
+            matched = grad.permute(order).contiguous()
+        batch, heads, queries, head_dim = q.shape
+        workspace = q.new_empty((cudnn_backward_workspace(batch, heads, queries, head_dim),),
+                                dtype=torch.uint8)
+        del workspace, matched
+        wants = ctx.needs_input_grad
+        return (grad_q if wants[0] else None, grad_k if wants[1] else None,
+                grad_v if wants[2] else None, None, None, None)

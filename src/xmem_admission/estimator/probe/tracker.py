@@ -36,6 +36,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from xmem_admission.estimator.conv_marks import ConvFlags, ConvMark, as_2d, routes_to_cudnn
+from xmem_admission.estimator.probe.kernels import OPS as KERNEL_TEMPORARIES
 from xmem_admission.estimator.reductions import OPS as REDUCTION_OPS
 from xmem_admission.estimator.reductions import mark_for as reduction_mark
 from xmem_admission.estimator.trace import (
@@ -587,7 +588,12 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
                 func = aten.add_.Tensor
         self.dispatch_depth += 1
         try:
-            if self.fake:
+            if self.fake and func in KERNEL_TEMPORARIES and self.is_cuda(args[0]):
+                # a CUDA kernel's own scratch tensors, made around its fake kernel (``kernels``)
+                out = KERNEL_TEMPORARIES[func](
+                    lambda: self._run_fake(func, args, kwargs, inputs),
+                    lambda made: self._recorded(made, inputs), args, kwargs)
+            elif self.fake:
                 out = self._run_fake(func, args, kwargs, inputs)
             else:
                 out = func(*args, **kwargs)
@@ -909,6 +915,11 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
                 self._storages[st] = None
                 continue
             self._new_block(st, self._owner(index, inputs) if not self.modules.path else "")
+
+    def _recorded(self, made: torch.Tensor, inputs: List[torch.Tensor]) -> torch.Tensor:
+        """``made`` (a kernel's scratch tensor or output), recorded as an op's output now."""
+        self._record_outputs(made, inputs)
+        return made
 
     def _output_on_cuda(self, inputs: List[torch.Tensor]) -> bool:
         flag = self.device_flag
