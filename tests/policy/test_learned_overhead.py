@@ -254,3 +254,20 @@ def test_an_estimate_the_learned_figure_pushes_past_the_gpu_fits_no_gpu_and_says
     assert sizing.plan(near, settings_with()) is not None
     assert sizing.plan(near, settings) is None
     assert "short by 0.4 GiB" in sizing.misfit(near, settings)
+
+
+@pytest.mark.parametrize("forged_gib, moved_mib", [
+    (60, 1024),  # claims its peak was all outside the allocator: capped at +maxCorrection
+    (-50, 470),  # claims a huge reserved peak: the honest tenants' figure stands
+])
+def test_a_tenant_forging_its_samples_moves_other_tenants_by_at_most_the_bound(forged_gib,
+                                                                               moved_mib):
+    settings = LearnedOverhead()  # defaults: 50 jobs, 10 per namespace, q 0.9, 1 GiB
+    forged = samples([forged_gib * 1024] * 40, namespace="tenant-a", start=3.0e9)  # newest
+    honest = samples([765, 768, 770, 770, 771], namespace="tenant-b")
+    figures = learn(forged + honest, settings)
+
+    plan = sizing.plan(record(10), settings_with(figures))
+
+    assert plan is not None and plan.overhead is not None
+    assert plan.overhead.correction_bytes == moved_mib * MiB
