@@ -37,6 +37,9 @@ def gpu_record(gpu: Any) -> Dict[str, Any]:
     record = dataclasses.asdict(gpu)
     record["compute_capability"] = list(gpu.compute_capability)
     record["aliases"] = list(gpu.aliases)
+    record["context_bytes"] = gpu.context_bytes
+    record["runtime_overhead_bytes"] = gpu.runtime_overhead_bytes
+    record["overhead_source"] = gpu.overhead_source
     record["overhead_bytes"] = gpu.overhead_bytes
     record["overhead_by_cuda_major"] = {
         str(major): overhead.for_gpu(gpu.key, major).to_dict()

@@ -31,7 +31,6 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from xmem_admission.contract import overhead
 from xmem_admission.contract.errors import UnknownGPUError
 
 GiB = 1 << 30
@@ -90,9 +89,6 @@ class GPU:
     capacity_source: str
     compute_capability: Tuple[int, int]
     multi_processor_count: int
-    context_bytes: int  # the conservative default of contract.overhead (CUDA unknown, cuDNN used)
-    runtime_overhead_bytes: int
-    overhead_source: str
     cublas_workspace_bytes: int
     cublas_workspace_source: str
     cublaslt_workspace_bytes: int
@@ -102,8 +98,30 @@ class GPU:
 
     @property
     def overhead_bytes(self) -> int:
-        """Memory the process holds outside the caching allocator: context plus runtime extras."""
+        """Memory a process holds outside the caching allocator, for uses that have no trace (the
+        cluster side's OOM retries): ``contract.overhead``'s figures for a job whose CUDA is not
+        known and that calls cuDNN; estimates use the job's own (``overhead.for_gpu``)."""
         return self.context_bytes + self.runtime_overhead_bytes
+
+    @property
+    def context_bytes(self) -> int:
+        from xmem_admission.contract import overhead
+
+        return overhead.for_gpu(self.key).context.bytes
+
+    @property
+    def runtime_overhead_bytes(self) -> int:
+        from xmem_admission.contract import overhead
+
+        return overhead.for_gpu(self.key).runtime_bytes
+
+    @property
+    def overhead_source(self) -> str:
+        from xmem_admission.contract import overhead
+
+        figures = overhead.for_gpu(self.key)
+        return "; ".join(f"{name} ({f.basis.value}): {f.source}" for name, f in (
+            ("context", figures.context), ("runtime", figures.runtime), ("cuDNN", figures.cudnn)))
 
 
 # --- Figures shared by every model -------------------------------------------------------------
@@ -159,9 +177,6 @@ def _gpu(
     79.11): such a slice is capped at the card's capacity, and its source says so.
     """
     workspace, workspace_source = _cublas(cc)
-    # The figures of a job whose CUDA is not known and that calls cuDNN: the largest, for the
-    # cluster side's uses that have no trace (OOM retries); estimates use contract.overhead.
-    default = overhead.for_gpu(key)
     mig = tuple(
         dataclasses.replace(
             p,
@@ -180,11 +195,6 @@ def _gpu(
         capacity_source=capacity_source,
         compute_capability=cc,
         multi_processor_count=sms,
-        context_bytes=default.context.bytes,
-        runtime_overhead_bytes=default.runtime_bytes,
-        overhead_source=(f"context ({default.context.basis.value}): {default.context.source}; "
-                         f"runtime ({default.runtime.basis.value}): {default.runtime.source}; "
-                         f"cuDNN ({default.cudnn.basis.value}): {default.cudnn.source}"),
         cublas_workspace_bytes=workspace,
         cublas_workspace_source=workspace_source,
         cublaslt_workspace_bytes=CUBLASLT_WORKSPACE,

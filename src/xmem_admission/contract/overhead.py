@@ -33,6 +33,11 @@ The figures, and where they come from:
   reserved, NVML measured after CUDA init so the context is excluded; ``bench/fit_overhead.py``
   on ``xmem bench paper`` output, scored leave-one-out by ``bench/fit_paper_conv_workspace.py``).
   Those rows include convolution jobs, so cuDNN's modules are inside that figure.
+- A GPU without a measured context is given one inferred from the H200's: the driver backs a
+  1 KiB stack for every thread the GPU can hold resident (SMs x threads per SM), the part of a
+  context that grows with the GPU; the rest is taken as it was measured (``_context``). On an
+  RTX 4060 (24 SMs of 1536 threads) that is 299 MiB, where the conservative "largest figure"
+  would give 527 MiB and call jobs that ran on the paper's RTX 4060 out of memory.
 - The documented figure (PyTorch PR 86509: "about 290 MB" of context with lazy loading) was
   1.8x low on the one GPU measured, so it is used nowhere.
 
@@ -167,6 +172,47 @@ def _figure(table: Dict[Tuple[str, int], Figure], what: str, gpu: str, major: in
                   f"{other} with CUDA {other_major} ({figure.basis.value}: {figure.source})")
 
 
+# The per-thread stack the driver backs with local memory for every thread a GPU can hold
+# resident: cudaLimitStackSize, 1 KiB unless the program raises it (CUDA Runtime API,
+# cudaDeviceSetLimit; "the size of thread local memory is controlled automatically by the CUDA
+# driver", forums.developer.nvidia.com/t/whats-the-difference-between-cuda-stack-and-local-memory
+# /305003). torch does not raise it.
+STACK_BYTES_PER_THREAD = 1024
+
+
+def local_memory_bytes(gpu: str) -> int:
+    """What the context reserves for thread stacks on ``gpu``: SMs x resident threads per SM
+    (``gpu_devices.ARCHITECTURES``, the CUDA programming guide's table) x the default stack."""
+    from xmem_admission.contract import gpu_devices, gpus
+
+    entry = gpus.lookup(gpu)
+    limits = gpu_devices.ARCHITECTURES.get(entry.compute_capability)
+    threads = limits.max_threads_per_sm if limits is not None else max(
+        a.max_threads_per_sm for a in gpu_devices.ARCHITECTURES.values())
+    return entry.multi_processor_count * threads * STACK_BYTES_PER_THREAD
+
+
+def _context(gpu: str, major: int) -> Figure:
+    """The context: measured where it was; else inferred from the measured one closest in CUDA
+    (the same major, else the largest): its part that does not depend on the GPU's size (the
+    measured figure less the local memory its GPU reserves for thread stacks) plus this GPU's
+    local memory. The stack reservation is the part of a context that grows with the GPU: an
+    H200's 132 SMs x 2048 threads x 1 KiB is 264 MiB of its 527."""
+    found = _CONTEXT.get((gpu, major))
+    if found is not None:
+        return found
+    pool = [(k, f) for k, f in _CONTEXT.items() if k[1] == major] or list(_CONTEXT.items())
+    (other, other_major), figure = max(pool, key=lambda item: (item[1].bytes, item[0]))
+    fixed = figure.bytes - local_memory_bytes(other)
+    mine = local_memory_bytes(gpu)
+    return Figure(fixed + mine, Basis.INFERRED,
+                  f"no context measured for {gpu} with CUDA {major}: {other}'s with CUDA "
+                  f"{other_major} ({figure.bytes / MiB:.0f} MiB, {figure.basis.value}) less its "
+                  f"thread-stack local memory ({local_memory_bytes(other) / MiB:.0f} MiB) plus "
+                  f"{gpu}'s ({mine / MiB:.0f} MiB: SMs x resident threads per SM x "
+                  f"{STACK_BYTES_PER_THREAD} B); {figure.source}")
+
+
 def for_gpu(gpu: str, cuda_major: Optional[int] = None, uses_cudnn: bool = True) -> Overhead:
     """The memory outside the allocator of a job on ``gpu`` (a catalogue key) whose torch was
     built for CUDA ``cuda_major`` (None: unknown, ``NEWEST_CUDA_MAJOR`` assumed) and that does or
@@ -175,7 +221,7 @@ def for_gpu(gpu: str, cuda_major: Optional[int] = None, uses_cudnn: bool = True)
     assert major > 0, f"CUDA major version must be positive, got {major}"
     return Overhead(gpu=gpu, cuda_major=major, cuda_major_known=cuda_major is not None,
                     uses_cudnn=uses_cudnn,
-                    context=_figure(_CONTEXT, "context", gpu, major),
+                    context=_context(gpu, major),
                     runtime=_figure(_RUNTIME, "runtime", gpu, major),
                     cudnn=_figure(_CUDNN, "cuDNN", gpu, major))
 
