@@ -192,6 +192,28 @@ def test_a_class_without_a_shareable_device_releases_without_a_claim_and_says_wh
     assert not pod["spec"].get("resourceClaims")
 
 
+def test_with_fallback_hold_a_job_waits_held_until_a_shareable_device_appears(xmem: Any) -> None:
+    node = "dra-later"
+    whole = published.nvidia_gpu(H200, shared=False)
+    _setup(xmem, node, published.nvidia_slice(node, [whole]), "H200", driver="nvidia",
+           fallback="Hold")
+    (name,) = _held_jobs(xmem, node, 1, "H200", 17.0)
+    xmem.controller("", "--no-leader-election")
+    events = wait_for(lambda: [e for e in xmem.events(name)
+                               if e["reason"] == "NoShareableDevice"], 60, "the Warning Event")
+    assert "kept held until" in events[0]["message"]
+    held = xmem.job(name)
+    assert held["spec"]["suspend"] is True
+    assert "has no shareable device" in held["metadata"]["annotations"][
+        "xmem.io/dra-unsatisfiable"]
+    xmem.cluster.apply(published.nvidia_slice(node, [published.nvidia_gpu(H200)]))
+    released = xmem.wait_released(name, timeout=60)
+    assert "xmem.io/dra-unsatisfiable" not in released["metadata"]["annotations"]
+    pod = wait_for(lambda: (_pod(xmem, name) or {}).get("spec", {}).get("nodeName") and
+                   _pod(xmem, name), 120, "the pod to be scheduled on the shared GPU")
+    assert parse_bytes(_allocation(xmem, pod)["consumedCapacity"]["memory"]) == 18 * GiB
+
+
 def test_a_job_kueue_admits_after_the_admission_check_gets_its_claim_sized(
         xmem: Any, kueue: Any) -> None:  # noqa: F811 - the fixture imported above
     """Kueue holds the Job; the xmem AdmissionCheck hands the request over as podSetUpdates;

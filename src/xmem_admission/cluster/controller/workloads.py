@@ -49,6 +49,7 @@ from xmem_admission.contract.errors import InvalidObjectError
 log = logging.getLogger(__name__)
 
 ESTIMATE_NAME = "xmem.io/estimate-name"  # on released workloads: which GME sized them
+DEVICE_RECHECK = 10.0  # seconds between looks at a held workload's DRA class (fallback Hold)
 
 
 def annotations_of(obj: Obj) -> Dict[str, str]:
@@ -233,6 +234,7 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     unsatisfiable = dra_claims.prepare(ctx.kube, ctx.devices, workload.integration, obj, plans)
     if unsatisfiable:
         return _no_device(ctx, workload, obj, settings, unsatisfiable, deadline)
+    new["metadata"]["annotations"].pop(dra_claims.UNSATISFIABLE, None)  # a device appeared
     for (ref, _containers), plan in zip(gpu_templates(workload.integration, new), plans):
         if plan is not None:
             _annotate(new, ref.path, plan.annotations())
@@ -273,13 +275,13 @@ def _no_device(ctx: Context, workload: Workload, obj: Obj, settings: Settings, w
         for ref, _containers in gpu_templates(workload.integration, new):
             _annotate(new, ref.path, {dra_claims.UNSATISFIABLE: why[:500]})
     if hold and annotations_of(obj).get(dra_claims.UNSATISFIABLE) == why[:500]:
-        return 30.0  # said already; look again as devices come and go
+        return DEVICE_RECHECK  # said already; look again as devices come and go
     _write(ctx, workload, new)
     tail = f"kept held until {records.stamp(deadline)} (policy spec.dra.fallback: Hold)" if hold \
         else "released as written, without a claim (policy spec.dra.fallback: Release)"
     ctx.emit(obj, "Warning", "NoShareableDevice", f"xmem: no claim written: {why}; {tail}")
     if hold:
-        return 30.0
+        return DEVICE_RECHECK
     ctx.metrics.released.labels(workload.kind.kind, "unchanged").inc()
     return None
 
