@@ -147,9 +147,17 @@ PAPER_CUDA_MAJOR = 12
 PAPER_CUDNN = 90100
 
 
+# The runs' CUDA, as ``torch.version.cuda`` names it for torch 2.6+cu124.
+PAPER_CUDA = "12.4"
+
+
 def as_paper_runs(trace: Any) -> Any:
-    """``trace`` as if recorded beside the runs' torch: its cuDNN is theirs (``PAPER_CUDNN``)."""
+    """``trace`` as if recorded beside the runs' torch: its cuDNN (``PAPER_CUDNN``) and its CUDA
+    (``PAPER_CUDA``: what lives outside the allocator, and so what the allocator is left with,
+    is CUDA 12's, not that of the torch tracing here)."""
     trace.meta["cudnn"] = PAPER_CUDNN
+    trace.meta["cuda"] = PAPER_CUDA
+    trace.meta.pop("cudnn_library", None)
     return trace
 
 
@@ -159,6 +167,7 @@ def paper_runtime_overhead(gpu: str, result: Any) -> int:
     the job has convolutions (``contract.overhead``)."""
     from xmem_admission.contract import overhead
 
+    assert overhead.cuda_major_of(PAPER_CUDA) == PAPER_CUDA_MAJOR
     return overhead.for_gpu(gpu, PAPER_CUDA_MAJOR, uses_cudnn=bool(result.conv_workspaces)
                             ).runtime_bytes
 

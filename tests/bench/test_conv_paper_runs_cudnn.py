@@ -23,3 +23,16 @@ def test_a_paper_row_is_simulated_with_the_runs_cudnn_and_takes_the_rule(devicel
     assert paper.conv_workspaces["source"] != "cudnn-heuristics"
     assert paper.conv_workspaces["cudnn"] == "9.1.0"
     assert "cannot plan without a GPU" in paper.conv_workspaces["heuristics_unavailable"]
+
+
+def test_a_paper_row_leaves_the_allocator_what_cuda_12_leaves_it_whatever_torch_traced_it():
+    # Traced here by a torch built for CUDA 13 (its larger context and runtime figures), but
+    # the runs had CUDA 12.4: the simulation's capacity and the total are CUDA 12's.
+    trace = traced(MARK)
+    trace.meta.update(cuda="13.0", torch="2.14.1+cu130")
+    rtx3060 = gpus.lookup("RTX-3060")
+    here = estimate_trace(trace, [rtx3060], margin=0.0)[0]
+    paper = estimate_trace(benchmark.as_paper_runs(trace), [rtx3060], margin=0.0)[0]
+    assert here.overhead["cuda_major"] == 13 and paper.overhead["cuda_major"] == 12
+    assert paper.overhead_bytes < here.overhead_bytes
+    assert paper.overhead["runtime"]["basis"] == "fitted"
