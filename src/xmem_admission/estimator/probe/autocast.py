@@ -141,10 +141,15 @@ class CudaAutocastState:
             if not dtypes:
                 return None
             target = max(dtypes, key=lambda d: torch.finfo(d).bits)
-        return self._cast_all(args, target), {k: self._cast(v, target) for k, v in kwargs.items()}
+        # The CUDA wrapper casts in one call, ``(*F)(cached_cast(to_type, args, device_type)...)``
+        # (autocast_mode.h, WrapFunction_): C++ leaves the order of argument evaluation open and
+        # GCC, which builds the Linux wheels, evaluates right to left. An H200 (bench/data/H200,
+        # gpt-834m-bf16-b8-adamw-expandable) cast each linear's weight before its input.
+        cast_kwargs = {k: self._cast(kwargs[k], target) for k in reversed(list(kwargs))}
+        return self._cast_all(args, target), {k: cast_kwargs[k] for k in kwargs}
 
     def _cast_all(self, args: Tuple[Any, ...], dtype: torch.dtype) -> Tuple[Any, ...]:
-        return tuple(self._cast(a, dtype) for a in args)
+        return tuple(reversed([self._cast(a, dtype) for a in reversed(args)]))
 
     def _cast(self, value: Any, dtype: torch.dtype) -> Any:
         if isinstance(value, (list, tuple)):
