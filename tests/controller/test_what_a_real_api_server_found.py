@@ -37,7 +37,7 @@ def test_5_the_cli_and_the_chart_name_the_same_lease():
 
     parser = __import__("argparse").ArgumentParser()
     controller.register(parser.add_subparsers())
-    args = parser.parse_args(["controller"])
+    args = parser.parse_args(["controller", "--probe-image", "registry.example/xmem:1"])
     assert args.lease_name == LEASE
 
 
