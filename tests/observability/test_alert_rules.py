@@ -135,6 +135,38 @@ def test_hami_usage_counts_when_there_is_no_dcgm_and_a_bare_pod_is_its_own_workl
     }])
 
 
+def test_hamis_series_before_v2_9_counts_and_a_pod_under_both_names_counts_once(
+        tmp_path: Path) -> None:
+    series = [  # HAMi up to v2.8.3: the old name and labels only
+        {"series": 'vGPU_device_memory_usage_in_bytes{podnamespace="research",podname="old-hami",'
+                   'ctrname="jupyter",vdeviceid="0",deviceuuid="GPU-1"}', "values": f"{6 * GiB}x30"},
+        _owner("research", "old-hami", "<none>", "<none>"),
+        # HAMi v2.9.0 on with --legacy-metrics: both names for one container
+        {"series": 'hami_vgpu_memory_used_bytes{namespace="research",pod="both-hami",'
+                   'container="jupyter",vdevice_index="0",device_uuid="GPU-2"}',
+         "values": f"{5 * GiB}x30"},
+        {"series": 'vGPU_device_memory_usage_in_bytes{podnamespace="research",podname="both-hami",'
+                   'ctrname="jupyter",vdeviceid="0",deviceuuid="GPU-2"}', "values": f"{5 * GiB}x30"},
+        _owner("research", "both-hami", "<none>", "<none>"),
+    ]
+    _run_unit_tests(tmp_path, [{
+        "interval": "1m",
+        "input_series": series,
+        "promql_expr_test": [
+            {"expr": "xmem:pod_gpu_memory_used_bytes", "eval_time": "5m", "exp_samples": [
+                {"labels": 'xmem:pod_gpu_memory_used_bytes{namespace="research",pod="old-hami"}',
+                 "value": 6 * GiB},
+                {"labels": 'xmem:pod_gpu_memory_used_bytes{namespace="research",pod="both-hami"}',
+                 "value": 5 * GiB}]},
+            {"expr": "xmem:workload_gpu_memory_used_bytes", "eval_time": "5m", "exp_samples": [
+                {"labels": 'xmem:workload_gpu_memory_used_bytes{namespace="research",'
+                           'workload="old-hami"}', "value": 6 * GiB},
+                {"labels": 'xmem:workload_gpu_memory_used_bytes{namespace="research",'
+                           'workload="both-hami"}', "value": 5 * GiB}]},
+        ],
+    }])
+
+
 def test_failing_estimations_alert_when_a_fifth_of_them_fail(tmp_path: Path) -> None:
     name = "XmemEstimationsFailing"
     failing = [  # one OOMKilled estimation pod for every one that succeeds

@@ -33,7 +33,7 @@ from xmem_admission.cluster.observations import (
 )
 
 MiB, GiB = 1 << 20, 1 << 30
-SPIKE_AT = {"train-a": 3, "mig-a": 4, "notebook": 5}  # the one scrape each peak is in
+SPIKE_AT = {"train-a": 3, "mig-a": 4, "notebook": 5, "notebook-v29": 3, "notebook-both": 6}  # the one scrape each peak is in
 SCRAPES = 9  # scrapes to wait for: every spike, and a few lower values after it
 FAILURES = "xmem_controller_observed_peak_failures_total"
 A, B, C, D = (f"GPU-5fd4e2a4-1c0b-7b52-2f0a-3e61c0d2a9{n}" for n in ("0a", "0b", "0c", "0d"))
@@ -65,6 +65,18 @@ def exposition(n: int) -> str:
         'vGPU_device_memory_usage_in_bytes{podnamespace="ml",podname="notebook",ctrname="jupyter",'
         f'vdeviceid="0",deviceuuid="{D}"}} '
         f'{6 * GiB if n == SPIKE_AT["notebook"] else 2 * GiB}',
+        # HAMi v2.9.0 on: the new name; the old one too only with --legacy-metrics (notebook-both)
+        "# HELP hami_vgpu_memory_used_bytes vGPU device memory usage in bytes",
+        "# TYPE hami_vgpu_memory_used_bytes gauge",
+        'hami_vgpu_memory_used_bytes{namespace="ml",pod="notebook-v29",container="jupyter",'
+        f'vdevice_index="0",device_uuid="{D}"}} '
+        f'{5 * GiB if n == SPIKE_AT["notebook-v29"] else 1 * GiB}',
+        'hami_vgpu_memory_used_bytes{namespace="ml",pod="notebook-both",container="jupyter",'
+        f'vdevice_index="0",device_uuid="{D}"}} '
+        f'{3 * GiB if n == SPIKE_AT["notebook-both"] else 1 * GiB}',
+        'vGPU_device_memory_usage_in_bytes{podnamespace="ml",podname="notebook-both",'
+        f'ctrname="jupyter",vdeviceid="0",deviceuuid="{D}"}} '
+        f'{3 * GiB if n == SPIKE_AT["notebook-both"] else 1 * GiB}',
         "# HELP vGPU_device_memory_limit_in_bytes vGPU device limit",
         "# TYPE vGPU_device_memory_limit_in_bytes gauge",
         'vGPU_device_memory_limit_in_bytes{podnamespace="ml",podname="notebook",ctrname="jupyter",'
@@ -149,6 +161,21 @@ def test_hamis_per_container_series_come_before_the_shared_cards_dcgm_figure(scr
     assert peak is not None and peak.source is Source.HAMI
     assert peak.peak_bytes == 6 * GiB and peak.series == 1
     assert peak.driver_version == "580.159.04"  # from DCGM's series of the same device
+
+
+def test_hamis_series_under_its_new_name_from_v2_9_is_read_as_well(scraped):
+    peak = reader_for(scraped)[0].read([pod(scraped, "notebook-v29")])
+
+    assert peak is not None and peak.source is Source.HAMI
+    assert peak.peak_bytes == 5 * GiB and peak.series == 1
+    assert peak.driver_version == "580.159.04"
+
+
+def test_a_container_hami_exports_under_both_names_counts_once(scraped):
+    peak = reader_for(scraped)[0].read([pod(scraped, "notebook-both")])
+
+    assert peak is not None and peak.source is Source.HAMI
+    assert peak.peak_bytes == 3 * GiB and peak.series == 1  # one container x device, not two
 
 
 def test_a_workloads_peak_is_the_largest_of_its_pods(scraped):

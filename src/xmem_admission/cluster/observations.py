@@ -6,12 +6,18 @@ that peak: the maximum over each pod's lifetime (``max_over_time`` over a range 
 pod ended), never an instant value, which misses a peak that lasted less than a scrape interval's
 worth of the series. Two sources, in this order:
 
-1. HAMi's per-container series, exact on shared GPUs: ``vGPU_device_memory_usage_in_bytes``
-   (bytes; labels ``podnamespace``, ``podname``, ``ctrname``, ``vdeviceid``, ``deviceuuid``),
-   published by HAMi's vGPU monitor (Project-HAMi/HAMi ``cmd/vGPUmonitor/metrics.go`` at
-   13009aaa3a7a48c7a071201f22e37af0dc48bc7a, ``ctrvGPUdesc``; its value is the container's
-   device memory as HAMi-core accounts it: context, modules and buffers;
-   ``vGPU_device_memory_limit_in_bytes`` beside it is the limit).
+1. HAMi's per-container series, exact on shared GPUs, under either of its names (the value is
+   the container's device memory as HAMi-core accounts it: context, modules and buffers):
+   ``hami_vgpu_memory_used_bytes`` (labels ``namespace``, ``pod``, ``container``,
+   ``vdevice_index``, ``device_uuid``), the name HAMi's vGPU monitor exports from v2.9.0 on, and
+   ``vGPU_device_memory_usage_in_bytes`` (``podnamespace``, ``podname``, ``ctrname``,
+   ``vdeviceid``, ``deviceuuid``), the only name up to v2.8.3 and, from v2.9.0, exported beside the
+   new one only with ``--legacy-metrics`` (the HAMi chart's ``legacyMetrics``, false by default)
+   (Project-HAMi/HAMi ``cmd/vGPUmonitor/metrics.go``: ``ctrvGPUdesc`` at v2.4.0 through v2.8.3;
+   ``ctrvGPUdesc`` and ``legacyCtrvGPUdesc`` at v2.9.0, 3a006c6ae2f077a2683df7805c43656c07f6dc15,
+   and v2.10.0, 4707fb02c91c545bc7343ce26dba4c32919f9a3e; ``cmd/vGPUmonitor/main.go``
+   ``--legacy-metrics``). Both are read; a container's device seen under both names counts once
+   (its larger figure), so a monitor exporting both is not double counted.
 2. DCGM exporter's ``DCGM_FI_DEV_FB_USED`` (MiB, "Framebuffer memory used (in MiB)", the
    exporter's default counters), one series per device or MIG slice (``UUID``, and ``GPU_I_ID``
    on a slice), with the pod it is assigned to as ``namespace``, ``pod`` and ``container``
@@ -53,7 +59,14 @@ from xmem_admission.contract.errors import PrometheusQueryError
 
 log = logging.getLogger(__name__)
 
-HAMI_USAGE = "vGPU_device_memory_usage_in_bytes"  # bytes (HAMi cmd/vGPUmonitor/metrics.go)
+HAMI_USAGE = "hami_vgpu_memory_used_bytes"  # bytes (HAMi >= v2.9.0 cmd/vGPUmonitor/metrics.go)
+HAMI_LEGACY_USAGE = "vGPU_device_memory_usage_in_bytes"  # bytes (HAMi <= v2.8.3; later with
+# --legacy-metrics; cmd/vGPUmonitor/metrics.go)
+# Each HAMi name's labels: (namespace, pod, container, virtual device, device UUID).
+HAMI_SERIES: Tuple[Tuple[str, Tuple[str, str, str, str, str]], ...] = (
+    (HAMI_USAGE, ("namespace", "pod", "container", "vdevice_index", "device_uuid")),
+    (HAMI_LEGACY_USAGE, ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid")),
+)
 DCGM_FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB (dcgm-exporter default counters)
 DCGM_DRIVER = "DCGM_FI_DRIVER_VERSION"  # a label on every series (dcgm-exporter 3.x, 4.x)
 MIB = 1 << 20
@@ -246,25 +259,33 @@ class PeakReader:
         return found, None
 
     def _hami(self, pods: Sequence[PodLifetime], deadline: float) -> Optional[ObservedPeak]:
-        values: List[float] = []
+        # (pod, container, virtual device, device UUID) -> its peak, under either series name
+        peaks: Dict[Tuple[str, str, str, str, str], float] = {}
         drivers: Set[str] = set()
         for pod in pods:
             at, span = _window(pod, self.source.slack_seconds)
-            selector = (f'{HAMI_USAGE}{{podnamespace="{_label_value(pod.namespace)}",'
-                        f'podname="{_label_value(pod.name)}"}}')
-            promql = (f"max by (podnamespace, podname, ctrname, vdeviceid, deviceuuid) "
-                      f"(max_over_time({selector}[{span}]))")
-            found = self.query(promql, at, deadline)
-            values += [_number(s) for s in found]
-            uuids = sorted({s["metric"].get("deviceuuid", "") for s in found} - {""})
+            uuids: Set[str] = set()
+            for metric, labels in HAMI_SERIES:
+                ns_label, pod_label, ctr_label, vdev_label, uuid_label = labels
+                selector = (f'{metric}{{{ns_label}="{_label_value(pod.namespace)}",'
+                            f'{pod_label}="{_label_value(pod.name)}"}}')
+                promql = (f"max by ({', '.join(labels)}) "
+                          f"(max_over_time({selector}[{span}]))")
+                for series in self.query(promql, at, deadline):
+                    tags = series["metric"]
+                    key = (pod.namespace, pod.name, str(tags.get(ctr_label, "")),
+                           str(tags.get(vdev_label, "")), str(tags.get(uuid_label, "")))
+                    peaks[key] = max(peaks.get(key, 0.0), _number(series))
+                    uuids.add(key[4])
+            uuids.discard("")
             if uuids:  # HAMi's series name no driver; DCGM's series of the same device do
-                devices = _label_value("|".join(re.escape(u) for u in uuids))
+                devices = _label_value("|".join(re.escape(u) for u in sorted(uuids)))
                 drivers |= {str(s["metric"].get(DCGM_DRIVER) or "")[:64] for s in self.query(
                     f'max by ({DCGM_DRIVER}) (max_over_time({DCGM_FB_USED}{{UUID=~"{devices}"}}'
                     f"[{span}]))", at, deadline)}
-        if not values:
+        if not peaks:
             return None
-        return ObservedPeak(int(max(values)), Source.HAMI, len(values),
+        return ObservedPeak(int(max(peaks.values())), Source.HAMI, len(peaks),
                             driver_version=_one(drivers))
 
     def _dcgm(self, pods: Sequence[PodLifetime], deadline: float) -> Optional[ObservedPeak]:
@@ -348,6 +369,6 @@ def _vector(body: bytes) -> List[Dict[str, Any]]:
     return [s for s in data["result"] if isinstance(s, dict) and isinstance(s.get("metric"), dict)]
 
 
-__all__ = ["DCGM_DRIVER", "DCGM_FB_USED", "Failure", "HAMI_USAGE", "ObservedPeak", "PeakMetrics", "PeakReader",
-           "PodLifetime",
-           "PrometheusSource", "Source", "TENANT_HEADER"]
+__all__ = ["DCGM_DRIVER", "DCGM_FB_USED", "Failure", "HAMI_LEGACY_USAGE", "HAMI_SERIES", "HAMI_USAGE",
+           "ObservedPeak", "PeakMetrics", "PeakReader", "PodLifetime", "PrometheusSource", "Source",
+           "TENANT_HEADER"]
