@@ -32,10 +32,10 @@ def test_a_gpt_embedding_backward_holds_the_sort_and_the_per_segment_sums(probe_
     partial = numel // NROWS_PER_THREAD + segments
     sizes = [e.size for e in made[:len(made) // STEPS]]
     # inputs[:, :-1] is not contiguous: copied; then sorted, orig, range; the gradient; the
-    # segment offsets and count, partials and their offsets, the count, the partial offsets
-    # and the float sums
+    # segment offsets and count, unique_by_key's keys, partials and their offsets, the count,
+    # the partial offsets and the float sums
     assert sizes == [numel * 8, numel * 8, numel * 8, numel * 8, VOCAB * HIDDEN * 4,
-                     numel * 8, 8, segments * 8, segments * 8, 8, partial * 8,
+                     numel * 8, 8, numel * 8, segments * 8, segments * 8, 8, partial * 8,
                      partial * HIDDEN * 4]
     events = result.trace.events
     first = [i for i, e in enumerate(events) if e.op == ALLOC
@@ -45,9 +45,10 @@ def test_a_gpt_embedding_backward_holds_the_sort_and_the_per_segment_sums(probe_
     scratch = {events[i].id for i in first if events[i].size != VOCAB * HIDDEN * 4}
     freed = [e.id for e in events[first[0]:after] if e.op == FREE and e.id in scratch]
     # every scratch tensor is returned before the next op allocates; the range the sort
-    # read goes first (before the gradient is made), the sums next; the gradient lives on
+    # read goes first (before the gradient is made), unique_by_key's keys next, then the sums;
+    # the gradient lives on
     assert sorted(freed) == sorted(scratch)
-    assert freed[:2] == [events[first[3]].id, events[first[-1]].id]
+    assert freed[:3] == [events[first[3]].id, events[first[7]].id, events[first[-1]].id]
 
 
 def test_few_indices_take_the_feature_kernel_which_makes_only_the_gradient(probe_run):
@@ -59,3 +60,18 @@ def test_few_indices_take_the_feature_kernel_which_makes_only_the_gradient(probe
              and e.source == "aten.embedding_dense_backward"]
     # 128 indices (<= 3,072): the contiguous copy of the sliced indices and the gradient only
     assert sizes == [2 * 64 * 8, VOCAB * HIDDEN * 4] * 2
+
+
+def test_sliced_token_ids_are_copied_flat_before_the_embedding_looks_them_up(probe_run):
+    # Embedding.cpp: weight.index_select(0, indices.reshape(-1)); inputs = tokens[:, :-1] cannot
+    # be viewed flat, so the GPU copies them (65,536 bytes for GPT 834M's 8 x 1024 on the H200)
+    result, _ = probe_run([EXAMPLE, "--layers", "1", "--hidden", str(HIDDEN), "--heads", "2",
+                           "--vocab", str(VOCAB), "--seq-len", "64", "--batch-size", "2",
+                           "--optimizer", "sgd", "--steps", "1"], "fake", 1)
+    assert result.status == "ok", result.reason
+    events = result.trace.events
+    made = [i for i, e in enumerate(events) if e.op == ALLOC and e.source == "aten.embedding"]
+    assert [events[i].size for i in made] == [2 * 64 * 8, 2 * 64 * HIDDEN * 4]
+    copy = events[made[0]].id
+    freed_at = next(i for i, e in enumerate(events) if e.op == FREE and e.id == copy)
+    assert made[1] < freed_at < made[1] + 3  # freed once the output is made

@@ -6,13 +6,19 @@ to fragment a segment, are replayed here, in the order and with the lifetimes of
 as fake tensors the tracker records (``AllocationTracker`` calls ``run`` for the ops in ``OPS``
 when their inputs are on the GPU).
 
+``embedding`` (aten/src/ATen/native/Embedding.cpp, ``embedding_symint``): indices of more than
+one dimension are flattened, ``weight.index_select(0, indices.reshape(-1))``; a reshape that
+cannot be a view (a slice such as ``tokens[:, :-1]``) copies them, and the copy is freed once
+the output is made (65,536 bytes per step before GPT 834M's embedding on the H200).
+
 ``embedding_dense_backward`` (aten/src/ATen/native/cuda/Embedding.cu,
 ``embedding_dense_backward_cuda``, and EmbeddingBackwardKernel.cu,
 ``embedding_backward_cuda_kernel``): contiguous copies of the indices and of the output's
 gradient when they are not contiguous; above 3,072 indices (or with ``scale_grad_by_freq``) the
 radix sort's ``sorted_indices``, ``orig_indices`` and the ``arange`` it sorts (freed after the
 sort), ``count`` with ``scale_grad_by_freq``; then the gradient itself (``at::zeros``), the
-``segment_offsets`` and the 8-byte segment count, ``partials_per_segment`` and its offsets
+``segment_offsets`` and the 8-byte segment count, the keys ``cub::unique_by_key`` writes (one
+index each, freed when it returns), ``partials_per_segment`` and its offsets
 (``min(numel, num_weights)`` each), the 8-byte partial-segment count, ``partial_segment_offset``
 and ``grad_weight_per_segment`` (``numel / NROWS_PER_THREAD + max_segments`` rows, the latter
 ``stride`` wide in the accumulation type: float for half, bfloat16 and float, double for
@@ -80,6 +86,13 @@ def embedding_dense_backward(run: Run, record: Record, args: Tuple[Any, ...],
         stride = int(out.stride(0)) if out.dim() == 2 else int(grad.shape[-1])
         make((numel,), indices, index_type)  # segment_offsets
         make((), grad, torch.int64)  # num_of_segments_tensor
+        # cuda::cub::unique_by_key (ATen/cuda/cub.cuh) takes a keys_out buffer of one key per
+        # index from the caching allocator for the call (cub's keys output cannot be discarded):
+        # the H200 snapshots hold it, 65,536 bytes for 8,192 indices between the segment count
+        # and cub's temporary storage, freed before partials_per_segment is made
+        keys_out = make((numel,), indices, index_type)
+        held.pop()
+        del keys_out
         max_segments = min(numel, num_weights)
         make((max_segments,), indices, index_type)  # partials_per_segment
         make((max_segments,), indices, index_type)  # partials_per_segment_offset
@@ -93,6 +106,22 @@ def embedding_dense_backward(run: Run, record: Record, args: Tuple[Any, ...],
     return out
 
 
+def embedding(run: Run, record: Record, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """Run ``aten.embedding`` (``run``: its fake kernel, which makes the output) after the copy
+    ``indices.reshape(-1)`` makes when the indices cannot be viewed flat."""
+    indices = args[1] if len(args) > 1 else kwargs["indices"]
+    flat = None
+    if indices.dim() != 1:
+        try:
+            indices.view(-1)
+        except (RuntimeError, ValueError):  # "Cannot view a tensor with shape ... and strides"
+            flat = record(indices.new_empty((indices.numel(),)))
+    out = record(run())
+    del flat
+    return out
+
+
 OPS: Dict[Any, Callable[[Run, Record, Tuple[Any, ...], Dict[str, Any]], Any]] = {
+    aten.embedding.default: embedding,
     aten.embedding_dense_backward.default: embedding_dense_backward,
 }
