@@ -4,11 +4,15 @@
 #   xmem-admission-self-signed.yaml  certificates from the chart's own certgen Jobs
 # Run it after changing the chart; tests/helm/test_deploy_manifests.py fails when these files
 # are not what the chart renders. Uses helm from .tools/bin (scripts/install-tools.sh).
+# The chart has no default image (none is published): XMEM_IMAGE_REPOSITORY names it, by default
+# localhost/xmem-admission, the name `make image` tags. Pushed elsewhere, render again:
+#   XMEM_IMAGE_REPOSITORY=registry.example.com/xmem-admission deploy/render.sh /tmp/xmem
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 HELM="${HELM:-$ROOT/.tools/bin/helm}"
 OUT="${1:-$ROOT/deploy}"
 NAMESPACE=xmem-system
+IMAGE_REPOSITORY="${XMEM_IMAGE_REPOSITORY:-localhost/xmem-admission}"
 
 render() {  # $1: output file, rest: helm flags
   local file="$1"; shift
@@ -20,7 +24,8 @@ render() {  # $1: output file, rest: helm flags
     echo "kind: Namespace"
     echo "metadata:"
     echo "  name: $NAMESPACE"
-    "$HELM" template xmem "$ROOT/helm/xmem-admission" --namespace "$NAMESPACE" --include-crds "$@"
+    "$HELM" template xmem "$ROOT/helm/xmem-admission" --namespace "$NAMESPACE" --include-crds \
+      --set image.repository="$IMAGE_REPOSITORY" "$@"
   } > "$file"
 }
 

@@ -54,10 +54,11 @@ def helm() -> str:
 def render_chart(values: Optional[Dict[str, Any]] = None,
                  namespace: str = NAMESPACE) -> List[Dict[str, Any]]:
     """``helm template`` of the chart (CRDs included), as objects."""
-    argv = [helm(), "template", RELEASE, str(CHART), "--namespace", namespace, "--include-crds"]
-    if values:
-        argv += ["--values", "-"]
-    out = subprocess.run(argv, input=yaml.safe_dump(values or {}), capture_output=True,
+    argv = [helm(), "template", RELEASE, str(CHART), "--namespace", namespace, "--include-crds",
+            "--values", "-"]
+    values = dict(values or {})  # the chart requires an image; nothing here pulls it
+    values["image"] = {"repository": PROBE_IMAGE.rsplit(":", 1)[0], **(values.get("image") or {})}
+    out = subprocess.run(argv, input=yaml.safe_dump(values), capture_output=True,
                          text=True, check=True).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 

@@ -26,6 +26,7 @@ THIRD_PARTY_CRDS = ("monitoring.coreos.com_servicemonitors.yaml",
                     "cert-manager.io_clusterissuers.yaml",
                     "cert-manager.io_certificaterequests.yaml")
 VALUES: Dict[str, Any] = {
+    "image": {"repository": "registry.example/xmem-admission"},  # required; never pulled here
     "certificates": {"mode": "certManager"},
     "metrics": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}},
     "policy": {"name": "helm-e2e"},

@@ -241,7 +241,8 @@ def test_9_helm_install_leaves_an_existing_policy_of_that_name_alone(cluster):
     existing = yaml.safe_load((CHART.parents[1] / "examples" / "policy.yaml").read_text())
     existing["metadata"] = {"name": name}
     cluster.apply(existing)
-    values = {"certificates": {"mode": "certManager"}, "policy": {"name": name}}
+    values = {"certificates": {"mode": "certManager"}, "policy": {"name": name},
+              "image": {"repository": "registry.example/xmem-admission"}}  # required, not pulled
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(

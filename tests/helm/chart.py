@@ -7,6 +7,7 @@ how to install it; they never pass without having run it.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import shutil
@@ -22,6 +23,21 @@ CHART = ROOT / "helm" / "xmem-admission"
 TOOLS = Path(os.environ.get("XMEM_TOOLS_DIR", ROOT / ".tools")) / "bin"
 RELEASE = "xmem"
 NAMESPACE = "xmem-system"
+
+# The chart has no default image (nobody publishes one): every render names one. Helm never
+# pulls it; localkube's estimation pods name the same repository.
+TEST_IMAGE = "registry.example/xmem-admission"
+
+
+def with_image(values: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """``values`` with ``image.repository`` set to TEST_IMAGE unless they set it themselves
+    (an empty string stays empty: the renders that check the chart refuses it)."""
+    merged = copy.deepcopy(values or {})
+    image = merged.setdefault("image", {})
+    if isinstance(image, dict):
+        image.setdefault("repository", TEST_IMAGE)
+    return merged
+
 
 # Value sets the tests render: each one a way admins install the chart.
 VALUE_SETS: Dict[str, Dict[str, Any]] = {
@@ -93,7 +109,7 @@ def run(args: Sequence[str], check: bool = True, timeout: float = 120) -> subpro
 
 def values_file(values: Dict[str, Any], directory: Path, name: str = "values") -> Path:
     path = directory / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(values))
+    path.write_text(yaml.safe_dump(with_image(values)))
     return path
 
 
@@ -116,7 +132,7 @@ def _render_cached(values_yaml: str, include_crds: bool, namespace: str) -> Tupl
 def render_text(values: Optional[Dict[str, Any]] = None, include_crds: bool = True,
                 namespace: str = NAMESPACE) -> str:
     """``helm template`` output (hooks included, as helm template prints them)."""
-    return _render_cached(yaml.safe_dump(values or {}), include_crds, namespace)[0]
+    return _render_cached(yaml.safe_dump(with_image(values)), include_crds, namespace)[0]
 
 
 def render(values: Optional[Dict[str, Any]] = None, include_crds: bool = True,
@@ -131,7 +147,7 @@ def notes(values: Optional[Dict[str, Any]] = None) -> str:
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as handle:
-        handle.write(yaml.safe_dump(values or {}))
+        handle.write(yaml.safe_dump(with_image(values)))
         handle.flush()
         out = run([tool("helm"), "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
                    "--dry-run=client", "--values", handle.name]).stdout

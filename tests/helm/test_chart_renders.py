@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helm.chart import CHART, VALUE_SETS, find, render, run, tool, values_file
 from tests.support.schemas import ROOT, validate_builtin, validate_custom
@@ -68,6 +69,29 @@ def test_every_object_is_namespaced_in_the_release_namespace_or_cluster_scoped()
             assert namespace is None, obj["metadata"]["name"]
         else:
             assert namespace == "gpu-admission", f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+@pytest.mark.parametrize("image", [{}, {"repository": ""}, {"tag": "0.1.0"}])
+def test_the_chart_refuses_to_render_without_an_image_and_says_how_to_build_one(
+        image: dict, tmp_path: Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"image": {"repository": "", **image}}))
+    for command in ("template", "install"):
+        argv = [tool("helm"), command, "xmem", str(CHART), "--values", str(path)]
+        if command == "install":  # what an admin runs; a client dry run needs no cluster
+            argv.append("--dry-run=client")
+        result = run(argv, check=False)
+        assert result.returncode != 0, command
+        assert "image.repository is required" in result.stderr
+        assert "make image" in result.stderr and "--set image.repository=" in result.stderr
+
+
+def test_the_image_given_names_every_pod_and_hook_of_the_chart() -> None:
+    objects = render({"image": {"repository": "registry.corp/ml/xmem", "tag": "1.2.3"}})
+    images = {c["image"] for o in objects if o["kind"] in ("Deployment", "Job")
+              for c in o["spec"]["template"]["spec"]["containers"]}
+    assert images == {"registry.corp/ml/xmem:1.2.3"}
+    assert len(find(objects, "Job")) == 2  # the certificate hooks run it too (selfSigned)
 
 
 @pytest.mark.parametrize("bad, complaint", [

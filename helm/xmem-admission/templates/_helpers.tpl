@@ -28,11 +28,13 @@ like stay within the 63-character limit of Service and label values.
 {{/* The DNS name the API server calls: <service>.<namespace>.svc (the certificate's SAN). */}}
 {{- define "xmem.serviceDNS" -}}{{ include "xmem.webhookName" . }}.{{ .Release.Namespace }}.svc{{- end -}}
 
+{{/* The one image of every pod and hook; no default: nobody publishes one (values.yaml). */}}
 {{- define "xmem.image" -}}
+{{- $repository := required "image.repository is required: no xmem-admission image is published. Build it with `make image` (localhost/xmem-admission:VERSION), push it to a registry your nodes pull from (podman push localhost/xmem-admission:VERSION REGISTRY/xmem-admission:VERSION) and install with --set image.repository=REGISTRY/xmem-admission (docs/install.md)" .Values.image.repository -}}
 {{- if .Values.image.digest -}}
-{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{ $repository }}@{{ .Values.image.digest }}
 {{- else -}}
-{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{ $repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
 {{- end -}}
 {{- end -}}
 
