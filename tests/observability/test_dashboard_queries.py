@@ -23,7 +23,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
@@ -155,14 +154,11 @@ def _held(obj: Dict[str, Any]) -> Dict[str, Any]:
     return job
 
 
-def _start_controller(cluster: Any) -> Tuple[subprocess.Popen, int]:
-    """Two held Jobs on the session's real control plane, and `xmem controller` estimating
-    them (its estimation pods run on the process node)."""
+def _hold_two_jobs(cluster: Any) -> None:
+    """Two held Jobs on the session's real control plane, for `xmem controller` to estimate
+    (its estimation pods run on the process node): one that traces, one whose script fails."""
     from kubernetes import client
 
-    from localkube.cluster import PROBE_IMAGE
-
-    cluster.ensure_namespace(NAMESPACE)
     api = cluster.plane.api_client()
     gpt = make_job("gpt-small", NAMESPACE).opt_in().gpus(1).obj()
     gpt["spec"]["template"]["spec"]["containers"][0]["command"] = [
@@ -174,6 +170,13 @@ def _start_controller(cluster: Any) -> Tuple[subprocess.Popen, int]:
     for job in (gpt, broken):
         client.BatchV1Api(api).create_namespaced_job(NAMESPACE, _held(job))
     api.close()
+
+
+def _start_controller(cluster: Any) -> Tuple[subprocess.Popen, int]:
+    """`xmem controller` on the session's real control plane, nothing held yet."""
+    from localkube.cluster import PROBE_IMAGE
+
+    cluster.ensure_namespace(NAMESPACE)
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "xmem_admission.cli", "controller", "--kubeconfig",
@@ -253,11 +256,30 @@ def stack(tmp_path_factory, cluster) -> Iterator[Dict[str, Any]]:
         # Rules evaluated over the scrapes, with enough samples for 20 s rate windows.
         wait_while_running(lambda: bool(_query(api, "xmem:workload_gpu_memory_saved_bytes")),
                   "recording rules over the scrapes", prom)
+        # rate() needs two samples of a series with an increase between them: Prometheus scrapes
+        # the controller's histogram before any estimation ends (its count 0), so the
+        # estimations' durations are an increase however long a loaded machine takes to start
+        # Prometheus (a counter first scraped after both ended would never increase).
+        wait_while_running(lambda: bool(_query(
+            api, "xmem_controller_estimation_duration_seconds_count == 0")),
+            "Prometheus scraping the controller before it estimates", controller)
+        _hold_two_jobs(cluster)
         # Both estimations ended (a real probe run takes some seconds) and were scraped.
         wait_while_running(lambda: bool(_query(api, "xmem_controller_estimations_succeeded_total > 0"))
                   and bool(_query(api, "xmem_controller_estimations_failed_total > 0")),
                   "the controller's estimations", controller, timeout=150)
-        time.sleep(3)
+        # What each histogram panel's rate() needs: an increase within its window.
+        for histogram in ("xmem_controller_estimation_duration_seconds_bucket",
+                          "xmem_admission_duration_seconds_bucket"):
+            wait_while_running(lambda h=histogram: bool(_query(api, f"sum(rate({h}[5m])) > 0")),
+                               f"an increase of {histogram} in Prometheus", prom)
+        # Then every panel's query answered with a number (a panel without data fails below,
+        # after this wait, with its own message).
+        try:
+            wait_while_running(lambda: all(_answered(api, expr) for _, expr in _queries()),
+                               "every panel's query answered", prom, timeout=30, interval=1)
+        except TimeoutError:
+            pass
         yield {"api": api, "answers": answers}
     finally:
         stop.set()
@@ -279,6 +301,11 @@ def _ready(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/-/ready").status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _answered(api: httpx.Client, expr: str) -> bool:
+    """The query returns at least one sample that is a number (not NaN)."""
+    return any(float(r["value"][1]) == float(r["value"][1]) for r in _query(api, expr))
 
 
 def _query(api: httpx.Client, expr: str) -> List[Dict[str, Any]]:
