@@ -64,6 +64,17 @@ EXPECTED_FORM = {
 }
 
 
+def test_applying_an_example_leaves_the_charts_policy_alone() -> None:
+    chart_policy = yaml.safe_load((ROOT / "helm" / "xmem-admission" / "values.yaml")
+                                  .read_text())["policy"]["name"]
+    names = [next(o for o in _load(p) if o["kind"] == "GPUAdmissionPolicy")["metadata"]["name"]
+             for p in EXAMPLES]
+    assert chart_policy not in names
+    assert len(set(names)) == len(names), "two examples would replace each other's policy"
+    for path, name in zip(EXAMPLES, names):  # each says how to run with it instead
+        assert f"--set policy.create=false --set policy.name={name}" in path.read_text(), path
+
+
 def test_there_is_an_example_for_every_backend() -> None:
     backends = set()
     for path in EXAMPLES:

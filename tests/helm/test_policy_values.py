@@ -42,6 +42,23 @@ def test_the_example_policy_can_be_given_as_values_unchanged() -> None:
     Policy.from_object(obj)
 
 
+def test_the_charts_policy_is_the_example_policy_but_for_what_values_yaml_says() -> None:
+    # values.yaml: examples/policy.yaml's spec but onEstimationFailure Release and no overrides
+    example = yaml.safe_load((CHART.parents[1] / "examples" / "policy.yaml").read_text())
+    chart = Policy.from_object(one(render({}), "GPUAdmissionPolicy"))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]["spec"]
+    assert values["onEstimationFailure"] == {"action": "Release"}
+    assert example["spec"]["onEstimationFailure"] != values["onEstimationFailure"]
+    assert example["spec"]["overrides"] and "overrides" not in values
+
+    spec = dict(example["spec"], onEstimationFailure=values["onEstimationFailure"])
+    del spec["overrides"]
+    adjusted = Policy.from_object({**example, "spec": spec})
+    assert adjusted.defaults == chart.defaults
+    assert adjusted.overrides == chart.overrides == ()
+    assert adjusted.sharing == chart.sharing
+
+
 def test_a_policy_typo_in_values_is_caught_by_the_products_parser() -> None:
     obj = one(render({"policy": {"spec": {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
                                           "safetyMarginPercnt": 5}}}), "GPUAdmissionPolicy")
