@@ -153,10 +153,26 @@ class Job:
         return self.peak_reserved_bytes + self.outside_bytes
 
 
+@dataclass(frozen=True)
+class BasisGPU(gpus.GPU):
+    """A catalogue GPU whose memory outside the allocator is a measurement basis's, not
+    ``contract.overhead``'s (the catalogue's figures are read through properties)."""
+
+    outside_bytes: int = 0
+
+    @property
+    def context_bytes(self) -> int:
+        return self.outside_bytes
+
+    @property
+    def runtime_overhead_bytes(self) -> int:
+        return 0
+
+
 def basis_gpu(gpu: gpus.GPU, capacity_bytes: int, outside_bytes: int) -> gpus.GPU:
     """``gpu`` with a measurement basis's capacity and memory outside the allocator."""
-    return dataclasses.replace(gpu, capacity_bytes=capacity_bytes, context_bytes=outside_bytes,
-                               runtime_overhead_bytes=0)
+    fields = {f.name: getattr(gpu, f.name) for f in dataclasses.fields(gpus.GPU)}
+    return BasisGPU(**dict(fields, capacity_bytes=capacity_bytes), outside_bytes=outside_bytes)
 
 
 def scaled(stream: Trace, factor: float) -> Trace:
