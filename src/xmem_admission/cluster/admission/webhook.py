@@ -10,7 +10,10 @@ Opt-in and the two webhook entries: an AdmissionReview does not carry the namesp
 so the webhook configuration selects and the path says which entry sent the review:
 
 - ``/mutate/namespace``, ``/validate/namespace``: the entry with a namespaceSelector on
-  ``xmem.io/estimate=true``; everything it sends is opted in;
+  ``xmem.io/estimate=true``; everything it sends is opted in, except a workload that opts
+  itself out with its own label ``xmem.io/estimate: "false"``: admitted unchanged where the
+  namespace's policy warns, judged as any other (with a warning saying so) where it enforces,
+  so a tenant cannot step around an admin's Enforce;
 - ``/mutate/object``, ``/validate/object`` (and plain ``/mutate``, ``/validate``): the entry with
   an objectSelector on the same label; the webhook still checks the object's own label, so an
   entry without a selector can never opt everything in by mistake.
@@ -67,6 +70,10 @@ from xmem_admission.contract.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+
+# The value of labels.OPT_IN by which a workload in a labelled namespace opts itself out.
+OPT_OUT_VALUE = "false"
 
 
 class Endpoint(str, enum.Enum):
@@ -179,6 +186,21 @@ class Webhook:
             return Verdict(Decision.ALLOWED)
         if req.operation == "UPDATE" and metadata.get("deletionTimestamp"):
             return Verdict(Decision.ALLOWED)  # being deleted: finalizers must be able to go
+        if scope is Scope.NAMESPACE and _opted_out(metadata):
+            if not settings.enforcing:
+                return Verdict(Decision.ALLOWED)  # the workload's own opt-out, under Warn
+            verdict = self._judge(req, integration, endpoint, policy, settings, obj, metadata)
+            verdict.warnings.insert(0, (
+                f"xmem: {labels.OPT_IN}={OPT_OUT_VALUE} is not honoured: the policy enforces in "
+                f"namespace {req.namespace}, so only an admin can exempt a workload there"))
+            return verdict
+        return self._judge(req, integration, endpoint, policy, settings, obj, metadata)
+
+    def _judge(
+        self, req: Request, integration: Integration, endpoint: Endpoint, policy: Policy,
+        settings: Settings, obj: Dict[str, Any], metadata: Dict[str, Any],
+    ) -> Verdict:
+        """``_decide`` for an object the policy applies to."""
         refs = integration.pod_templates(obj)
         groups = [list(gpu_containers(ref.template)) for ref in refs]
         templates = [(ref, group) for ref, group in zip(refs, groups) if group]
@@ -297,6 +319,13 @@ class Webhook:
                     req.namespace, name, kind, plan.target.gpu.key, plan.request_bytes
                 )
         return Verdict(decision, patch=ops, warnings=outcome.warnings)
+
+
+def _opted_out(metadata: Dict[str, Any]) -> bool:
+    """Whether a workload in an opted-in namespace opts itself out (``xmem.io/estimate:
+    "false"``); honoured where the namespace's policy warns, not where it enforces."""
+    found = metadata.get("labels")
+    return isinstance(found, dict) and found.get(labels.OPT_IN) == OPT_OUT_VALUE
 
 
 def _opted_in(old: Optional[Dict[str, Any]]) -> bool:
