@@ -93,7 +93,10 @@ def _cudnn_takes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any,
     cuDNN's limit, more than one key, contiguous last dims, not deterministic. Masked and
     grouped-query calls are left to the other kernels here: their cuDNN graphs hold more (a bias
     and the full-head dK/dV of ``CompositeSDPABackwardNode``) than this module models."""
-    if mask is not None or gqa or not torch.backends.cuda.cudnn_sdp_enabled():
+    # torch.backends.cuda.cudnn_sdp_enabled exists since torch 2.3: a torch without it has no
+    # cuDNN attention to choose
+    enabled = getattr(torch.backends.cuda, "cudnn_sdp_enabled", None)
+    if mask is not None or gqa or enabled is None or not enabled():
         return False
     if torch.are_deterministic_algorithms_enabled() and \
             not torch.is_deterministic_algorithms_warn_only_enabled():
