@@ -101,7 +101,9 @@ class GPU:
         """Memory a process holds outside the caching allocator, for uses that have no trace (the
         cluster side's OOM retries): ``contract.overhead``'s figures for a job whose CUDA is not
         known and that calls cuDNN; estimates use the job's own (``overhead.for_gpu``)."""
-        return self.context_bytes + self.runtime_overhead_bytes
+        from xmem_admission.contract import overhead
+
+        return overhead.for_gpu(self.key).total_bytes
 
     @property
     def context_bytes(self) -> int:

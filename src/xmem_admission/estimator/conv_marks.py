@@ -23,7 +23,9 @@ Standard library only (the probe bundle; the probe turns tensors into the number
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
+
+from xmem_admission.estimator.trace import mark_fields
 
 PREFIX = "cudnn:"
 _INT_MAX = 2**31 - 1  # std::numeric_limits<int>::max(): 32-bit index math (CanUse32BitIndexMath.h)
@@ -85,10 +87,7 @@ class ConvMark:
     @classmethod
     def parse(cls, label: str) -> ConvMark:
         """The mark of ``label``; ValueError when it is not a ``cudnn:`` mark with shapes."""
-        head, _, rest = label.partition(" ")
-        if not head.startswith(PREFIX) or len(head) == len(PREFIX):
-            raise ValueError(f"not a cudnn: mark: {label!r}")
-        fields: Dict[str, str] = dict(part.split("=", 1) for part in rest.split() if "=" in part)
+        kind, fields = mark_fields(label, PREFIX)
 
         def dims(name: str) -> Optional[Dims]:
             text = fields.get(name)
@@ -101,7 +100,7 @@ class ConvMark:
         x, w, y = dims("x"), dims("w"), dims("y")
         if x is None or w is None or y is None:
             raise ValueError(f"cudnn: mark without x, w and y: {label!r}")
-        return cls(tuple(head[len(PREFIX):].split("+")), x, w, y, int(fields.get("g", "1")),
+        return cls(tuple(kind.split("+")), x, w, y, int(fields.get("g", "1")),
                    int(fields.get("b", "4")), dims("s"), dims("p"), dims("d"), flag("cl"),
                    fields.get("dt"), flag("bm"), flag("det"), flag("tf32"),
                    fields.get("tr") == "1")

@@ -154,6 +154,14 @@ def overhead_for(stream: Trace, gpu: catalogue.GPU) -> outside.Overhead:
     return outside.for_gpu(gpu.key, major, uses_cudnn=bool(meta.get("conv_workspaces")))
 
 
+def allocator_room(trace: Trace, stream: Trace, gpu: catalogue.GPU,
+                   env: Optional[Dict[str, str]] = None) -> int:
+    """What the simulated allocator of ``trace``'s GPU stream (``for_gpu``'s output) may reserve:
+    the card less the memory outside the allocator for that job and NCCL's buffers."""
+    return (allocator_capacity(gpu, overhead_for(stream, gpu).total_bytes)
+            - nccl_bytes(trace, gpu, env))
+
+
 def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
                    config: Optional[AllocatorConfig] = None, margin: float = DEFAULT_MARGIN,
                    env: Optional[Dict[str, str]] = None) -> List[GPUEstimate]:

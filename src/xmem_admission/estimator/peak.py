@@ -32,7 +32,12 @@ from xmem_admission.contract import gpus as catalogue
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
 from xmem_admission.estimator.allocator.caching import CachingAllocator
 from xmem_admission.estimator.allocator.simulate import simulate
-from xmem_admission.estimator.estimate import allocator_capacity, nccl_bytes, overhead_for
+from xmem_admission.estimator.estimate import (
+    allocator_capacity,
+    allocator_room,
+    nccl_bytes,
+    overhead_for,
+)
 from xmem_admission.estimator.orchestrate import for_gpu
 from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Category, Trace
 
@@ -96,8 +101,7 @@ def explain(trace: Trace, gpus: Sequence[catalogue.GPU], config: Optional[Alloca
     out = []
     for gpu in gpus:
         stream = for_gpu(trace, gpu, env)
-        capacity = (allocator_capacity(gpu, overhead_for(stream, gpu).total_bytes)
-                    - nccl_bytes(trace, gpu, env))
+        capacity = allocator_room(trace, stream, gpu, env)
         sim = simulate(stream, config, capacity_bytes=capacity)
         out.append(itemise(stream, config, capacity, sim.peak_reserved_event, gpu.key, top))
     return out

@@ -57,6 +57,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract.gpu_devices import ARCHITECTURES
 from xmem_admission.contract.gpus import GPU
+from xmem_admission.estimator.trace import mark_fields
 
 PREFIX = "reduce:"
 _INT32_MAX = 2**31 - 1  # std::numeric_limits<int32_t>::max() (TensorIterator.cpp)
@@ -101,16 +102,13 @@ class ReductionMark:
     @classmethod
     def parse(cls, label: str) -> ReductionMark:
         """The mark of ``label``; ValueError when it is not a well-formed ``reduce:`` mark."""
-        head, _, rest = label.partition(" ")
-        if not head.startswith(PREFIX) or len(head) == len(PREFIX):
-            raise ValueError(f"not a reduce: mark: {label!r}")
-        fields: Dict[str, str] = dict(part.split("=", 1) for part in rest.split() if "=" in part)
+        op, fields = mark_fields(label, PREFIX)
 
         def dims(name: str) -> Dims:
             return tuple(int(d) for d in fields.get(name, "").split(",") if d)
 
         try:
-            mark = cls(head[len(PREFIX):], dims("x"), dims("s"), dims("d"),
+            mark = cls(op, dims("x"), dims("s"), dims("d"),
                        int(fields["o"]), int(fields["b"]), int(fields["ob"]),
                        int(fields["acc"]), int(fields.get("vt", "4")), int(fields.get("n", "1")),
                        fields.get("cv") == "1")

@@ -23,7 +23,7 @@ from xmem_admission.contract import gpus as catalogue
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
 from xmem_admission.estimator.allocator.caching import CachingAllocator
 from xmem_admission.estimator.allocator.simulate import simulate
-from xmem_admission.estimator.estimate import allocator_capacity, nccl_bytes, overhead_for
+from xmem_admission.estimator.estimate import allocator_room
 from xmem_admission.estimator.orchestrate import for_gpu
 from xmem_admission.estimator.peak import Explained, catalogue_request, display_module
 from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Category, Trace
@@ -57,9 +57,8 @@ def timeline(trace: Trace, gpu: catalogue.GPU, config: AllocatorConfig,
     """One GPU's timeline, downsampled: x (trace event index), allocated bytes per category,
     reserved bytes, the allocation each sample names, and the peak's sample (exact)."""
     stream = for_gpu(trace, gpu)
-    capacity = (allocator_capacity(gpu, overhead_for(stream, gpu).total_bytes)
-                - nccl_bytes(trace, gpu))
-    sim = simulate(stream, config, capacity_bytes=capacity, timeline=True)
+    sim = simulate(stream, config, capacity_bytes=allocator_room(trace, stream, gpu),
+                   timeline=True)
     reserved_at = {index: reserved for index, _, reserved in sim.timeline or []}
     origin = _origins(trace, stream)
     rounding = CachingAllocator(config)

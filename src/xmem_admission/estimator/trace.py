@@ -259,6 +259,15 @@ class Trace:
             raise TraceError(f"{path}: {exc}") from None
 
 
+def mark_fields(label: str, prefix: str) -> Tuple[str, Dict[str, str]]:
+    """A ``prefix`` mark's kind (the rest of its first word) and its ``key=value`` fields, as the
+    probe writes ``cudnn:`` and ``reduce:`` marks; ValueError when ``label`` is not one."""
+    head, _, rest = label.partition(" ")
+    if not head.startswith(prefix) or len(head) == len(prefix):
+        raise ValueError(f"not a {prefix} mark: {label!r}")
+    return head[len(prefix):], dict(part.split("=", 1) for part in rest.split() if "=" in part)
+
+
 def _category_str(category: Union[Category, str]) -> str:
     return category.value if isinstance(category, Category) else str(category)
 
