@@ -41,7 +41,6 @@ Where ``spec.dra.pinProduct`` is on, a selector ``device.attributes["<domain>"].
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from xmem_admission.cluster.backends.base import (
@@ -55,7 +54,13 @@ from xmem_admission.cluster.backends.base import (
 from xmem_admission.cluster.integrations.base import TemplateRef
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import MiB, gib
-from xmem_admission.cluster.kube.resources import NVIDIA_GPU, Slot, slot_field
+from xmem_admission.cluster.kube.resources import (
+    NVIDIA_GPU,
+    XMEM_CLAIM,
+    XMEM_TEMPLATE,
+    Slot,
+    slot_field,
+)
 from xmem_admission.cluster.policy.model import (
     BackendName,
     Dra,
@@ -65,7 +70,7 @@ from xmem_admission.cluster.policy.model import (
 from xmem_admission.contract import gpus
 
 API_VERSION = "resource.k8s.io/v1"
-CLAIM = "xmem-gpu"  # the pod's resourceClaims entry and the containers' claims name
+CLAIM = XMEM_CLAIM  # the pod's resourceClaims entry and the containers' claims name
 REQUEST = "gpu"  # the device request's name inside the claim
 # On a workload and its GPU pod templates: why no claim is written (the controller found no
 # device of the class that could hold it, and released the workload as written): the webhook
@@ -74,7 +79,7 @@ UNSATISFIABLE = "xmem.io/dra-unsatisfiable"
 # The attribute and capacity domain each driver publishes (its driver name).
 DOMAINS = {DraDriver.NVIDIA: "gpu.nvidia.com", DraDriver.NVIDIA_MIG: "gpu.nvidia.com",
            DraDriver.HAMI: "hami-core-gpu.project-hami.io"}
-_NAME = re.compile(r"-xmem-(\d+)mi(?:-x(\d+))?$")
+_NAME = XMEM_TEMPLATE
 MAX_NAME = 253  # a ResourceClaimTemplate's name is a DNS subdomain
 
 
@@ -301,3 +306,29 @@ class DraBackend(Backend):
                                 f"Replace)")
         out.written.append(f"{describe(self.dra, gpu, request_bytes)} (template {name})")
         return out
+
+    def rewrite(
+        self,
+        draft: Draft,
+        ref: TemplateRef,
+        containers: Sequence[GpuContainer],
+        request_bytes: int,
+        gpu: gpus.GPU,
+    ) -> Applied:
+        """Point the pod's ``xmem-gpu`` entry at the workload's template for ``request_bytes``
+        (a retry after a CUDA OOM, issue 31: the pod's claims are written at its CREATE, the one
+        moment they may change; the controller made that template before recording the retry).
+        The GPU count stays what the entry's template said."""
+        refusal = self.refusal(draft.root, ref.template, request_bytes, gpu)
+        if refusal is not None:
+            return Applied(warnings=[refusal])
+        workload = workload_of(draft.root)
+        assert workload is not None  # refusal() said so otherwise
+        for index, entry in enumerate(_pod_claims(ref.template)):
+            if entry.get("name") != CLAIM:
+                continue
+            count = count_of(str(entry.get("resourceClaimTemplateName") or ""))
+            name = template_name(workload, request_bytes, count)
+            draft.set(ref.at("spec", "resourceClaims", index, "resourceClaimTemplateName"), name)
+            return Applied(written=[f"{describe(self.dra, gpu, request_bytes)} (template {name})"])
+        return Applied()

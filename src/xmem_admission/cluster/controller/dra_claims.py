@@ -41,7 +41,7 @@ from xmem_admission.cluster.kube.client import Kind, Kube, Obj
 from xmem_admission.cluster.kube.informer import Informer
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.policy import sizing
-from xmem_admission.cluster.policy.model import BackendName, Dra, DraDriver, Settings
+from xmem_admission.cluster.policy.model import BackendName, Dra, DraDriver, Settings, Target
 from xmem_admission.cluster.policy.sizing import Plan
 from xmem_admission.contract import gpus
 from xmem_admission.contract.errors import KubeApiError, QuantityError
@@ -182,6 +182,13 @@ class DeviceView:
                       f"({len(members)} devices in its ResourceSlices)")
 
 
+def target_of(annotations: Mapping[str, Any], settings: Settings) -> Target:
+    """A pod template's target: the GPU model it pins (``xmem.io/gpu-model``), else the
+    policy's first."""
+    pinned = sizing.pinned_gpu(annotations)
+    return (settings.target(pinned) if pinned else None) or settings.targets[0]
+
+
 def dra_plans(integration: Any, obj: Obj, plans: Sequence[Optional[Plan]]
               ) -> List[Tuple[Plan, Dra, int]]:
     """(plan, its claim settings, GPUs per pod) for every pod template sized by ``dra``."""
@@ -235,10 +242,24 @@ def carried(integration: Any, obj: Obj, settings: Settings) -> List[Tuple[Plan, 
             request = quantity.parse_digits(annotations.get(labels.REQUEST_BYTES))
         except QuantityError:
             request = 0
-        pinned = sizing.pinned_gpu(annotations)
-        target = (settings.target(pinned) if pinned else None) or settings.targets[0]
+        target = target_of(annotations, settings)
         plans.append(Plan(target, 0, request) if request > 0 and
                      UNSATISFIABLE not in annotations else None)
+    return dra_plans(integration, obj, plans)
+
+
+def retry_plans(integration: Any, obj: Obj, settings: Settings, gpu: str,
+                request_bytes: int) -> List[Tuple[Plan, Dra, int]]:
+    """(plan, claim settings, GPUs per pod) of the claims a workload's pods ask after a retry
+    grew its request to ``request_bytes`` on GPU model ``gpu`` (``controller.oom_retries``):
+    one per GPU pod template whose target (its pinned model, else the policy's first) is that
+    model under ``dra``. The webhook points a retry pod at the template of the grown request
+    (``admission.mutation.grow_after_oom``); the controller makes it first."""
+    plans: List[Optional[Plan]] = []
+    for ref, _containers in gpu_templates(integration, obj):
+        annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
+        target = target_of(annotations, settings)
+        plans.append(Plan(target, 0, request_bytes) if target.gpu.key == gpu else None)
     return dra_plans(integration, obj, plans)
 
 
@@ -257,8 +278,7 @@ def referenced(integration: Any, obj: Obj, settings: Settings) -> List[Tuple[Pla
                     name != dra.template_name(obj["metadata"]["name"], request,
                                               dra.count_of(name)):
                 continue
-            pinned = sizing.pinned_gpu(annotations)
-            target = (settings.target(pinned) if pinned else None) or settings.targets[0]
+            target = target_of(annotations, settings)
             if target.backend is BackendName.DRA and target.dra is not None:
                 out.append((Plan(target, 0, request), target.dra, dra.count_of(name)))
     return out
@@ -272,6 +292,8 @@ def wants(ctx: Any, kind: str, obj: Obj) -> bool:
     if obj["metadata"].get("uid") in ctx.claimed:
         return False
     integration = ctx.workloads[kind].integration
+    if integration.resolves:  # a TrainJob's templates are its runtime's: not read from a cache
+        return False
     return integration.finished(obj) is None and bool(
         referenced(integration, obj, settings) or carried(integration, obj, settings))
 

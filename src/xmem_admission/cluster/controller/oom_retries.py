@@ -55,13 +55,13 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from xmem_admission.cluster import labels
-from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.controller import dra_claims, records
 from xmem_admission.cluster.controller.context import Context
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.policy import retry, sizing
-from xmem_admission.cluster.policy.model import Settings, Target
+from xmem_admission.cluster.policy.model import BackendName, Settings, Target
 from xmem_admission.contract import oom
 from xmem_admission.contract.errors import QuantityError
 
@@ -194,6 +194,19 @@ def decide(entry: Optional[Dict[str, Any]], workload: Obj, pod: Obj, request_byt
     return Decision(new, outcome, True)
 
 
+def unplaceable(decision: Decision, request_bytes: int, why: str) -> Decision:
+    """The decision when a retry's DRA claim could never be allocated: no device of the policy's
+    DeviceClass holds the grown request (``dra_claims.DeviceView``). The workload ends with that
+    reason, as at the retry cap, rather than with a retry pod whose claim waits forever; its
+    next pod keeps the request that failed (``request_bytes``), whose template exists."""
+    assert decision.entry is not None and isinstance(decision.outcome, retry.Retry)
+    reason = (f"retry at {gib(decision.outcome.request_bytes)} GiB: no device of the policy's "
+              f"DeviceClass holds it ({why})")
+    entry = {k: v for k, v in decision.entry.items() if k not in ("migProfile", "claim")}
+    entry.update(requestBytes=request_bytes, gaveUp=reason, message=reason)
+    return Decision(entry, retry.GiveUp(reason), decision.counted)
+
+
 def with_entry(status: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
     """The status with the workload's entry replaced (the newest ``MAX_RETRY_ENTRIES`` kept)."""
     uid = entry["workload"]["uid"]
@@ -245,7 +258,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
     owner = _workload(ctx, pod)
     if found is None or request is None or owner is None:
         return None  # not an OOM, not sized by xmem, or not a workload's pod
-    _kind, workload = owner
+    kind, workload = owner
     fp = (workload["metadata"].get("annotations") or {}).get(labels.FINGERPRINT)
     gme = ctx.estimates.get(namespace, records.name_for(fp)) if isinstance(fp, str) else None
     if gme is None:
@@ -259,6 +272,16 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
     entry = records.retry_entry(gme, workload["metadata"]["uid"])
     decision = decide(entry, workload, pod, request, found, target, settings,
                       records.stamp(ctx.now()))
+    if isinstance(decision.outcome, retry.Retry) and target.backend is BackendName.DRA:
+        # The retry pod's claim names the workload's template of the grown request: made here,
+        # before the record that makes the webhook point a pod at it (issue 40).
+        if ctx.devices is not None and not ctx.devices.ready():
+            return 1.0
+        why = dra_claims.make_templates(ctx.kube, ctx.devices, workload, dra_claims.retry_plans(
+            ctx.workloads[kind].integration, workload, settings, target.gpu.key,
+            decision.outcome.request_bytes))
+        if why:
+            decision = unplaceable(decision, request, why)
     if decision.entry is not None:
         status = with_entry(dict(gme.get("status") or {}), decision.entry)
         written = ctx.kube.replace_status(GME, dict(gme, status=status))

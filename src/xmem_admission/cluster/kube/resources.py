@@ -12,11 +12,15 @@ GPU Operator's "MIG support"); Volcano vGPU ``volcano.sh/vgpu-number`` (Volcano 
 User guide"); Aliyun gpushare ``aliyun.com/gpu-mem`` (GiB, gpushare-scheduler-extender user
 guide) with the ``aliyun.com/gpu-count`` pod label for multi-GPU sharing (Alibaba Cloud ACK
 docs, "multi-card sharing through shared GPU scheduling"); NVIDIA KAI scheduler ``gpu-memory`` /
-``gpu-fraction`` pod annotations (one device; KAI-Scheduler GPU sharing docs).
+``gpu-fraction`` pod annotations (one device; KAI-Scheduler GPU sharing docs). A DRA claim xmem
+wrote (``backends/dra.py``: the pod's ``resourceClaims`` entry ``xmem-gpu`` naming a template
+``<workload>-xmem-<MiB>mi[-x<N>]``, the container's ``resources.claims``) counts the GPUs its
+template's name says.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple
 
 from xmem_admission.cluster.kube import quantity
@@ -35,6 +39,9 @@ KAI_FRACTION = "gpu-fraction"
 KAI_CONTAINER = "gpu-fraction-container-name"  # KAI: which container gets the share (default: first)
 KAI_DEVICES = "gpu-fraction-num-devices"  # KAI: devices the fraction spans (default: one)
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # GPU Feature Discovery node label, MiB
+XMEM_CLAIM = "xmem-gpu"  # the pod claim the dra backend writes
+# The ResourceClaimTemplate names the dra backend writes: the request in MiB, the GPUs per pod.
+XMEM_TEMPLATE = re.compile(r"-xmem-(\d+)mi(?:-x(\d+))?$")
 
 # Where a container sits in a pod spec: ("containers", 0), ("initContainers", 1), ...
 Slot = Tuple[str, int]
@@ -136,6 +143,20 @@ def kai_target_index(template: Mapping[str, Any]) -> int:
     return -1
 
 
+def claimed_gpus(spec: Mapping[str, Any], container: Mapping[str, Any]) -> int:
+    """The GPUs a container holds through the claim the dra backend wrote (0: none): its
+    ``nvidia.com/gpu`` is gone, its count lives in the template's name."""
+    claims = (container.get("resources") or {}).get("claims") or []
+    if not any(isinstance(c, dict) and c.get("name") == XMEM_CLAIM for c in claims):
+        return 0
+    for entry in spec.get("resourceClaims") or []:
+        if isinstance(entry, dict) and entry.get("name") == XMEM_CLAIM:
+            found = XMEM_TEMPLATE.search(str(entry.get("resourceClaimTemplateName") or ""))
+            if found:
+                return int(found.group(2) or 1)
+    return 0
+
+
 def gpu_containers(template: Mapping[str, Any]) -> Iterator[Tuple[Slot, Mapping[str, Any], int]]:
     """(slot, container, GPU count) for each container of a pod template that uses GPUs.
 
@@ -162,6 +183,7 @@ def gpu_containers(template: Mapping[str, Any]) -> Iterator[Tuple[Slot, Mapping[
             slot = (kind, index)
             if not isinstance(container, dict):
                 raise InvalidObjectError(f"{slot_field(slot)}: expected an object")
-            count = gpu_count(container, meta, kai_target=slot == (CONTAINERS, kai_index))
+            count = gpu_count(container, meta, kai_target=slot == (CONTAINERS, kai_index)) or \
+                claimed_gpus(spec, container)
             if count:
                 yield slot, container, count

@@ -25,6 +25,13 @@ is the memory of the smallest profile (``gpus.smallest_mig_profile``) that holds
 larger than the previous request's profile: the next profile up at least. The ceiling is the
 largest profile within the cap.
 
+MIG as a DRA claim (``dra`` with driver ``nvidia-mig``): the same next profile, but the request
+is the least that selects it, ``next`` and at least one granule above the previous profile's
+memory (never above the chosen profile's): the claim's CEL selector asks for a device whose
+published ``memory`` is at least the request and below the next slice size
+(``backends.dra.mig_bounds``), and the driver publishes a profile's memory in whole MiB
+(dra-driver-nvidia-gpu deviceinfo.go, MemorySizeMB), a little under the catalogue's figure.
+
 The workload gets a terminal reason instead of a retry when the previous request already was
 the ceiling (it ran out at the largest size it may have), when the evidence alone (before the
 margin) is more than the ceiling, or when no larger MIG profile exists.
@@ -38,11 +45,17 @@ from fractions import Fraction
 from typing import Optional, Union
 
 from xmem_admission.cluster.kube.quantity import ceil_div, gib
-from xmem_admission.cluster.policy.model import BackendName, Settings, Target
+from xmem_admission.cluster.policy.model import BackendName, DraDriver, Settings, Target
 from xmem_admission.contract import gpus
 from xmem_admission.contract.oom import CudaOOM
 
 MIG_BACKENDS = (BackendName.MIG_MIXED, BackendName.MIG_SINGLE)
+
+
+def mig_claim(target: Target) -> bool:
+    """Whether the target's request is a DRA claim for a MIG device (see the module)."""
+    return target.backend is BackendName.DRA and target.dra is not None and \
+        target.dra.driver is DraDriver.NVIDIA_MIG
 
 
 @dataclass(frozen=True)
@@ -121,7 +134,7 @@ def grow(
     if ooms_in_a_row < 1:
         raise ValueError(f"ooms_in_a_row must be >= 1, got {ooms_in_a_row}")
     gpu = target.gpu
-    mig = target.backend in MIG_BACKENDS
+    mig = target.backend in MIG_BACKENDS or mig_claim(target)
     ceiling = _ceiling(target, rule)
     top: Optional[gpus.MigProfile] = None
     if mig:
@@ -164,7 +177,12 @@ def grow(
             return GiveUp(f"ran out of GPU memory in MIG slice {before.name if before else '?'} "
                           f"and no larger slice of {gpu.key} is within {at_most}")
         profile = min(larger, key=lambda p: (p.memory_bytes, p.compute_slices))
-        request, profile_name = profile.memory_bytes, profile.name
+        if mig_claim(target):
+            above = ceil_div(floor + 1, rule.granularity_bytes) * rule.granularity_bytes
+            request = min(max(request, above), profile.memory_bytes)
+        else:
+            request = profile.memory_bytes
+        profile_name = profile.name
         how += f"; MIG {profile.name}"
     capped = " (capped)" if request == ceiling else ""
     return Retry(request, need, profile_name,
@@ -172,4 +190,4 @@ def grow(
                  f"{capped} ({how})")
 
 
-__all__ = ["GiveUp", "MIG_BACKENDS", "Retry", "RetryRule", "grow", "rule_for"]
+__all__ = ["GiveUp", "MIG_BACKENDS", "Retry", "RetryRule", "grow", "mig_claim", "rule_for"]
