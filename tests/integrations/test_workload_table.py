@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List
 
 import pytest
 
-from tests.support.builders import make_job, make_pod, make_pytorchjob, review
+from tests.support.builders import make_job, make_jobset, make_pod, make_pytorchjob, review
 from tests.support.estimates import record_for
 from tests.support.harness import HttpsWebhook, make_policy
 from tests.support.schemas import validate_object
@@ -28,6 +28,7 @@ WORKLOADS: Dict[str, Callable[[], Dict[str, Any]]] = {
     "Job": lambda: make_job("train").opt_in().gpus(1).obj(),
     "PyTorchJob": lambda: make_pytorchjob("ddp").opt_in().workers(3).gpus(1).obj(),
     "Pod": lambda: make_pod("notebook").opt_in().gpus(1).obj(),
+    "JobSet": lambda: make_jobset("ddp").opt_in().gpus(1).replicas("workers", 3).obj(),
 }
 
 # (policy fields, request in MiB for an 11.7 GiB estimate on A100-80GB)
@@ -46,7 +47,24 @@ def templates(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
         return [obj["spec"]["template"]]
     if obj["kind"] == "PyTorchJob":
         return [r["template"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
+    if obj["kind"] == "JobSet":
+        return [j["template"]["spec"]["template"] for j in obj["spec"]["replicatedJobs"]]
     return [obj]
+
+
+def validate_workload(obj: Dict[str, Any]) -> None:
+    """The API server's schema for the kind; a JobSet's replicated Jobs are batch/v1 Job
+    templates (JobTemplateSpec in jobset_types.go), each checked as the Job the JobSet
+    controller makes of it."""
+    if obj["kind"] != "JobSet":
+        validate_object(obj)
+        return
+    assert isinstance(obj["spec"].get("suspend", False), bool)
+    for job in obj["spec"]["replicatedJobs"]:
+        validate_object({"apiVersion": "batch/v1", "kind": "Job",
+                         "metadata": {"name": f"{obj['metadata']['name']}-{job['name']}-0",
+                                      "namespace": obj["metadata"]["namespace"]},
+                         "spec": job["template"]["spec"]})
 
 
 def expect_backend_form(backend: str, template: Dict[str, Any], mib: int) -> None:
@@ -107,7 +125,7 @@ def test_a_workload_with_an_estimate_gets_its_request_in_the_backend_form(
         assert all(t["metadata"]["labels"][labels.OPT_IN] == "true" for t in templates(patched))
         suspended = patched["spec"].get("suspend") or patched["spec"].get("runPolicy", {}).get("suspend")
         assert not suspended
-    validate_object(patched)
+    validate_workload(patched)
 
     assert served.send(review(patched)).ops == []
     checked = served.send(review(patched), endpoint="validate")
@@ -140,19 +158,19 @@ def test_the_pod_of_a_released_job_turns_the_annotation_into_the_backend_form(
     assert served.send(review(patched)).ops == []
 
 
-@pytest.mark.parametrize("kind", ["Job", "PyTorchJob"])
+@pytest.mark.parametrize("kind", ["Job", "PyTorchJob", "JobSet"])
 def test_a_held_workload_is_suspended_where_its_kind_keeps_the_flag(
     served: HttpsWebhook, kind: str
 ) -> None:
     workload = WORKLOADS[kind]()
     patched = served.send(review(workload)).patched()
-    if kind == "Job":
+    if kind in ("Job", "JobSet"):
         assert patched["spec"]["suspend"] is True
     else:
         assert patched["spec"]["runPolicy"]["suspend"] is True
         assert patched["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
     assert all(t["metadata"]["labels"][labels.OPT_IN] == "true" for t in templates(patched))
-    validate_object(patched)
+    validate_workload(patched)
 
 
 def test_a_workload_its_owner_had_suspended_is_marked_so_the_controller_leaves_it(

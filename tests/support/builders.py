@@ -191,12 +191,50 @@ def make_pytorchjob(name: str, namespace: str = "ml") -> PyTorchJobBuilder:
     return PyTorchJobBuilder(obj, paths)
 
 
+class JobSetBuilder(_Builder):
+    def replicas(self, role: str, replicas: int, parallelism: int = 1) -> JobSetBuilder:
+        job = next(j for j in self._obj["spec"]["replicatedJobs"] if j["name"] == role)
+        job["replicas"] = replicas
+        job["template"]["spec"]["parallelism"] = job["template"]["spec"]["completions"] = \
+            parallelism
+        return self
+
+    def image_of(self, role: str, image: str) -> JobSetBuilder:
+        job = next(j for j in self._obj["spec"]["replicatedJobs"] if j["name"] == role)
+        job["template"]["spec"]["template"]["spec"]["containers"][0]["image"] = image
+        return self
+
+    def owned_by(self, kind: str, name: str, api_version: str) -> JobSetBuilder:
+        self._obj["metadata"]["ownerReferences"] = [{
+            "apiVersion": api_version, "kind": kind, "name": name,
+            "uid": "5b0c6a3e-2222-4333-8444-555566667777", "controller": True,
+            "blockOwnerDeletion": True,
+        }]
+        return self
+
+
+def make_jobset(name: str, namespace: str = "ml",
+                roles: Tuple[str, ...] = ("leader", "workers")) -> JobSetBuilder:
+    """A JobSet (jobset.x-k8s.io/v1alpha2) with one replicated Job per role, one pod each."""
+    jobs = [{"name": role, "replicas": 1,
+             "template": {"spec": {"parallelism": 1, "completions": 1, "backoffLimit": 0,
+                                   "template": _pod_template()}}} for role in roles]
+    obj = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+           "metadata": {"name": name, "namespace": namespace},
+           "spec": {"replicatedJobs": jobs}}
+    paths = [("spec", "replicatedJobs", i, "template", "spec", "template")  # type: ignore[misc]
+             for i in range(len(roles))]
+    return JobSetBuilder(obj, paths)  # type: ignore[arg-type]
+
+
 def templates_of(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The pod templates of a workload the builders made (a Pod is its own)."""
     if obj["kind"] == "Pod":
         return [obj]
     if obj["kind"] == "Job":
         return [obj["spec"]["template"]]
+    if obj["kind"] == "JobSet":
+        return [j["template"]["spec"]["template"] for j in obj["spec"]["replicatedJobs"]]
     return [r["template"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
 
 
@@ -204,6 +242,8 @@ _GVK = {
     "Job": ("batch", "v1", "jobs"),
     "Pod": ("", "v1", "pods"),
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
+    "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
 }
 
 

@@ -14,6 +14,10 @@ Where each one goes:
 - On pod templates and pods: ``request-bytes`` (the sized request per GPU, the one number every
   backend converts), ``gpu-model`` (catalogue key of the GPU it was sized for), and
   ``estimate-bytes`` (the raw estimate before margin and rounding, for dashboards and validation).
+- ``xmem.io/break-glass: "<reason>"`` (annotation): an admin's emergency exemption of one
+  workload (``xmem_admission.cluster.admission.break_glass``); honoured only when the requester
+  is in one of the webhook's break-glass groups, then copied by the webhook into the workload's
+  GPU pod templates, where only xmem writes it, so that its pods are exempt too.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ ESTIMATE_BYTES = PREFIX + "estimate-bytes"
 # On a pod sized after its workload ran out of GPU memory: how many OOMs in a row its request
 # grew from (informational; the request itself is ``request-bytes``).
 OOM_RETRY = PREFIX + "oom-retry"
+
+# An admin's break-glass (its value is the reason): admitted unchanged, never held or sized.
+BREAK_GLASS = PREFIX + "break-glass"
 
 # Kueue's label naming the LocalQueue a workload is submitted to (Kueue's
 # constants.QueueLabel, pkg/controller/constants/constants.go in sigs.k8s.io/kueue v0.17.0): with

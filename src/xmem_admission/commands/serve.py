@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from xmem_admission.cluster.admission.trust import (
     DEFAULT_CONTROLLER_USER,
@@ -37,6 +37,7 @@ ENV = {
     "workload_controllers": "XMEM_WORKLOAD_CONTROLLERS",
     "hold": "XMEM_HOLD",
     "kueue_users": "XMEM_KUEUE_USERS",
+    "break_glass_groups": "XMEM_BREAK_GLASS_GROUPS",
 }
 
 
@@ -88,6 +89,12 @@ def register(subparsers: Any) -> None:
         help="Kueue's user name(s): under the policy's integration kueue, they may write the "
         "AdmissionCheck's sizing annotations into a queued workload and unsuspend it "
         "[XMEM_KUEUE_USERS]")
+    add("--break-glass-group", dest="break_glass_groups", metavar="GROUP", action="append",
+        default=None,
+        help="a group (from the requester's userInfo.groups) whose members may admit a workload "
+        "unchanged where the policy enforces, with the annotation xmem.io/break-glass: REASON; "
+        "repeatable; none by default: the annotation is then ignored "
+        "[XMEM_BREAK_GLASS_GROUPS, comma-separated]")
     add("--no-hold", dest="hold", action="store_false",
         default=(_env("hold", "true") or "true").lower() not in ("false", "0", "no"),
         help="never hold a workload (no controller runs to release it): one without a recorded "
@@ -98,6 +105,12 @@ def register(subparsers: Any) -> None:
 
 def _users(text: str) -> Tuple[str, ...]:
     return tuple(u.strip() for u in (text or "").split(",") if u.strip())
+
+
+def _break_glass_groups(given: Optional[List[str]]) -> Tuple[str, ...]:
+    """The flag's groups (each may also list several, comma-separated), else the environment's."""
+    groups = _users(",".join(given)) if given else _users(_env("break_glass_groups") or "")
+    return tuple(dict.fromkeys(groups))
 
 
 def _cluster_api(args: argparse.Namespace) -> Any:
@@ -125,6 +138,15 @@ def _cluster_store(api: Any) -> Any:
     store = KubeStore(Kube(api))
     store.informer.start()
     return store
+
+
+def _reader(api: Any) -> Any:
+    """The API reads the webhook makes (a TrainJob's runtime), None without cluster access."""
+    if api is None:
+        return None
+    from xmem_admission.cluster.kube.client import Kube
+
+    return Kube(api, attempts=2)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,12 +184,13 @@ def run(args: argparse.Namespace) -> int:
         store = _cluster_store(api)
     trust = Trust(controller_users=_users(args.controller_users),
                   workload_controllers=_users(args.workload_controllers),
-                  kueue_users=_users(args.kueue_users))
+                  kueue_users=_users(args.kueue_users),
+                  break_glass_groups=_break_glass_groups(args.break_glass_groups))
     if args.hold and not trust.controller_users:
         raise ServeError("--controller-user is empty: nothing could release a held workload; "
                          "name the controller's service account or pass --no-hold")
     server = AdmissionServer(
-        Webhook(policy, store, metrics, trust=trust, hold=args.hold),
+        Webhook(policy, store, metrics, trust=trust, hold=args.hold, reader=_reader(api)),
         policy,
         ServeConfig(
             cert_file=args.cert_file, key_file=args.key_file, host=args.host, port=args.port,
@@ -181,7 +204,9 @@ def run(args: argparse.Namespace) -> int:
         f"health on http://{args.host}:{health_port} (/metrics, /healthz, /readyz); "
         f"policy {where}; {len(store)} recorded estimates; "
         + (f"holds workloads for {', '.join(trust.controller_users)}" if args.hold
-           else "never holds (--no-hold)"),
+           else "never holds (--no-hold)")
+        + (f"; break-glass for groups {', '.join(trust.break_glass_groups)}"
+           if trust.break_glass_groups else "; no break-glass group"),
         file=sys.stderr, flush=True,
     )
     serve_forever(server)

@@ -18,6 +18,8 @@ Series (all prefixed ``xmem_``):
   runs' observed peaks ``raised`` or ``lowered`` (issue 31, ``policy.right_sizing``), and
   ``right_sizing_given_back_bytes_total{gpu_model}``: the GPU memory per GPU that lowering took
   off those requests (what the estimate alone would have asked for, minus the request given);
+- ``admission_break_glass_total{namespace,kind}``: workloads an admin exempted with the
+  ``xmem.io/break-glass`` annotation (``break_glass``: admitted unchanged; not for dryRun);
 - ``estimate_cache_requests_total{result}``: estimate store lookups, ``hit`` or ``miss``;
 - ``policy_errors_total{reason}``: policies that failed to load or reload, and internal errors.
 """
@@ -88,6 +90,10 @@ class AdmissionMetrics:
             "xmem_right_sizing_given_back_bytes", "GPU memory per GPU taken off repeat jobs' "
             "requests because earlier runs used less than estimated (right-sizing).",
             ("gpu_model",), registry=r,
+        )
+        self.break_glass = Counter(
+            "xmem_admission_break_glass", "Workloads an admin admitted unchanged with the "
+            "xmem.io/break-glass annotation.", ("namespace", "kind"), registry=r,
         )
         self.cache = Counter(
             "xmem_estimate_cache_requests", "Estimate store lookups by result.",

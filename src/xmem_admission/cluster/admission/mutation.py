@@ -29,6 +29,16 @@ output writes nothing), which is what makes reinvocation give an empty patch:
 - ``hold``: a workload without an estimate is suspended, with why and since when (one that
   already says it is held is suspended too: the annotation alone holds nothing).
 
+A kind whose pod templates are resolved from elsewhere (``Integration.resolves``: a TrainJob's
+come from its runtime) gets none of the template steps: the places they would write do not
+exist in the object. It is held (fingerprint and hold annotations, suspended), estimate known
+or not, and the controller sizes it through its own runtime patch before releasing it
+(``integrations.trainjob``); queued by Kueue it gets nothing at all, an empty patch: Kueue's
+TrainJob webhook appends its runtime patch and is not idempotent when webhooks are invoked
+again (kueue issue 15210), so xmem changes nothing that would make the API server reinvoke it.
+Sizing annotations in its resolved templates from anyone but the controller cannot be stripped
+(they may be the runtime's) and are refused.
+
 Flow for CREATE (UPDATE, DELETE and CONNECT pass unchanged):
 1. templates that carry ``xmem.io/request-bytes`` from a trusted writer (the controller wrote it
    into the template of a Job whose pod the Job controller creates): turn it into the backend's
@@ -66,8 +76,9 @@ from xmem_admission.cluster.policy.store import EstimateRecord, RetryGrant
 from xmem_admission.contract.errors import InvalidObjectError, QuantityError
 
 # The annotations that size a pod template: only the xmem controller writes them (the GPU
-# model pin, xmem.io/gpu-model, is the user's to choose among the policy's targets).
-SIZING = (labels.REQUEST_BYTES, labels.ESTIMATE_BYTES)
+# model pin, xmem.io/gpu-model, is the user's to choose among the policy's targets); with them
+# the exemption only the webhook writes there, for an admin's honoured break-glass.
+SIZING = (labels.REQUEST_BYTES, labels.ESTIMATE_BYTES, labels.BREAK_GLASS)
 
 
 @dataclass(frozen=True)
@@ -294,6 +305,8 @@ def mutate(
     if not templates:
         return obj, outcome
     draft = Draft(obj)
+    if integration.resolves:
+        return _mutate_resolved(integration, obj, draft, ctx, templates, outcome)
     if not ctx.trusted:
         strip_untrusted(draft, [ref for ref, _ in templates])
     if integration.can_hold:
@@ -371,3 +384,40 @@ def mutate(
     if outcome.held:
         outcome.decision = Decision.HELD
     return after, outcome
+
+
+def _mutate_resolved(integration: Integration, obj: Dict[str, Any], draft: Draft, ctx: Context,
+                     templates: List[GpuTemplate],
+                     outcome: Outcome) -> Tuple[Dict[str, Any], Outcome]:
+    """``mutate`` for a kind whose templates are resolved (see the module docstring)."""
+    if not ctx.trusted:
+        for ref, _ in templates:
+            for key in sizing_annotations(ref.template):
+                outcome.decision = Decision.DENIED
+                outcome.message = (
+                    f"{integration.kind} pod template {ref.role!r} carries {key} (from its "
+                    f"runtime or spec.runtimePatches): only the xmem controller writes the "
+                    f"xmem.io/ sizing annotations; remove it and xmem sizes the workload")
+                return obj, outcome
+    if ctx.queued:
+        outcome.warnings.append(
+            f"xmem: {integration.kind} is estimated by the xmem AdmissionCheck before Kueue "
+            f"admits it (fingerprint {ctx.fingerprint[:12]})")
+        return obj, outcome
+    if not ctx.can_hold:
+        text = f"no xmem controller runs to size this {integration.kind}"
+        if ctx.settings.enforcing:
+            outcome.decision = Decision.DENIED
+            outcome.message = f"{text} (fingerprint {ctx.fingerprint}); the policy enforces " \
+                              "estimates"
+            return obj, outcome
+        outcome.warnings.append(f"xmem: {text}; admitted unchanged")
+        return obj, outcome
+    record_fingerprint(draft, ctx.fingerprint)
+    outcome.held = hold(draft, integration, obj, ctx)
+    known = " (estimate known: sized and released by the xmem controller)" \
+        if ctx.record is not None else ""
+    outcome.warnings.append(f"xmem: {integration.kind} held until its GPU memory is estimated"
+                            f"{known} (fingerprint {ctx.fingerprint[:12]})")
+    outcome.decision = Decision.HELD if outcome.held else Decision.ALLOWED
+    return draft.root, outcome

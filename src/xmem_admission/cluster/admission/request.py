@@ -11,7 +11,7 @@ which the response builder turns into a 400-class AdmissionResponse, never an HT
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import orjson
 
@@ -43,6 +43,7 @@ class Request:
     dry_run: bool
     sub_resource: str
     user: str = ""  # userInfo.username: who asked (see ``trust``)
+    groups: Tuple[str, ...] = ()  # userInfo.groups (the strings among them)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,7 @@ def parse(document: Any) -> Request:
         raise MalformedReviewError("request.dryRun must be true or false")
     user_info = request.get("userInfo")
     user = user_info.get("username") if isinstance(user_info, dict) else None
+    groups = user_info.get("groups") if isinstance(user_info, dict) else None
     return Request(
         api_version=review.API_VERSION,
         uid=uid,
@@ -147,4 +149,5 @@ def parse(document: Any) -> Request:
         dry_run=dry_run,
         sub_resource=_str(request, "subResource"),
         user=user if isinstance(user, str) else "",
+        groups=tuple(g for g in groups if isinstance(g, str)) if isinstance(groups, list) else (),
     )

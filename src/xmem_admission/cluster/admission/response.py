@@ -51,6 +51,7 @@ class Verdict:
     code: Optional[int] = None
     reason: str = ""
     message: str = ""
+    audit: Dict[str, str] = field(default_factory=dict)  # the API server's audit log gets these
 
     @property
     def allowed(self) -> bool:
@@ -124,6 +125,8 @@ def build(uid: str, verdict: Verdict, api_version: str = review.API_VERSION) -> 
         response["status"] = status
     if verdict.warnings:
         response["warnings"] = _warnings(verdict.warnings)
+    if verdict.audit:
+        response["auditAnnotations"] = dict(verdict.audit)
     out: review.AdmissionReview = {"apiVersion": api_version, "kind": review.KIND,
                                    "response": response}
     return orjson.dumps(out)

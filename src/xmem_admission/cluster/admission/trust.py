@@ -6,15 +6,20 @@ write, so nothing a tenant submits can be taken at its word. Three kinds of requ
 - **the xmem controller** (its service account, ``controller_users``): the only one whose
   ``xmem.io/`` annotations are honoured on a workload, and the only one that may change them
   or release (unsuspend) a held workload;
-- **workload controllers** (the Job controller, the training operator: ``workload_controllers``,
-  exact user names or prefixes ending in ``*``): the pods they create copy a pod template that
-  the webhook reviewed, so a Pod they create for a Job or PyTorchJob carries trusted sizing
-  annotations, and only a Pod they create counts as owned (a user can write any
-  ownerReference);
+- **workload controllers** (the Job controller, the training operator, JobSet's and Kubeflow
+  Trainer's controllers: ``workload_controllers``, exact user names or prefixes ending in
+  ``*``): the pods they create copy a pod template that the webhook reviewed, so a Pod they
+  create for a Job or PyTorchJob carries trusted sizing annotations, and only a Pod they create
+  counts as owned (a user can write any ownerReference); a JobSet Trainer creates for a
+  TrainJob, or a Job JobSet creates for a JobSet, is part of the workload that owns it and
+  passes unchanged;
 - **Kueue** (``kueue_users``): with the policy's ``integration: kueue``, Kueue starts a queued
   workload by unsuspending it and writing the AdmissionCheck's podSetUpdates (the sizing
   annotations the xmem controller computed) into its pod templates; on a workload that names a
   Kueue queue it may do both, as the xmem controller may;
+- **break-glass admins** (members of ``break_glass_groups``, from ``userInfo.groups``): their
+  annotation ``xmem.io/break-glass: "<reason>"`` admits a workload unchanged even where the
+  policy enforces (``break_glass``); nobody is one unless the webhook names a group;
 - **everyone else**: their ``xmem.io/`` sizing annotations are stripped at CREATE (or the
   request is denied, per the policy's ``untrustedAnnotations``), changing them later or
   unsuspending a held workload is refused when the policy enforces.
@@ -36,6 +41,14 @@ DEFAULT_WORKLOAD_CONTROLLERS = (
     "system:kube-controller-manager",
     "system:serviceaccount:kube-system:*",
     "system:serviceaccount:kubeflow:training-operator",
+    # Kubeflow Trainer v2's controller manager (manifests/base/rbac/service_account.yaml,
+    # namespace kubeflow-system from manifests/overlays/manager, v2.3.0) and JobSet's
+    # (config/components/rbac/service_account.yaml with config/default's namespace
+    # jobset-system and namePrefix jobset-, v0.12.0; Trainer's manifests install it into
+    # kubeflow-system under the same name).
+    "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager",
+    "system:serviceaccount:jobset-system:jobset-controller-manager",
+    "system:serviceaccount:kubeflow-system:jobset-controller-manager",
 )
 # Kueue's service account as its release manifests name it: controller-manager
 # (config/components/rbac/service_account.yaml) with config/default/kustomization.yaml's
@@ -58,6 +71,7 @@ class Trust:
     controller_users: Tuple[str, ...] = (DEFAULT_CONTROLLER_USER,)
     workload_controllers: Tuple[str, ...] = DEFAULT_WORKLOAD_CONTROLLERS
     kueue_users: Tuple[str, ...] = DEFAULT_KUEUE_USERS
+    break_glass_groups: Tuple[str, ...] = ()
 
     def is_controller(self, user: str) -> bool:
         return bool(user) and user in self.controller_users
@@ -67,6 +81,10 @@ class Trust:
 
     def is_workload_controller(self, user: str) -> bool:
         return bool(user) and _matches(user, self.workload_controllers)
+
+    def may_break_glass(self, groups: Iterable[str]) -> bool:
+        """Whether a requester in these groups may exempt a workload (exact group names)."""
+        return any(group in self.break_glass_groups for group in groups)
 
 
 def xmem_annotations(meta: object) -> Dict[str, Any]:

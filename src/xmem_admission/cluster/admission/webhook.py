@@ -22,11 +22,20 @@ An object in an opted-in namespace that also carries the label is reviewed twice
 is idempotent, so the second pass patches nothing (the chart may exclude opted-in namespaces
 from the object entry to save the call).
 
+Workload kinds whose pod templates live elsewhere (a Kubeflow ``TrainJob``: its runtime's) are
+resolved first through ``reader`` (``Integration.resolve``: the runtime is read from the API
+server, once per review); a runtime that is missing or cannot be read is an object that cannot
+be read (refused where the policy enforces, admitted with a warning where it warns, saying
+which runtime and why), never an error of the webhook. A part of a held workload (a JobSet a
+TrainJob made, a Job a JobSet made: ``integrations.part_of_held_workload``), created by a
+workload controller, passes unchanged: its owner is the workload that is held and sized.
+
 dryRun: the answer (patch, warnings, denial) is the same, but nothing is counted as held or
 applied and the ``on_hold`` hook (the controller's queue when run in one process) is not called.
 
 Trust (``trust``): the requester (``userInfo``) decides whether ``xmem.io/`` annotations are
-believed, whether a Pod counts as owned, and who may release a held workload. Estimates are
+believed, whether a Pod counts as owned, and who may release a held workload; an admin's
+``xmem.io/break-glass`` annotation admits a workload unchanged (``break_glass``). Estimates are
 looked up in the workload's own namespace and those the policy shares with it, never elsewhere.
 
 An opted-in object that cannot be read (a field of the wrong shape, a quantity out of range, a
@@ -39,18 +48,24 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Tuple
 
 from xmem_admission.cluster import integrations, labels
-from xmem_admission.cluster.admission import request, response
+from xmem_admission.cluster.admission import break_glass, request, response
 from xmem_admission.cluster.admission.metrics import AdmissionMetrics
 from xmem_admission.cluster.admission.mutation import Context, mutate
 from xmem_admission.cluster.admission.request import Request
 from xmem_admission.cluster.admission.response import Decision, Verdict
 from xmem_admission.cluster.admission.trust import Trust
 from xmem_admission.cluster.admission.validation import validate
-from xmem_admission.cluster.integrations.base import GpuTemplate, Integration
+from xmem_admission.cluster.integrations.base import (
+    GpuTemplate,
+    Integration,
+    Reader,
+    part_of_held_workload,
+)
 from xmem_admission.cluster.kube.jsonpatch import diff
 from xmem_admission.cluster.kube.resources import gpu_containers
 from xmem_admission.cluster.policy import fingerprint
@@ -108,6 +123,7 @@ class Webhook:
         on_hold: Optional[HoldHook] = None,
         trust: Optional[Trust] = None,
         hold: bool = True,
+        reader: Optional[Reader] = None,
     ):
         self.policy = policy
         self.store = store
@@ -116,6 +132,7 @@ class Webhook:
         self.on_hold = on_hold
         self.trust = trust if trust is not None else Trust()
         self.hold = hold  # False: no controller runs, so nothing would release a held workload
+        self.reader = reader  # the API, for kinds whose templates are resolved (a TrainJob's)
 
     def review(self, body: bytes, endpoint: Endpoint, scope: Scope = Scope.OBJECT) -> bytes:
         """Answer one AdmissionReview (the HTTP body); always returns a review to send back."""
@@ -186,6 +203,21 @@ class Webhook:
             return Verdict(Decision.ALLOWED)
         if req.operation == "UPDATE" and metadata.get("deletionTimestamp"):
             return Verdict(Decision.ALLOWED)  # being deleted: finalizers must be able to go
+        glass = break_glass.assess(req, integration, self.trust,
+                                   lambda: self._provenance(req, integration, obj)[1])
+        if glass.honoured:
+            return break_glass.admit(glass, req, integration, obj,
+                                     endpoint is Endpoint.MUTATE, self.metrics)
+        return glass.noted(self._decide_usual(req, integration, endpoint, scope, policy, settings,
+                                              obj, metadata))
+
+    def _decide_usual(
+        self, req: Request, integration: Integration, endpoint: Endpoint, scope: Scope,
+        policy: Policy, settings: Settings, obj: Dict[str, Any], metadata: Dict[str, Any],
+    ) -> Verdict:
+        """``_decide`` for an object the policy applies to and no break-glass exempts."""
+        if self._part_of_held_workload(req, integration, obj):
+            return Verdict(Decision.ALLOWED)  # its owner is the workload held and sized
         if scope is Scope.NAMESPACE and _opted_out(metadata):
             if not settings.enforcing:
                 return Verdict(Decision.ALLOWED)  # the workload's own opt-out, under Warn
@@ -201,6 +233,11 @@ class Webhook:
         settings: Settings, obj: Dict[str, Any], metadata: Dict[str, Any],
     ) -> Verdict:
         """``_decide`` for an object the policy applies to."""
+        if integration.resolves:
+            reader = CachingReader(self.reader) if self.reader is not None else None
+            obj = integration.resolve(obj, reader)
+            if req.old_obj is not None:
+                req = replace(req, old_obj=integration.resolve(req.old_obj, reader))
         refs = integration.pod_templates(obj)
         groups = [list(gpu_containers(ref.template)) for ref in refs]
         templates = [(ref, group) for ref, group in zip(refs, groups) if group]
@@ -228,6 +265,16 @@ class Webhook:
         if settings.enforcing:
             return Verdict.deny("xmem: " + "; ".join(str(v) for v in violations))
         return Verdict(Decision.ALLOWED, warnings=[f"xmem: {v}" for v in violations])
+
+    def _part_of_held_workload(self, req: Request, integration: Integration,
+                               obj: Dict[str, Any]) -> bool:
+        """A workload another held workload's controller made for it: at CREATE from a workload
+        controller (or the xmem controller), at UPDATE one that was such a part already."""
+        if not integration.can_hold or part_of_held_workload(obj) is None:
+            return False
+        if req.operation == "UPDATE":
+            return req.old_obj is not None and part_of_held_workload(req.old_obj) is not None
+        return self.trust.is_workload_controller(req.user) or self.trust.is_controller(req.user)
 
     def _provenance(self, req: Request, integration: Integration,
                     obj: Dict[str, Any]) -> Tuple[bool, bool]:
@@ -319,6 +366,27 @@ class Webhook:
                     req.namespace, name, kind, plan.target.gpu.key, plan.request_bytes
                 )
         return Verdict(decision, patch=ops, warnings=outcome.warnings)
+
+
+class CachingReader:
+    """A ``Reader`` that reads each object once (one review reads a runtime for the object and
+    again for its stored version)."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+        self.seen: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+
+    def get(self, kind: Any, namespace: str, name: str) -> Dict[str, Any]:
+        key = (kind, namespace, name)
+        if key not in self.seen:
+            self.seen[key] = self.reader.get(kind, namespace, name)
+        return self.seen[key]
+
+    def get_cluster(self, kind: Any, name: str) -> Dict[str, Any]:
+        key = (kind, "", name)
+        if key not in self.seen:
+            self.seen[key] = self.reader.get_cluster(kind, name)
+        return self.seen[key]
 
 
 def _opted_out(metadata: Dict[str, Any]) -> bool:

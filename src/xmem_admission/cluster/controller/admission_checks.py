@@ -13,7 +13,8 @@ This module serves every AdmissionCheck whose ``spec.controllerName`` is ours
 - the AdmissionCheck gets the ``Active`` condition (Kueue keeps workloads of a ClusterQueue
   whose checks are not active from being admitted);
 - a Workload with one of our checks ``Pending`` is estimated like a held job: its owner (the
-  Job or PyTorchJob, whose pod templates are the podSets) is fingerprinted, the
+  Job, PyTorchJob, JobSet or TrainJob, whose pod templates are the podSets; a TrainJob's
+  resolved from its runtime) is fingerprinted, the
   ``GPUMemoryEstimate`` for that fingerprint is created or joined (``workloads.ensure_estimate``)
   and its estimation pod runs (``estimation_pods``); a known fingerprint is ``Ready`` at once;
 - succeeded: ``Ready``, with a podSetUpdate per GPU podSet carrying the sizing annotations
@@ -47,7 +48,7 @@ from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.controller.workloads import ensure_estimate, plans_for
-from xmem_admission.cluster.integrations import gpu_templates
+from xmem_admission.cluster.integrations import NotResolved, gpu_templates
 from xmem_admission.cluster.kube.client import Kind, Obj
 from xmem_admission.cluster.kube.informer import Informer
 from xmem_admission.cluster.kube.quantity import gib
@@ -70,7 +71,10 @@ PENDING, READY, RETRY, REJECTED = "Pending", "Ready", "Retry", "Rejected"
 ACTIVE = "Active"
 # Kueue's own podSet name for a Job (DefaultPodSetName, apis/kueue/v1beta2/constants.go); a
 # Kubeflow job's podSets are named after its replica types, lower-cased
-# (pkg/controller/jobs/kubeflow/kubeflowjob, kueue v0.17.0).
+# (pkg/controller/jobs/kubeflow/kubeflowjob, kueue v0.17.0); a JobSet's and a TrainJob's after
+# the replicated Jobs, as named (pkg/controller/jobs/jobset PodSets; jobs/trainjob PodSets reads
+# its JobSet's, and RunWithPodSetsInfo writes each podSet's info into Kueue's runtime patch
+# under the replicated Job of that name, kueue v0.17.0): DNS labels, which lower-casing keeps.
 DEFAULT_POD_SET = "main"
 MESSAGE_LIMIT = 1024  # the API allows 32768 (AdmissionCheckState.message); keep it readable
 RETRY_SECONDS = 30  # requeueAfterSeconds on Retry: the same pace as an Event-worthy re-check
@@ -230,6 +234,14 @@ def reconcile(ctx: Context, workloads: Informer, checks: Informer, controller_na
         return 5.0
     if not settings.enabled:
         return answer.ready("xmem: the policy for this namespace is disabled; admitted unchanged")
+    try:
+        obj = workload.integration.resolve(obj, ctx.kube)  # a TrainJob: its runtime's templates
+    except NotResolved as exc:
+        if now >= deadline:
+            return answer.failed("RuntimeNotResolved", str(exc), timed_out=True)
+        return 5.0
+    except InvalidObjectError as exc:
+        return answer.failed("InvalidWorkload", str(exc), timed_out=True)
     try:
         templates = gpu_templates(workload.integration, obj)
         fp = fingerprint.of_templates([r.template for r in workload.integration.pod_templates(obj)],

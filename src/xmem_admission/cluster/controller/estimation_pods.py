@@ -32,11 +32,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from xmem_admission.cluster.backends import dra
 from xmem_admission.cluster.controller import podspec, records
 from xmem_admission.cluster.controller.context import Context, Workload
-from xmem_admission.cluster.integrations import gpu_templates
+from xmem_admission.cluster.integrations import NotResolved, gpu_templates
 from xmem_admission.cluster.kube.client import GME, POD, Obj
 from xmem_admission.cluster.policy import sizing
+from xmem_admission.cluster.policy.model import BackendName
 from xmem_admission.contract import probe_env, termination
 from xmem_admission.contract.errors import InvalidObjectError, TerminationMessageError
 
@@ -238,6 +240,8 @@ def _summary(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:
     status.update(gpu=plan.target.gpu.key, estimateBytes=plan.estimate_bytes,
                   estimate=records.human(plan.estimate_bytes), requestBytes=plan.request_bytes,
                   request=records.human(plan.request_bytes))
+    if plan.target.backend is BackendName.DRA and plan.target.dra is not None:  # issue 40
+        status.update(claim=dra.claim_form(plan.target.dra, plan.target.gpu, plan.request_bytes))
     if plan.overhead is not None:  # what the memory outside the allocator became (issue 38)
         status.update(overhead=plan.overhead.status(), overheadApplied=plan.overhead.column())
 
@@ -318,13 +322,17 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
 
 def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, obj: Obj,
            settings: Any) -> Optional[float]:
+    why = "the workload has no GPU container to estimate"
     try:
+        obj = workload.integration.resolve(obj, ctx.kube)  # a TrainJob: its runtime's templates
         templates = gpu_templates(workload.integration, obj)
+    except NotResolved as exc:
+        templates, why = [], str(exc)
     except InvalidObjectError:
         templates = []
     if not templates:
         status.update(phase=records.FAILED, reason="Error", completionTime=records.stamp(ctx.now()),
-                      message="the workload has no GPU container to estimate")
+                      message=why)
         _write_status(ctx, gme, status)
         _enqueue_workloads(ctx, gme)
         return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -175,8 +176,10 @@ class Controller:
         for informer in needed:
             if not informer.synced.wait(self.sync_timeout):
                 raise KubeUnavailable(f"could not list {informer.kind.plural}: {informer.error}")
-        for workload in self.ctx.workloads.values():  # an absent CRD (no PyTorchJob) is no stop
-            if not workload.informer.synced.wait(min(5.0, self.sync_timeout)):
+        # An absent CRD (no PyTorchJob, no TrainJob) is no stop; all are waited for together.
+        until = time.monotonic() + min(5.0, self.sync_timeout)
+        for workload in self.ctx.workloads.values():
+            if not workload.informer.synced.wait(max(0.0, until - time.monotonic())):
                 log.warning("%s not available (%s); its workloads are not released until it is",
                             workload.kind.plural, workload.informer.error)
         for kueue in (self.admission_checks, self.kueue_workloads):

@@ -18,6 +18,12 @@ A workload is ours while it carries ``xmem.io/held-reason`` (the webhook's hold)
    ``Release`` unchanged, ``Default`` request, or ``Hold`` (until ``maxHoldSeconds``, then
    released unchanged), with a Warning Event quoting why (and the script's last log lines).
 
+A TrainJob's pod templates are resolved from its runtime at each pass (``resolved``, through the
+controller's API client); a runtime that cannot be read is waited for, up to ``maxHoldSeconds``
+(then ``RuntimeNotResolved``, the policy's onEstimationFailure). Its sizing goes into the
+controller's own runtime patch (``integrations.trainjob``), with the opt-in label, in the update
+that releases it; every write goes through ``Integration.unresolved``.
+
 An estimate that fits no GPU of the policy is a failure (``FitsNoGPU``) with the misfit message.
 Every write carries the resourceVersion it was computed from: a 409 starts the pass over.
 """
@@ -32,7 +38,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from xmem_admission.cluster import backends, labels
 from xmem_admission.cluster.controller import dra_claims, records
 from xmem_admission.cluster.controller.context import Context, Workload
-from xmem_admission.cluster.integrations import GpuTemplate, gpu_templates
+from xmem_admission.cluster.integrations import GpuTemplate, NotResolved, gpu_templates
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import gib
@@ -71,11 +77,21 @@ def held_since(obj: Obj) -> datetime.datetime:
         datetime.datetime.now(datetime.timezone.utc)
 
 
-def _annotate(obj: Obj, path: Tuple[Any, ...], values: Dict[str, str]) -> None:
+def _annotate(obj: Obj, path: Tuple[Any, ...], values: Dict[str, str],
+              opt_in: bool = False) -> None:
+    """Add annotations to the pod template at ``path`` (and the opt-in label, for a kind whose
+    templates the webhook never wrote: a TrainJob's)."""
     node = obj
     for part in path:
         node = node[part]
     node.setdefault("metadata", {}).setdefault("annotations", {}).update(values)
+    if opt_in:
+        node["metadata"].setdefault("labels", {})[labels.OPT_IN] = labels.OPT_IN_VALUE
+
+
+def resolved(ctx: Context, workload: Workload, obj: Obj) -> Obj:
+    """The workload as its integration reads it (a TrainJob with its runtime's templates)."""
+    return workload.integration.resolve(obj, ctx.kube)
 
 
 def _released(workload: Workload, obj: Obj) -> Obj:
@@ -94,7 +110,7 @@ def _released(workload: Workload, obj: Obj) -> Obj:
 
 
 def _write(ctx: Context, workload: Workload, obj: Obj) -> Obj:
-    written = ctx.kube.replace(workload.kind, obj)
+    written = ctx.kube.replace(workload.kind, workload.integration.unresolved(obj))
     workload.informer.put(written)
     return written
 
@@ -124,6 +140,17 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
     if not settings.enabled:
         return _fail(ctx, workload, obj, settings, "PolicyDisabled", "the policy for this "
                      "namespace is disabled", deadline, timed_out=True)
+    try:
+        obj = resolved(ctx, workload, obj)
+    except NotResolved as exc:
+        if now >= deadline:
+            return _fail(ctx, workload, obj, settings, "RuntimeNotResolved", str(exc), deadline,
+                         timed_out=True)
+        log.info("%s %s/%s: %s; looking again", kind, namespace, name, exc)
+        return 5.0
+    except InvalidObjectError as exc:
+        return _fail(ctx, workload, obj, settings, "InvalidWorkload", str(exc), deadline,
+                     timed_out=True)
     try:
         templates = gpu_templates(workload.integration, obj)
         fp = fingerprint.of_templates([r.template for r in workload.integration.pod_templates(obj)],
@@ -237,7 +264,7 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     new["metadata"]["annotations"].pop(dra_claims.UNSATISFIABLE, None)  # a device appeared
     for (ref, _containers), plan in zip(gpu_templates(workload.integration, new), plans):
         if plan is not None:
-            _annotate(new, ref.path, plan.annotations())
+            _annotate(new, ref.path, plan.annotations(), workload.integration.resolves)
     new["metadata"]["annotations"][ESTIMATE_NAME] = gme["metadata"]["name"]
     requesting = _requests(new, workload, plans)
     _write(ctx, workload, new)
@@ -307,14 +334,19 @@ def _fail(ctx: Context, workload: Workload, obj: Obj, settings: Optional[Setting
     outcome = "unchanged"
     if action is FailureAction.DEFAULT and settings is not None and \
             settings.default_request_bytes is not None:
-        for ref, _containers in gpu_templates(workload.integration, new):
+        try:
+            templates = gpu_templates(workload.integration, new)
+        except InvalidObjectError:  # unreadable, or a TrainJob whose runtime is not there
+            templates = []
+        for ref, _containers in templates:
             template_annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
             if labels.REQUEST_BYTES in template_annotations:
                 continue
             pinned = sizing.pinned_gpu(template_annotations)
             target = (settings.target(pinned) if pinned else None) or settings.targets[0]
             _annotate(new, ref.path, {labels.REQUEST_BYTES: str(settings.default_request_bytes),
-                                      labels.GPU_MODEL: target.gpu.key})
+                                      labels.GPU_MODEL: target.gpu.key},
+                      workload.integration.resolves)
         outcome = "default"
         tail = f"; released with the policy's default request " \
                f"{gib(settings.default_request_bytes)} GiB"

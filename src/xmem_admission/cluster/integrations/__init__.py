@@ -12,16 +12,23 @@ from typing import Tuple
 
 # Imported for their registration; the order is the registry's order.
 from xmem_admission.cluster.integrations import job, pod, pytorchjob  # noqa: F401
+
+# isort: split
+# The training stacks that run on JobSet (jobset.py, trainjob.py), after the kinds above.
+from xmem_admission.cluster.integrations import jobset, trainjob  # noqa: F401
 from xmem_admission.cluster.integrations.base import (
     GpuTemplate,
     Integration,
+    NotResolved,
+    Reader,
     TemplateRef,
     for_kind,
     gpu_templates,
+    part_of_held_workload,
     registered,
 )
 
 ALL: Tuple[Integration, ...] = registered()
 
-__all__ = ["ALL", "GpuTemplate", "Integration", "TemplateRef", "for_kind", "gpu_templates",
-           "registered"]
+__all__ = ["ALL", "GpuTemplate", "Integration", "NotResolved", "Reader", "TemplateRef",
+           "for_kind", "gpu_templates", "part_of_held_workload", "registered"]

@@ -11,13 +11,32 @@ and the webhook (``for_kind``) and the controller (``registered()``) read the re
 
 Templates are addressed by path so that mutations can go through a ``jsonpatch.Draft`` and the
 patch stays exact; a bare Pod is its own template (path ``()``: it has ``metadata`` and ``spec``).
+
+Most kinds carry their pod templates; a Kubeflow ``TrainJob`` does not: they come from the
+runtime it references, with its own trainer fields laid over them. Such a kind says so
+(``resolves``) and implements ``resolve(obj, reader)``, which reads what it needs through the
+API (``Reader``: the controller's ``Kube``) and returns the object as ``pod_templates`` reads
+it; ``unresolved`` turns a resolved object back into what may be written to the API server.
+The webhook and the controller call both (``resolved``) for every kind; for the others they
+return the object itself.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple, Type, TypeVar
+from typing import (
+    Any,
+    ClassVar,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Protocol,
+    Tuple,
+    Type,
+    TypeVar,
+)
 
 from xmem_admission.cluster.kube.client import Kind
 from xmem_admission.cluster.kube.jsonpatch import Draft, Path, dotted
@@ -41,6 +60,19 @@ class TemplateRef:
     def field(self, *rest: Any) -> str:
         """Kubernetes-style field path of something inside this template, for messages."""
         return dotted(self.at(*rest))
+
+
+class Reader(Protocol):
+    """What ``Integration.resolve`` reads through: the API server (``kube.client.Kube``)."""
+
+    def get(self, kind: Kind, namespace: str, name: str) -> Dict[str, Any]: ...
+
+    def get_cluster(self, kind: Kind, name: str) -> Dict[str, Any]: ...
+
+
+class NotResolved(InvalidObjectError):
+    """A workload's pod templates could not be resolved (its runtime is missing, or the API
+    could not be read): the message says which object and why."""
 
 
 # A GPU pod template and its GPU containers: (slot, container, GPU count) each.
@@ -74,6 +106,11 @@ class Integration(abc.ABC):
     # The status conditions (status "True") that say the workload ended, and how.
     completed_conditions: ClassVar[Tuple[str, ...]] = ()
     failed_conditions: ClassVar[Tuple[str, ...]] = ()
+    # Whether the pod templates live outside the object and must be resolved first (a TrainJob:
+    # its runtime's): the webhook then writes nothing into them at admission (the paths it
+    # would write do not exist in the object), and the controller sizes them through
+    # ``unresolved``'s write.
+    resolves: ClassVar[bool] = False
 
     @property
     def resource(self) -> Kind:
@@ -83,6 +120,15 @@ class Integration(abc.ABC):
     @abc.abstractmethod
     def pod_templates(self, obj: Mapping[str, Any]) -> List[TemplateRef]:
         """Every pod template, in a stable order (the fingerprint depends on it)."""
+
+    def resolve(self, obj: Dict[str, Any], reader: Optional[Reader]) -> Dict[str, Any]:
+        """The object as ``pod_templates`` reads it; the object itself for kinds that carry
+        their templates. Raises ``NotResolved`` when what it references cannot be read."""
+        return obj
+
+    def unresolved(self, obj: Dict[str, Any]) -> Dict[str, Any]:
+        """A resolved object (possibly changed) as it may be written to the API server."""
+        return obj
 
     def is_suspended(self, obj: Mapping[str, Any]) -> bool:
         node: Any = obj
@@ -137,6 +183,28 @@ class Integration(abc.ABC):
         meta = obj.get("metadata") or {}
         name = meta.get("name") or meta.get("generateName") or ""
         return WorkloadRef(namespace=namespace, kind=self.kind, name=str(name))
+
+
+def controlling_owner(obj: Mapping[str, Any]) -> Optional[Mapping[str, Any]]:
+    """The ownerReference with ``controller: true``, None when there is none."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, dict) and ref.get("controller") is True:
+            return ref
+    return None
+
+
+def part_of_held_workload(obj: Mapping[str, Any]) -> Optional[str]:
+    """The kind of the holdable workload that controls this one (a JobSet a TrainJob made, a
+    Job a JobSet made), None when it is a workload of its own: such a part is estimated and
+    sized as its owner, never held or estimated again."""
+    ref = controlling_owner(obj)
+    if ref is None:
+        return None
+    group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+    kind = str(ref.get("kind") or "")
+    found = any(i.can_hold and i.kind == kind and i.group == group for i in _REGISTRY)
+    return kind if found else None
 
 
 def gpu_templates(integration: Integration, obj: Mapping[str, Any]) -> List[GpuTemplate]:
