@@ -32,11 +32,15 @@ demo: $(STAMP)
 # kwok) built once from the Go module proxy into ~/.cache/xmem-admission/kube/<versions>/
 # (scripts/build-kube.sh, versions in scripts/kube-versions.env; 24 min cold on 2 cores, 0.2 s warm);
 # the Kueue controller for the Kueue tests into its own cache, ~/.cache/xmem-admission/kueue/<version>/
-# (scripts/build-kueue.sh, version in scripts/kueue-versions.env; 18 min cold on 2 cores).
+# (scripts/build-kueue.sh, version in scripts/kueue-versions.env; 18 min cold on 2 cores); JobSet's
+# controller and Kubeflow Trainer's controller manager for the training-stack tests, built together
+# into ~/.cache/xmem-admission/trainer/<jobset>_<trainer>/ (scripts/build-trainer.sh, versions in
+# scripts/trainer-versions.env; 4.6 min cold on 2 cores).
 tools:
 	bash scripts/install-tools.sh
 	bash scripts/build-kube.sh
 	bash scripts/build-kueue.sh
+	bash scripts/build-trainer.sh
 
 # A bare control plane on loopback (etcd, kube-apiserver, controller-manager, scheduler), for
 # poking at by hand: `make kube-up` prints the admin kubeconfig; `make kube-down` stops it.

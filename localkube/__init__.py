@@ -20,5 +20,9 @@ for the real node, ``make node-tools`` (``scripts/build-node.sh``, ``scripts/nod
 - ``images``: the project's image, Debian base images and training images (podman);
 - ``kueue``: the Kueue controller of ``make tools``; ``faultproxy``: a thin proxy in front of the
   API server that answers chosen requests with a 429 or a 500;
+- ``jobset`` and ``trainer``: JobSet's controller and Kubeflow Trainer v2's controller manager of
+  ``make tools`` (``scripts/build-trainer.sh``), with their CRDs, webhooks and Trainer's torch
+  runtime; ``hosted``: what they share as host processes (identity, serving certificate,
+  readiness, webhook configurations pointed at them);
 - ``playground``: ``make playground``, the project on a real node for users to try.
 """

@@ -11,11 +11,14 @@ by scripts/build-kueue.sh: ``make tools``) as a host process beside the real con
   (an overlay: nothing on the machine is written);
 - with a configuration file: internal certificate management off, the webhook server on
   127.0.0.1 with a serving certificate from the test CA (``pki``), metrics and health on loopback
-  ports, no leader election, the ``batch/job`` and ``kubeflow.org/pytorchjob`` integrations only,
-  and the on-demand visibility server off (it would need an APIService);
+  ports, no leader election, the integrations in ``frameworks`` only (default: ``batch/job`` and
+  ``kubeflow.org/pytorchjob``; ``jobset.x-k8s.io/jobset`` and ``trainer.kubeflow.org/trainjob``
+  once ``localkube.jobset``/``localkube.trainer`` installed their CRDs: Kueue's integration
+  for a kind needs its CRD), and the on-demand visibility server off (it would need an
+  APIService);
 - applies Kueue's webhook configurations (from its module) with every ``clientConfig`` turned into
   ``url: https://127.0.0.1:PORT/...`` and the test CA's bundle, as ``cluster.Webhook`` does for
-  xmem's; only the entries of Kueue's own kinds and the two enabled integrations are kept (the
+  xmem's; only the entries of Kueue's own kinds and the enabled integrations are kept (the
   others would call paths no framework serves).
 
 The Kubeflow training operator is not built: a PyTorchJob Kueue admits is unsuspended with its
@@ -28,15 +31,15 @@ import base64
 import copy
 import os
 import subprocess
-import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
 from localkube import tools
 from localkube.cluster import Cluster
-from localkube.controlplane import Exited, free_port, stop_process, wait_for
+from localkube.controlplane import free_port, stop_process, wait_for
+from localkube.hosted import ready
 
 NAMESPACE = "kueue-system"
 ACCOUNT = "kueue-controller-manager"
@@ -45,7 +48,13 @@ VERSIONS_FILE = tools.ROOT / "scripts" / "kueue-versions.env"
 FRAMEWORKS = ("batch/job", "kubeflow.org/pytorchjob")
 # The webhook paths kept: Kueue's own kinds and the enabled integrations' (Kueue names each path
 # after the group, version and kind it serves: config/components/webhook/manifests.yaml).
-KEPT_PATHS = ("kueue-x-k8s-io", "-batch-v1-job", "-kubeflow-org-v1-pytorchjob")
+OWN_PATHS = "kueue-x-k8s-io"
+FRAMEWORK_PATHS = {
+    "batch/job": "-batch-v1-job",
+    "kubeflow.org/pytorchjob": "-kubeflow-org-v1-pytorchjob",
+    "jobset.x-k8s.io/jobset": "-jobset-x-k8s-io-v1alpha2-jobset",
+    "trainer.kubeflow.org/trainjob": "-trainer-kubeflow-org-v1alpha1-trainjob",
+}
 
 
 def home() -> Path:
@@ -64,8 +73,14 @@ def home() -> Path:
 class Kueue:
     """See the module docstring."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, frameworks: Sequence[str] = FRAMEWORKS) -> None:
+        unknown = sorted(set(frameworks) - set(FRAMEWORK_PATHS))
+        if unknown:
+            raise ValueError(f"no Kueue integration {unknown} here; known: "
+                             f"{sorted(FRAMEWORK_PATHS)}")
         self.cluster = cluster
+        self.frameworks = tuple(frameworks)
+        self.kept_paths = (OWN_PATHS, *(FRAMEWORK_PATHS[f] for f in self.frameworks))
         self.home = home()
         self.root = cluster.root / "kueue"
         self.process: Optional[subprocess.Popen] = None
@@ -135,20 +150,12 @@ class Kueue:
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
             "manageJobsWithoutQueueName": False,
-            "integrations": {"frameworks": list(FRAMEWORKS)},
+            "integrations": {"frameworks": list(self.frameworks)},
         }
 
     def _ready(self) -> bool:
         assert self.process is not None
-        if self.process.poll() is not None:
-            raise Exited(f"kueue exited with {self.process.returncode}: "
-                               f"{self.cluster.log('kueue')[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz",
-                                        timeout=2) as answer:
-                return bool(answer.status == 200)
-        except OSError:
-            return False
+        return ready(self.cluster, "kueue", self.process, self.health_port)
 
     def webhook_configurations(self) -> List[Dict[str, Any]]:
         ca = base64.b64encode(self.cluster.plane._authority().pem).decode()
@@ -161,7 +168,7 @@ class Kueue:
             kept = []
             for webhook in doc["webhooks"]:
                 path = webhook["clientConfig"]["service"]["path"]
-                if not any(p in path for p in KEPT_PATHS):
+                if not any(p in path for p in self.kept_paths):
                     continue
                 webhook["clientConfig"] = {"url": f"https://127.0.0.1:{self.webhook_port}{path}",
                                            "caBundle": ca}

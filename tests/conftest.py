@@ -5,6 +5,11 @@ controller-manager, scheduler, kwok GPU nodes, the project's process node, the c
 RBAC), started the first time a test asks for it. It comes from ``make tools``
 (``scripts/build-kube.sh``); when it is missing the tests fail and say so: CI runs ``make tools``
 first, so a missing binary there is a failure.
+
+``trainer``: Kubeflow Trainer's controller manager and the JobSet controller it needs
+(``localkube.trainer``; ``trainer.jobset`` is the JobSet one), with their CRDs, webhooks and the
+``torch-distributed`` ClusterTrainingRuntime, on that control plane for the rest of the session.
+Built by ``make tools`` (``scripts/build-trainer.sh``); missing, the tests fail in the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import pytest
 if TYPE_CHECKING:  # the control plane's client is not in the users' torch environments, where
     # `make test` runs the probe's own tests with other torch releases (tests/support/torch_envs.py)
     from localkube.cluster import Cluster
+    from localkube.trainer import Trainer
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +46,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory,
             reporter.write_line("")
             reporter.write_line(line)
     print(line)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def trainer(cluster: Cluster) -> Iterator[Trainer]:
+    from localkube.trainer import Trainer
+
+    running = Trainer(cluster).start()
     try:
         yield running
     finally:
