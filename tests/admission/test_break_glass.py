@@ -253,6 +253,27 @@ def test_a_held_pytorchjob_names_its_own_suspend_field_and_templates(enforced: L
     assert "spec.pytorchReplicaSpecs.Master.template.metadata.annotations" in message
 
 
+def _trainjob(annotations: Dict[str, str]) -> Dict[str, Any]:
+    obj = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+           "metadata": {"name": "llm", "namespace": "ml", "labels": {labels.OPT_IN: "true"},
+                        "annotations": annotations},
+           "spec": {"runtimeRef": {"name": "torch-distributed"}}}
+    body = review(obj, kind="TrainJob")
+    gvk = {"group": "trainer.kubeflow.org", "version": "v1alpha1", "kind": "TrainJob"}
+    body["request"]["kind"] = body["request"]["requestKind"] = gvk
+    return body
+
+
+def test_a_trainjob_whose_runtime_cannot_be_read_is_admitted_by_break_glass(
+        enforced: LocalWebhook):
+    refused = enforced.send(admin(_trainjob({})), "mutate")  # no API to read the runtime from
+    mutated, validated = both(enforced, admin(_trainjob({labels.BREAK_GLASS: REASON})))
+
+    assert not refused.allowed and "fails closed" in refused.status["message"]
+    assert mutated.allowed and mutated.ops == [] and validated.allowed
+    assert counted(enforced, "TrainJob") == 1
+
+
 def test_a_standing_annotation_does_not_warn_on_someone_elses_later_update(
         enforced: LocalWebhook):
     old = glass_job().obj()

@@ -123,7 +123,9 @@ def admit(glass: BreakGlass, req: Request, integration: Integration, obj: Dict[s
     if not glass.by:  # a Pod exempt by its workload's template: the workload was recorded
         return Verdict(Decision.ALLOWED)
     where = f"{integration.kind} {req.namespace}/{req.name or _name(obj)}"
-    templates = gpu_templates(integration, obj)
+    # A kind whose templates are resolved from elsewhere (a TrainJob's runtime) has none here
+    # to copy the annotation into, nor to read before its runtime is read: none is asked for.
+    templates = [] if integration.resolves else gpu_templates(integration, obj)
     missing = _unreleased(integration, obj, req.old_obj, templates, glass.reason)
     if missing:
         return Verdict.deny(
