@@ -223,6 +223,19 @@ def describe(dra: Dra, gpu: gpus.GPU, request_bytes: int) -> str:
     return f"DRA claim {dra.device_class}: memory {mib(request_bytes)}Mi{cores}"
 
 
+def claim_form(dra: Dra, gpu: gpus.GPU, request_bytes: int) -> str:
+    """What the claim asks, in a few words for ``kubectl get gme`` (``status.claim``):
+    ``gpu.nvidia.com memory=18Gi``, HAMi's with ``cores=<N>``, and for MIG the least memory
+    the selector asks with the slice it picks: ``mig.nvidia.com memory>=15Gi (1g.20gb)``."""
+    whole = mib(request_bytes)
+    size = f"{whole // 1024}Gi" if whole % 1024 == 0 else f"{whole}Mi"
+    if dra.driver is DraDriver.NVIDIA_MIG:
+        profile = gpus.smallest_mig_profile(gpu, request_bytes)
+        return f"{dra.device_class} memory>={size}" + (f" ({profile.name})" if profile else "")
+    cores = f" cores={dra.cores_percent or 0}" if dra.driver is DraDriver.HAMI else ""
+    return f"{dra.device_class} memory={size}{cores}"
+
+
 class DraBackend(Backend):
     name = BackendName.DRA
 

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from xmem_admission.cluster import labels
+from xmem_admission.cluster.backends import dra
 from xmem_admission.cluster.controller import dra_claims, records
 from xmem_admission.cluster.controller.context import Context
 from xmem_admission.cluster.kube import quantity
@@ -282,6 +283,9 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
             decision.outcome.request_bytes))
         if why:
             decision = unplaceable(decision, request, why)
+        elif decision.entry is not None and target.dra is not None:
+            decision.entry["claim"] = dra.claim_form(target.dra, target.gpu,
+                                                     decision.outcome.request_bytes)
     if decision.entry is not None:
         status = with_entry(dict(gme.get("status") or {}), decision.entry)
         written = ctx.kube.replace_status(GME, dict(gme, status=status))

@@ -17,10 +17,11 @@ the estimation's state and result::
     estimates: [{gpu, capacityBytes, peakReservedBytes, totalBytes,
                  recommendedRequestBytes, fits, migProfile}]
     gpu, estimateBytes, estimate, requestBytes, request   # the policy's choice, for kubectl
+    claim                                                 # dra: the claim's form (issue 40)
     actualBytes, actual, error                            # actualBytes: set by whoever measures
     oomRetries: [{workload: {kind, name, uid}, ooms, pod, podUID, container, time, gpu,
-                  backend, failedRequestBytes, requestBytes, migProfile, source, exception,
-                  askedBytes, allocatedBytes, reservedBytes, inUseBytes, needBytes,
+                  backend, failedRequestBytes, requestBytes, migProfile, claim, source,
+                  exception, askedBytes, allocatedBytes, reservedBytes, inUseBytes, needBytes,
                   gaveUp, message, outcome}]           # issue 31: see ``oom_retries``
     runs: [{workload: {kind, name, uid}, gpu, estimateBytes, requestBytes, completed,
             finished, pods, observedPeakBytes, source, series,  # issue 31: ``observed_peaks``
