@@ -26,11 +26,13 @@ larger than the previous request's profile: the next profile up at least. The ce
 largest profile within the cap.
 
 MIG as a DRA claim (``dra`` with driver ``nvidia-mig``): the same next profile, but the request
-is the least that selects it, ``next`` and at least one granule above the previous profile's
-memory (never above the chosen profile's): the claim's CEL selector asks for a device whose
+is ``next``, at least one granule above the previous profile's memory and never above the chosen
+profile's, which selects that profile: the claim's CEL selector asks for a device whose
 published ``memory`` is at least the request and below the next slice size
 (``backends.dra.mig_bounds``), and the driver publishes a profile's memory in whole MiB
-(dra-driver-nvidia-gpu deviceinfo.go, MemorySizeMB), a little under the catalogue's figure.
+(dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin/deviceinfo.go, MigDeviceInfo.GetDevice:
+``giProfileInfo.MemorySizeMB*1024*1024``), which may differ from the catalogue's figure
+(``mig -lgip``, to 0.01 GiB) by a few MiB: the lower the request within the slice, the safer.
 
 The workload gets a terminal reason instead of a retry when the previous request already was
 the ceiling (it ran out at the largest size it may have), when the evidence alone (before the
