@@ -13,6 +13,7 @@ from localkube import dra as published
 from tests.backends.test_dra_device_view import view
 from tests.retry.test_oom_is_recorded_per_workload import NOW, WORKLOAD, _failure, _pod
 from tests.support.builders import make_job, make_pod, review
+from tests.support.estimates import workload_fingerprint
 from tests.support.harness import LocalWebhook, make_policy
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.backends import dra
@@ -169,3 +170,40 @@ def test_a_mig_backend_outside_dra_still_asks_the_slices_own_memory() -> None:
     assert isinstance(grown, retry.Retry)
     assert grown.request_bytes == next(p for p in A100.mig_profiles
                                        if p.name == grown.mig_profile).memory_bytes
+
+
+def _claim_only_pod(request: int, template: str) -> Dict[str, Any]:
+    """A pod from a Job template the webhook sized at the Job's CREATE under ``dra``: its GPU
+    container asks xmem's claim and no longer ``nvidia.com/gpu``."""
+    pod = _job_pod(request)
+    pod["spec"]["resourceClaims"] = [{"name": dra.CLAIM, "resourceClaimTemplateName": template}]
+    container = pod["spec"]["containers"][0]
+    container["resources"]["claims"] = [{"name": dra.CLAIM}]
+    del container["resources"]["limits"]["nvidia.com/gpu"]
+    container["terminationMessagePolicy"] = "File"  # the API server's default
+    return pod
+
+
+def test_a_pod_whose_gpu_is_only_xmems_claim_still_gets_its_oom_read_from_the_log_tail() -> None:
+    """Without it a repeat Job's pods would go unseen by the retry loop: PyTorch writes no
+    termination message."""
+    local = LocalWebhook(_policy())
+    pod = _claim_only_pod(18 * GiB, "train-xmem-18432mi")
+    patched = local.send(review(pod)).patched()
+    assert patched["spec"]["containers"][0]["terminationMessagePolicy"] == \
+        "FallbackToLogsOnError"
+    assert _claims(patched) == _claims(pod)
+
+
+def test_a_workloads_fingerprint_is_the_same_before_and_after_its_gpus_become_a_claim() -> None:
+    """The controller and the webhook key estimates by the fingerprint, which counts GPUs: a
+    claim for two GPUs counts two, as the ``nvidia.com/gpu: 2`` it replaced."""
+    job = make_job("train").opt_in().gpus(2).obj()
+    before = workload_fingerprint(job, ("H200",))
+    template = job["spec"]["template"]
+    template["spec"]["resourceClaims"] = [
+        {"name": dra.CLAIM, "resourceClaimTemplateName": "train-xmem-18432mi-x2"}]
+    container = template["spec"]["containers"][0]
+    container["resources"]["claims"] = [{"name": dra.CLAIM}]
+    del container["resources"]["limits"]["nvidia.com/gpu"]
+    assert workload_fingerprint(job, ("H200",)) == before
