@@ -278,14 +278,13 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
         # before the record that makes the webhook point a pod at it (issue 40).
         if ctx.devices is not None and not ctx.devices.ready():
             return 1.0
+        grown = decision.outcome.request_bytes
         why = dra_claims.make_templates(ctx.kube, ctx.devices, workload, dra_claims.retry_plans(
-            ctx.workloads[kind].integration, workload, settings, target.gpu.key,
-            decision.outcome.request_bytes))
+            ctx.workloads[kind].integration, workload, settings, target.gpu.key, grown))
         if why:
             decision = unplaceable(decision, request, why)
         elif decision.entry is not None and target.dra is not None:
-            decision.entry["claim"] = dra.claim_form(target.dra, target.gpu,
-                                                     decision.outcome.request_bytes)
+            decision.entry["claim"] = dra.claim_form(target.dra, target.gpu, grown)
     if decision.entry is not None:
         status = with_entry(dict(gme.get("status") or {}), decision.entry)
         written = ctx.kube.replace_status(GME, dict(gme, status=status))
