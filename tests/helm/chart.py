@@ -61,7 +61,7 @@ VALUE_SETS: Dict[str, Dict[str, Any]] = {
             "failurePolicy": "Fail",
             "timeoutSeconds": 3,
             "matchConditions": {"enabled": False},
-            "workloads": {"pytorchJobs": False},
+            "workloads": {"pytorchJobs": False, "jobSets": False, "trainJobs": False},
         },
     },
     "everything": {

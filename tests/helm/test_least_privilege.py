@@ -48,8 +48,13 @@ def test_no_rule_anywhere_uses_a_wildcard() -> None:
 
 def test_the_webhook_only_reads_its_policy_and_the_recorded_estimates() -> None:
     grants = _grants(_rules_of(render({}), WEBHOOK_SA))
+    # and a TrainJob's runtime, whose pod templates are the TrainJob's (docs/trainer.md)
     assert grants == {("", "xmem.io", r, v) for r in ("gpuadmissionpolicies", "gpumemoryestimates")
-                      for v in READ}
+                      for v in READ} | {("", "trainer.kubeflow.org", r, "get")
+                                        for r in ("trainingruntimes", "clustertrainingruntimes")}
+    without = _grants(_rules_of(render({"webhook": {"workloads": {"trainJobs": False}}}),
+                                WEBHOOK_SA))
+    assert {g for _, g, _, _ in without} == {"xmem.io"}
 
 
 def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
@@ -57,6 +62,8 @@ def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
     writes = {(s, g, r, v) for s, g, r, v in grants if v not in READ}
     assert writes == {
         ("", "batch", "jobs", "update"), ("", "kubeflow.org", "pytorchjobs", "update"),
+        ("", "jobset.x-k8s.io", "jobsets", "update"),
+        ("", "trainer.kubeflow.org", "trainjobs", "update"),
         ("", "", "pods", "create"), ("", "", "pods", "delete"), ("", "", "events", "create"),
         ("", "xmem.io", "gpumemoryestimates", "create"),
         ("", "xmem.io", "gpumemoryestimates", "update"),
@@ -201,9 +208,10 @@ def test_the_controller_environment_variables_are_ones_xmem_controller_reads() -
     assert container["args"] == ["controller"]
     env = {e["name"]: e for e in container["env"]}
     assert set(env) <= set(controller.ENV.values())
-    assert env["XMEM_WORKLOADS"]["value"] == "Job,PyTorchJob"
+    assert env["XMEM_WORKLOADS"]["value"] == "Job,PyTorchJob,JobSet,TrainJob"
     assert env["XMEM_LEASE_NAME"]["value"] == CONTROLLER_SA  # the name the Role allows
     assert env["XMEM_POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    minimal = one(render({"webhook": {"workloads": {"pytorchJobs": False}}}), "Deployment",
+    minimal = one(render({"webhook": {"workloads": {"pytorchJobs": False, "jobSets": False,
+                                                    "trainJobs": False}}}), "Deployment",
                   CONTROLLER_SA)["spec"]["template"]["spec"]["containers"][0]
     assert {e["name"]: e.get("value") for e in minimal["env"]}["XMEM_WORKLOADS"] == "Job"

@@ -13,7 +13,7 @@ from typing import Any, Dict, List
 import pytest
 
 from tests.helm.chart import VALUE_SETS, find, render
-from tests.support.builders import make_job, make_pod, make_pytorchjob
+from tests.support.builders import make_job, make_jobset, make_pod, make_pytorchjob
 from tests.support.builders import templates_of as _templates
 from xmem_admission.cluster import integrations
 from xmem_admission.cluster.integrations.base import gpu_templates
@@ -75,7 +75,17 @@ CASES = {
     "Pod asking for none": (make_pod("j").obj(), False),
     "PyTorchJob with GPU workers": (make_pytorchjob("k").workers(2).gpus(1).obj(), True),
     "PyTorchJob on CPUs": (make_pytorchjob("l").workers(2).obj(), False),
+    "JobSet with GPU replicated Jobs": (make_jobset("m").gpus(1).obj(), True),
+    "JobSet on CPUs": (make_jobset("n").obj(), False),
 }
+
+
+def test_a_trainjob_is_always_sent_since_its_templates_are_its_runtimes(condition) -> None:
+    """Its runtime may ask for the GPUs, which no expression over the TrainJob can see."""
+    trainjob = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                "metadata": {"name": "llm"},
+                "spec": {"runtimeRef": {"name": "torch-distributed"}}}
+    assert condition(trainjob) is True
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -105,7 +115,8 @@ def test_no_workload_the_webhook_acts_on_is_ever_skipped(condition) -> None:
              ("nvidia.com/mig-1g.10gb", "2"), ("volcano.sh/vgpu-number", "1"),
              ("aliyun.com/gpu-mem", "8"), ("nvidia.com/gpumem", "1024")]
     annotations = [None, {"gpu-fraction": "0.5"}]
-    builders = [lambda: make_job("j"), lambda: make_pod("p"), lambda: make_pytorchjob("t").workers(1)]
+    builders = [lambda: make_job("j"), lambda: make_pod("p"), lambda: make_pytorchjob("t").workers(1),
+                lambda: make_jobset("s")]
     checked = 0
     for build, main, side, note in itertools.product(builders, forms, forms, annotations):
         builder = build()
@@ -124,7 +135,7 @@ def test_no_workload_the_webhook_acts_on_is_ever_skipped(condition) -> None:
         if _webhook_sees_gpu(obj):
             assert condition(obj), f"skipped a GPU workload: {obj}"
         checked += 1
-    assert checked == 3 * 7 * 7 * 2
+    assert checked == 4 * 7 * 7 * 2
 
 
 

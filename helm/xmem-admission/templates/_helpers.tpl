@@ -77,7 +77,8 @@ the webhook cannot block the creation of its own pods.
 {{/*
 CEL for the matchCondition: does the object ask for a GPU, whatever its kind? The pod templates
 of the object are gathered first (a Pod is its own template, a Job has one, a PyTorchJob one per
-replica type), then one predicate is applied to each. A template asks for a GPU when a container
+replica type, a JobSet one per replicated Job), then one predicate is applied to each. A TrainJob
+is always sent: its pod templates are its runtime's, which CEL cannot read. A template asks for a GPU when a container
 limit or request name starts with one of webhook.matchConditions.gpuResourcePrefixes, or when its
 metadata carries one of gpuAnnotations (KAI). This mirrors xmem_admission.cluster.kube.resources.gpu_containers:
 every kind of container counts (app, init and sidecar, ephemeral), so a GPU asked for only by an
@@ -92,11 +93,13 @@ skipped, which is what the webhook would answer for them anyway.
 {{- $annotations := list -}}
 {{- range $mc.gpuAnnotations -}}{{- $annotations = append $annotations (printf "'%s' in t.metadata.annotations" .) -}}{{- end -}}
 {{- $hasAnnotation := join " || " $annotations | default "false" -}}
-has(object.spec) && (
+has(object.spec) && (object.kind == 'TrainJob' || (
   object.kind == 'Pod' ? [object] :
   object.kind == 'Job' && has(object.spec.template) ? [object.spec.template] :
   object.kind == 'PyTorchJob' && has(object.spec.pytorchReplicaSpecs)
-    ? object.spec.pytorchReplicaSpecs.filter(k, has(object.spec.pytorchReplicaSpecs[k].template)).map(k, object.spec.pytorchReplicaSpecs[k].template)
+    ? object.spec.pytorchReplicaSpecs.filter(k, has(object.spec.pytorchReplicaSpecs[k].template)).map(k, object.spec.pytorchReplicaSpecs[k].template) :
+  object.kind == 'JobSet' && has(object.spec.replicatedJobs)
+    ? object.spec.replicatedJobs.filter(j, has(j.template) && has(j.template.spec) && has(j.template.spec.template)).map(j, j.template.spec.template)
     : []
 ).exists(t,
   (has(t.spec) && (
@@ -107,5 +110,5 @@ has(object.spec) && (
     (has(c.resources.limits) && c.resources.limits.exists(r, {{ $isGPU }})) ||
     (has(c.resources.requests) && c.resources.requests.exists(r, {{ $isGPU }})))))
   || (has(t.metadata) && has(t.metadata.annotations) && ({{ $hasAnnotation }}))
-)
+))
 {{- end -}}

@@ -90,7 +90,7 @@ def register(subparsers: Any) -> None:
     add("--host", default=_env("host", "0.0.0.0"), help="metrics address [XMEM_HOST]")
     add("--metrics-port", type=int, default=_env("metrics_port", "8080"),
         help="port of /metrics, /healthz, /readyz (0: pick one) [XMEM_METRICS_PORT]")
-    add("--workloads", default=_env("workloads", "Job,PyTorchJob"),
+    add("--workloads", default=_env("workloads", "Job,PyTorchJob,JobSet,TrainJob"),
         help="workload kinds to release, comma-separated [XMEM_WORKLOADS]")
     add("--resync-seconds", type=float, default=_env("resync_seconds", "30"),
         help="how often every held workload is looked at again [XMEM_RESYNC_SECONDS]")
