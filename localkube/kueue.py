@@ -73,13 +73,20 @@ def home() -> Path:
 class Kueue:
     """See the module docstring."""
 
-    def __init__(self, cluster: Cluster, frameworks: Sequence[str] = FRAMEWORKS) -> None:
+    def __init__(self, cluster: Cluster, frameworks: Sequence[str] = FRAMEWORKS,
+                 gates: Optional[Dict[str, bool]] = None,
+                 resources: Optional[Dict[str, Any]] = None) -> None:
+        """``gates``: Kueue feature gates to set besides the defaults (``VisibilityOnDemand`` is
+        always off); ``resources``: the Configuration's ``resources`` (e.g. DRA
+        ``deviceClassMappings``)."""
         unknown = sorted(set(frameworks) - set(FRAMEWORK_PATHS))
         if unknown:
             raise ValueError(f"no Kueue integration {unknown} here; known: "
                              f"{sorted(FRAMEWORK_PATHS)}")
         self.cluster = cluster
         self.frameworks = tuple(frameworks)
+        self.gates = {"VisibilityOnDemand": False, **(gates or {})}
+        self.resources = resources
         self.kept_paths = (OWN_PATHS, *(FRAMEWORK_PATHS[f] for f in self.frameworks))
         self.home = home()
         self.root = cluster.root / "kueue"
@@ -109,10 +116,10 @@ class Kueue:
         self.webhook_port, self.health_port = free_port(), free_port()
         config = self.root / "config.yaml"
         config.write_text(yaml.safe_dump(self.configuration(certs)))
-        # Without internal certificate management Kueue v0.17 reads its metrics certificate
-        # from a fixed path, /etc/kueue/metrics/certs (cmd/kueue/main.go): the process gets a
-        # mount namespace of its own (an unprivileged user namespace) where an overlay on /etc
-        # adds that folder, so nothing on the machine is written.
+        # Without internal certificate management Kueue (v0.17 to v0.19) reads its metrics
+        # certificate from a fixed path, /etc/kueue/metrics/certs (cmd/kueue/main.go): the
+        # process gets a mount namespace of its own (an unprivileged user namespace) where an
+        # overlay on /etc adds that folder, so nothing on the machine is written.
         overlay = self.root / "etc"
         metrics = overlay / "upper" / "kueue" / "metrics" / "certs"
         metrics.mkdir(parents=True, exist_ok=True)
@@ -120,7 +127,8 @@ class Kueue:
         (metrics / "tls.crt").write_bytes(Path(pair.cert).read_bytes())
         (metrics / "tls.key").write_bytes(Path(pair.key).read_bytes())
         argv = [str(self.home / "bin" / "kueue"), "--config", str(config),
-                "--kubeconfig", str(kubeconfig), "--feature-gates", "VisibilityOnDemand=false",
+                "--kubeconfig", str(kubeconfig), "--feature-gates",
+                ",".join(f"{gate}={str(on).lower()}" for gate, on in sorted(self.gates.items())),
                 "--zap-log-level", "3"]
         mount = (f"mount -t overlay overlay -o lowerdir=/etc,upperdir={overlay / 'upper'},"
                  f"workdir={overlay / 'work'} /etc")
@@ -141,7 +149,7 @@ class Kueue:
     def configuration(self, certs: Path) -> Dict[str, Any]:
         """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2, Kueue's
         config/components/manager/controller_manager_config.yaml, adapted to a host process)."""
-        return {
+        config: Dict[str, Any] = {
             "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
             "namespace": NAMESPACE,
             "health": {"healthProbeBindAddress": f"127.0.0.1:{self.health_port}"},
@@ -152,6 +160,9 @@ class Kueue:
             "manageJobsWithoutQueueName": False,
             "integrations": {"frameworks": list(self.frameworks)},
         }
+        if self.resources is not None:
+            config["resources"] = self.resources
+        return config
 
     def _ready(self) -> bool:
         assert self.process is not None
