@@ -302,14 +302,15 @@ def test_under_warn_an_admins_job_is_not_held_either(local: LocalWebhook):
     assert "suspend" not in glass.patched()["spec"]
 
 
-def test_a_long_multiline_reason_is_one_bounded_line_in_warnings_and_audit(
+def test_a_long_multiline_reason_is_one_bounded_printable_line_in_warnings_and_audit(
         enforced: LocalWebhook):
-    reason = "line one\nline two " + "x" * 400
+    reason = "line one\nline two \x1b[31m" + "x" * 400
 
     answer = enforced.send(admin(review(glass_job(reason=reason).obj())), "mutate")
 
     audit = answer.response["auditAnnotations"]["break-glass-reason"]
-    assert "\n" not in audit and len(audit) <= 200 and audit.startswith("line one line two")
+    assert "\n" not in audit and "\x1b" not in audit and len(audit) <= 200
+    assert audit.startswith("line one line two [31mxxx")
     # the template carries the annotation exactly as the admin wrote it
     assert answer.patched()["spec"]["template"]["metadata"]["annotations"][
         labels.BREAK_GLASS] == reason

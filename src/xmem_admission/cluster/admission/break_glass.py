@@ -54,8 +54,8 @@ from xmem_admission.cluster.kube.jsonpatch import Draft, diff
 
 log = logging.getLogger(__name__)
 
-# The reason as the warning, the log and the audit log carry it: one line, at most this long
-# (an annotation value may be 256 KiB; a reason is a sentence).
+# The reason as the warning, the log and the audit log carry it: one line of printable
+# characters, at most this long (an annotation value may be 256 KiB; a reason is a sentence).
 REASON_CHARS = 200
 # Audit annotation keys (the API server prefixes them with the webhook's name).
 AUDIT_BY = "break-glass-by"
@@ -96,7 +96,7 @@ def assess(req: Request, integration: Integration, trust: Trust,
     raw = _value(req.obj)
     if raw is None:
         return BreakGlass()
-    reason = short(raw, REASON_CHARS)
+    reason = short("".join(c if c.isprintable() else " " for c in raw), REASON_CHARS)
     new = req.operation == "CREATE" or _value(req.old_obj) != raw
     if trust.may_break_glass(req.groups):
         if not reason:
