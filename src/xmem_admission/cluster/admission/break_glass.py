@@ -24,8 +24,11 @@ unless the webhook names a group. Honoured, the workload is:
   ``xmem_admission_break_glass_total{namespace,kind}``, a log line of the webhook naming who
   and why, and two audit annotations in the answer (``break-glass-by``,
   ``break-glass-reason``), which the API server writes into its audit log under the webhook's
-  name. The annotation itself stays on the object (changing it is refused where the policy
-  enforces): ``kubectl get`` shows the reason.
+  name. The annotation itself stays on the object (where the policy enforces, only an admin
+  may change it): ``kubectl get`` shows the reason.
+
+A kind whose pod templates are resolved from elsewhere (a TrainJob's, from its runtime) gets
+no copy and is not asked for one: it is admitted without its runtime being read.
 
 A Pod a workload controller (the Job controller, a training operator) creates for a workload
 xmem holds copies its template, which the webhook reviewed, so a template's break-glass
