@@ -4,7 +4,8 @@ by `make tools`), running beside the real control plane with their CRDs, their w
 ``torch-distributed`` ClusterTrainingRuntime Trainer ships (the ``trainer`` fixture,
 localkube/trainer.py). A JobSet becomes Jobs, the control plane's Job controller makes their
 pods, the process node runs them and JobSet sees them complete; a TrainJob becomes a JobSet whose
-pods carry the torchrun world Trainer's torch plugin gives each node.
+pods carry the torchrun world Trainer's torch plugin gives each node; and Kueue, started with its
+JobSet and TrainJob integrations, queues a TrainJob and starts it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ from kubernetes import client
 from localkube.controlplane import wait_for
 from localkube.jobset import API_VERSION as JOBSET_API
 from localkube.jobset import JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL
+from localkube.kueue import Kueue
 from localkube.trainer import API_VERSION as TRAINER_API
 from localkube.trainer import TORCH_RUNTIME
+from tests.e2e_real.test_kueue import admitted
+from xmem_admission.cluster import labels
 
 _counter = itertools.count()
+V1B2 = "kueue.x-k8s.io/v1beta2"
 # Any image the process node "pulls": it runs the command with the host's Python.
 IMAGE = "python:3.11-slim"
 # What each pod prints: the torchrun variables it was given (PET_*), sorted, one line.
@@ -162,3 +167,41 @@ def test_trainers_webhook_refuses_a_trainjob_that_sets_a_torchrun_variable_itsel
     assert 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request' in message
     assert "must not have reserved envs" in message and "PET_NODE_RANK" in message
     assert cluster.get(TRAINER_API, "TrainJob", "own-rank", ns) is None
+
+
+def test_kueue_with_its_trainjob_integration_holds_a_queued_trainjob_then_starts_it(trainer):
+    cluster = trainer.cluster
+    ns = namespace(cluster)
+    kueue = Kueue(cluster, frameworks=("batch/job", "jobset.x-k8s.io/jobset",
+                                       "trainer.kubeflow.org/trainjob")).start()
+    try:
+        cluster.apply({"apiVersion": V1B2, "kind": "ResourceFlavor",
+                       "metadata": {"name": "training-stack"}})
+        cluster.apply({"apiVersion": V1B2, "kind": "ClusterQueue",
+                       "metadata": {"name": "training-stack"},
+                       "spec": {"namespaceSelector": {}, "resourceGroups": [{
+                           "coveredResources": ["cpu"], "flavors": [{
+                               "name": "training-stack",
+                               "resources": [{"name": "cpu", "nominalQuota": "8"}]}]}]}})
+        cluster.apply({"apiVersion": V1B2, "kind": "LocalQueue",
+                       "metadata": {"name": "queue", "namespace": ns},
+                       "spec": {"clusterQueue": "training-stack"}})
+        created = cluster.apply({
+            "apiVersion": TRAINER_API, "kind": "TrainJob",
+            "metadata": {"name": "queued", "namespace": ns,
+                         "labels": {labels.KUEUE_QUEUE_NAME: "queue"}},
+            "spec": {"runtimeRef": {"name": TORCH_RUNTIME}, "trainer": {
+                "image": IMAGE, "command": ["python", "-c", SHOW_PET],
+                "numNodes": 2, "numProcPerNode": 4,
+                "resourcesPerNode": {"requests": {"cpu": "1"}}}}})
+        assert created["spec"]["suspend"] is True  # Kueue's webhook held it
+
+        wait_for(lambda: admitted(cluster, ns, "queued") or None, 60,
+                 "Kueue to admit TrainJob queued's Workload")
+        wait_for(lambda: (cluster.get(TRAINER_API, "TrainJob", "queued", ns) or {}).get(
+            "spec", {}).get("suspend") is False or None, 60, "Kueue to start TrainJob queued")
+        pods = pods_of(cluster, ns, "queued", 2)
+        assert {env_of(p, "node")["PET_NNODES"] for p in pods} == {"2"}
+    finally:
+        cluster.delete(TRAINER_API, "TrainJob", "queued", ns)
+        kueue.stop()
