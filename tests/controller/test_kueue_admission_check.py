@@ -56,13 +56,21 @@ def controller(harness: Harness) -> Controller:
     return harness.controller(kueue_check=CONTROLLER_NAME)
 
 
-def queued_job(harness: Harness, name: str, **job: Any) -> Dict[str, Any]:
+def queued_job(harness: Harness, name: str, glass: str = "", **job: Any) -> Dict[str, Any]:
     """A Job submitted to a Kueue LocalQueue, through the webhook, suspended as Kueue's own
-    webhook leaves it, and the Workload Kueue makes for it with our check Pending."""
+    webhook leaves it, and the Workload Kueue makes for it with our check Pending. ``glass``:
+    as the webhook leaves an admin's break-glass instead (the annotation on the Job and in its
+    template, where only the webhook writes it)."""
     obj = training_job(name, **job)
     obj["metadata"]["labels"][labels.KUEUE_QUEUE_NAME] = "gpu-queue"
     obj["spec"]["suspend"] = True
-    created = harness.submit(obj)
+    if glass:
+        for meta in (obj["metadata"], obj["spec"]["template"]["metadata"]):
+            meta.setdefault("annotations", {})[labels.BREAK_GLASS] = glass
+        created = harness.create(dict(obj, metadata=dict(obj["metadata"],
+                                                         namespace=harness.namespace)))
+    else:
+        created = harness.submit(obj)
     m = created["metadata"]
     workload = harness.create({
         "apiVersion": WORKLOAD.api_version, "kind": "Workload",
@@ -131,6 +139,16 @@ def test_a_repeat_job_is_ready_at_once_without_a_second_estimation(kueue):
     state = check_state(kueue, "second")
     assert state["state"] == "Ready" and state["podSetUpdates"]
     assert len(kueue.estimation_pods()) == pods
+
+
+def test_a_job_an_admin_broke_the_glass_for_is_ready_at_once_unsized_and_not_estimated(kueue):
+    kueue.use(policy_spec(integration="kueue", enforcement="Enforce"))
+    controller(kueue)
+    queued_job(kueue, "urgent", glass="INC-4711: estimator down")
+    state = check_state(kueue, "urgent")
+    assert state["state"] == "Ready", state
+    assert "break-glass" in state["message"] and not state.get("podSetUpdates")
+    assert not kueue.gmes() and not kueue.estimation_pods()
 
 
 def _recorded(harness: Harness, name: str, totals: Dict[str, float]) -> None:

@@ -24,6 +24,8 @@ This module serves every AdmissionCheck whose ``spec.controllerName`` is ours
   node affinity) is written by the Pod webhook at Pod CREATE, as in ``suspend`` mode, because a
   podSetUpdate can change neither resources nor affinity. Keys a template already has are left
   out: Kueue refuses a podSetUpdate that conflicts with the template (``podset.Merge``);
+- a workload an admin exempted (``xmem.io/break-glass`` in every GPU pod template, where
+  only the webhook writes it for an honoured break-glass): ``Ready`` unchanged, not estimated;
 - an estimate that fits no GPU of the policy: ``Rejected`` where the policy enforces (Kueue then
   deactivates the Workload), else as a failure;
 - failed, or no estimate within ``maxHoldSeconds`` of the Workload's creation: the policy's
@@ -250,6 +252,9 @@ def reconcile(ctx: Context, workloads: Informer, checks: Informer, controller_na
         return answer.failed("InvalidWorkload", str(exc), timed_out=True)
     if not templates:
         return answer.ready("xmem: the workload requests no GPU; admitted unchanged")
+    if all(labels.BREAK_GLASS in ((ref.template.get("metadata") or {}).get("annotations") or {})
+           for ref, _ in templates):  # only the webhook writes it there, for an admin
+        return answer.ready("xmem: break-glass (xmem.io/break-glass); admitted unchanged")
     gme = ctx.estimates.get(namespace, records.name_for(fp))
     phase = records.phase(gme)
     if gme is not None and phase == records.SUCCEEDED:
