@@ -129,7 +129,7 @@ def admit(glass: BreakGlass, req: Request, integration: Integration, obj: Dict[s
     # A kind whose templates are resolved from elsewhere (a TrainJob's runtime) has none here
     # to copy the annotation into, nor to read before its runtime is read: none is asked for.
     templates = [] if integration.resolves else gpu_templates(integration, obj)
-    missing = _unreleased(integration, obj, req.old_obj, templates, glass.reason)
+    missing = _unreleased(integration, obj, req.old_obj, templates)
     if missing:
         return Verdict.deny(
             f"xmem: {where} is held by xmem until its GPU memory is estimated: a break-glass "
@@ -158,8 +158,8 @@ def admit(glass: BreakGlass, req: Request, integration: Integration, obj: Dict[s
 
 
 def _unreleased(integration: Integration, obj: Mapping[str, Any],
-                old: Optional[Mapping[str, Any]], templates: List[GpuTemplate],
-                reason: str) -> Optional[List[str]]:
+                old: Optional[Mapping[str, Any]],
+                templates: List[GpuTemplate]) -> Optional[List[str]]:
     """For an UPDATE of a workload the webhook held: what the update leaves undone of its
     release (unsuspended, and the annotation in every GPU pod template, so that neither the
     controller nor the Pod webhook sizes it later); None when the workload was not held."""
@@ -173,7 +173,7 @@ def _unreleased(integration: Integration, obj: Mapping[str, Any],
     for ref, _ in templates:
         annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
         if not isinstance(annotations, dict) or not annotations.get(labels.BREAK_GLASS):
-            missing.append(f"{ref.field('metadata', 'annotations', labels.BREAK_GLASS)}")
+            missing.append(ref.field("metadata", "annotations", labels.BREAK_GLASS))
     return missing
 
 
