@@ -38,7 +38,12 @@ from typing import Any, Dict, List, Optional, Tuple
 from xmem_admission.cluster import backends, labels
 from xmem_admission.cluster.controller import dra_claims, records
 from xmem_admission.cluster.controller.context import Context, Workload
-from xmem_admission.cluster.integrations import GpuTemplate, NotResolved, gpu_templates
+from xmem_admission.cluster.integrations import (
+    GpuTemplate,
+    NotResolved,
+    TemplateRef,
+    gpu_templates,
+)
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import gib
@@ -233,14 +238,15 @@ def plans_for(integration: Any, obj: Obj, record: Any,
 
 
 def _requests(draft_obj: Obj, workload: Workload, plans: List[Optional[Plan]]) -> List[str]:
-    """What each backend will write at Pod CREATE, for the Event (computed on a draft)."""
+    """What each backend will write at Pod CREATE, for the Event (computed on a draft of each
+    template on its own: a TrainJob's are resolved, not where they are addressed)."""
     out: List[str] = []
-    draft = Draft(draft_obj)
     for (ref, containers), plan in zip(gpu_templates(workload.integration, draft_obj), plans):
         if plan is None:
             continue
+        alone = TemplateRef(ref.role, (), ref.template)
         applied = backends.for_target(plan.target).apply(
-            draft, ref, containers, plan.request_bytes, plan.target.gpu)
+            Draft(dict(ref.template)), alone, containers, plan.request_bytes, plan.target.gpu)
         out.extend(applied.written or [f"{labels.REQUEST_BYTES} {plan.request_bytes}"])
     return list(dict.fromkeys(out))
 
