@@ -47,7 +47,7 @@ def home() -> Path:
     return tools.cache_entry(
         "XMEM_TRAINER_CACHE", "trainer",
         f"{v['JOBSET_VERSION']}_{v['TRAINER_VERSION']}_r{v['TRAINER_BUILD_RECIPE']}",
-        "JobSet and Kubeflow Trainer", BUILD)
+        "the training stack (JobSet and Kubeflow Trainer)", BUILD)
 
 
 def version() -> str:
