@@ -144,3 +144,13 @@ def test_a_job_owned_by_something_xmem_does_not_hold_is_judged_as_its_own(
     patched = served.send(review(job, user="system:serviceaccount:kube-system:cronjob-controller"))\
         .patched()
     assert patched["spec"]["suspend"] is True
+
+
+def test_the_world_is_part_of_a_jobsets_fingerprint_so_a_job_never_shares_its_estimate() -> None:
+    from tests.support.estimates import workload_fingerprint
+
+    one = make_jobset("one", roles=("trainer",)).gpus(1).obj()
+    many = make_jobset("many", roles=("trainer",)).gpus(1).replicas("trainer", 4, 4).obj()
+    job = make_job("train").gpus(1).obj()
+    assert workload_fingerprint(one, GPUS) == workload_fingerprint(job, GPUS)
+    assert workload_fingerprint(many, GPUS) != workload_fingerprint(one, GPUS)

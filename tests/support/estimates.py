@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Sequence
 
-from xmem_admission.cluster.integrations import for_kind
-from xmem_admission.cluster.policy import fingerprint
+from xmem_admission.cluster.integrations import fingerprint_of, for_kind
 from xmem_admission.cluster.policy.store import EstimateRecord
 from xmem_admission.contract import gpus
 
@@ -17,7 +16,7 @@ def workload_fingerprint(obj: Mapping[str, Any], gpu_keys: Sequence[str]) -> str
     group, _, version = obj["apiVersion"].rpartition("/")
     integration = for_kind(group, version, obj["kind"])
     assert integration is not None
-    return fingerprint.of_templates([t.template for t in integration.pod_templates(obj)], gpu_keys)
+    return fingerprint_of(integration, obj, gpu_keys)
 
 
 def record_dict(fp: str, totals: Mapping[str, float]) -> Dict[str, Any]:

@@ -64,11 +64,11 @@ from xmem_admission.cluster.integrations.base import (
     GpuTemplate,
     Integration,
     Reader,
+    fingerprint_of,
     part_of_held_workload,
 )
 from xmem_admission.cluster.kube.jsonpatch import diff
 from xmem_admission.cluster.kube.resources import gpu_containers
-from xmem_admission.cluster.policy import fingerprint
 from xmem_admission.cluster.policy.model import Policy, Settings
 from xmem_admission.cluster.policy.sizing import covered
 from xmem_admission.cluster.policy.sources import PolicySource
@@ -243,7 +243,7 @@ class Webhook:
         templates = [(ref, group) for ref, group in zip(refs, groups) if group]
         if not templates and req.operation == "CREATE":
             return Verdict(Decision.ALLOWED)
-        fp = fingerprint.of_containers(groups, settings.gpu_keys)
+        fp = fingerprint_of(integration, obj, settings.gpu_keys, groups)
         shared = policy.shares_with(req.namespace)
         owned, trusted = self._provenance(req, integration, obj)
         record = self._lookup(fp, req.namespace, shared, settings, templates, endpoint, trusted) \

@@ -50,11 +50,10 @@ from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.controller.workloads import ensure_estimate, plans_for
-from xmem_admission.cluster.integrations import NotResolved, gpu_templates
+from xmem_admission.cluster.integrations import NotResolved, fingerprint_of, gpu_templates
 from xmem_admission.cluster.kube.client import Kind, Obj
 from xmem_admission.cluster.kube.informer import Informer
 from xmem_admission.cluster.kube.quantity import gib
-from xmem_admission.cluster.policy import fingerprint
 from xmem_admission.cluster.policy.model import Estimation, FailureAction, Settings
 from xmem_admission.cluster.policy.sizing import Plan
 from xmem_admission.contract.errors import InvalidObjectError
@@ -246,8 +245,7 @@ def reconcile(ctx: Context, workloads: Informer, checks: Informer, controller_na
         return answer.failed("InvalidWorkload", str(exc), timed_out=True)
     try:
         templates = gpu_templates(workload.integration, obj)
-        fp = fingerprint.of_templates([r.template for r in workload.integration.pod_templates(obj)],
-                                      settings.gpu_keys)
+        fp = fingerprint_of(workload.integration, obj, settings.gpu_keys)
     except InvalidObjectError as exc:
         return answer.failed("InvalidWorkload", str(exc), timed_out=True)
     if not templates:

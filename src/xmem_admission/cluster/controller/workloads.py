@@ -42,12 +42,13 @@ from xmem_admission.cluster.integrations import (
     GpuTemplate,
     NotResolved,
     TemplateRef,
+    fingerprint_of,
     gpu_templates,
 )
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.jsonpatch import Draft
 from xmem_admission.cluster.kube.quantity import gib
-from xmem_admission.cluster.policy import fingerprint, sizing
+from xmem_admission.cluster.policy import sizing
 from xmem_admission.cluster.policy.model import (
     DraFallback,
     Estimation,
@@ -158,8 +159,7 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
                      timed_out=True)
     try:
         templates = gpu_templates(workload.integration, obj)
-        fp = fingerprint.of_templates([r.template for r in workload.integration.pod_templates(obj)],
-                                      settings.gpu_keys)
+        fp = fingerprint_of(workload.integration, obj, settings.gpu_keys)
     except InvalidObjectError as exc:
         return _fail(ctx, workload, obj, settings, "InvalidWorkload", str(exc), deadline,
                      timed_out=True)

@@ -22,6 +22,7 @@ from xmem_admission.cluster.integrations.base import (
     NotResolved,
     Reader,
     TemplateRef,
+    fingerprint_of,
     for_kind,
     gpu_templates,
     part_of_held_workload,
@@ -31,4 +32,4 @@ from xmem_admission.cluster.integrations.base import (
 ALL: Tuple[Integration, ...] = registered()
 
 __all__ = ["ALL", "GpuTemplate", "Integration", "NotResolved", "Reader", "TemplateRef",
-           "for_kind", "gpu_templates", "part_of_held_workload", "registered"]
+           "fingerprint_of", "for_kind", "gpu_templates", "part_of_held_workload", "registered"]

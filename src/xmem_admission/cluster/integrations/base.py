@@ -29,10 +29,12 @@ from typing import (
     Any,
     ClassVar,
     Dict,
+    Iterable,
     List,
     Mapping,
     Optional,
     Protocol,
+    Sequence,
     Tuple,
     Type,
     TypeVar,
@@ -41,6 +43,7 @@ from typing import (
 from xmem_admission.cluster.kube.client import Kind
 from xmem_admission.cluster.kube.jsonpatch import Draft, Path, dotted
 from xmem_admission.cluster.kube.resources import Slot, gpu_containers
+from xmem_admission.cluster.policy import fingerprint
 from xmem_admission.cluster.policy.store import WorkloadRef
 from xmem_admission.contract.errors import InvalidObjectError
 
@@ -111,6 +114,10 @@ class Integration(abc.ABC):
     # would write do not exist in the object), and the controller sizes them through
     # ``unresolved``'s write.
     resolves: ClassVar[bool] = False
+    # Whether rank 0's world (``rank0_environment``) is part of the fingerprint: for a kind
+    # whose world is not written in its templates (a JobSet's replicas x parallelism), so that
+    # a 16-pod JobSet never shares the estimate of a Job running the same template.
+    world_in_fingerprint: ClassVar[bool] = False
 
     @property
     def resource(self) -> Kind:
@@ -205,6 +212,18 @@ def part_of_held_workload(obj: Mapping[str, Any]) -> Optional[str]:
     kind = str(ref.get("kind") or "")
     found = any(i.can_hold and i.kind == kind and i.group == group for i in _REGISTRY)
     return kind if found else None
+
+
+def fingerprint_of(integration: Integration, obj: Mapping[str, Any], gpu_keys: Iterable[str],
+                   groups: Optional[Sequence[Sequence[Any]]] = None) -> str:
+    """The workload's fingerprint (``policy.fingerprint``), the one key the webhook looks
+    estimates up by and the controller records them under: its pod templates' GPU containers
+    (``groups`` when the caller has them, one list per template) and, for a kind that asks,
+    rank 0's world."""
+    if groups is None:
+        groups = [list(gpu_containers(ref.template)) for ref in integration.pod_templates(obj)]
+    world = integration.rank0_environment(obj) if integration.world_in_fingerprint else None
+    return fingerprint.of_containers(groups, gpu_keys, world)
 
 
 def gpu_templates(integration: Integration, obj: Mapping[str, Any]) -> List[GpuTemplate]:

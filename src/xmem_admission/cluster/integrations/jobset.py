@@ -47,6 +47,8 @@ class JobSetIntegration(Integration):
     # Failed are terminal.
     completed_conditions = ("Completed",)
     failed_conditions = ("Failed",)
+    # Its world (replicas x parallelism) is not in its templates: part of the fingerprint.
+    world_in_fingerprint = True
 
     def pod_templates(self, obj: Mapping[str, Any]) -> List[TemplateRef]:
         spec = object_at(obj, ("spec",))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import orjson
 
@@ -111,15 +111,20 @@ def of_templates(templates: Sequence[Mapping[str, Any]], gpu_models: Iterable[st
 
 
 def of_containers(
-    templates: Sequence[Sequence[Tuple[Slot, Mapping[str, Any], int]]], gpu_models: Iterable[str]
+    templates: Sequence[Sequence[Tuple[Slot, Mapping[str, Any], int]]], gpu_models: Iterable[str],
+    world: Optional[Mapping[str, str]] = None,
 ) -> str:
     """The same digest from each template's GPU containers as ``resources.gpu_containers`` gives
-    them (the webhook has them at hand already)."""
-    document = {
+    them (the webhook has them at hand already). ``world``: the distributed environment rank 0
+    is traced in, for a kind whose world is not in its templates (a JobSet's replicas); left
+    out when empty, so every other digest is what it always was."""
+    document: Dict[str, Any] = {
         "v": VERSION,
         "gpus": sorted(set(gpu_models)),
         "templates": [[_container(c, count) for _, c, count in group] for group in templates],
     }
+    if world:
+        document["world"] = {str(k): str(v) for k, v in world.items()}
     try:
         text = orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # an integer beyond 64 bits somewhere (a client that reads them exactly)
