@@ -154,3 +154,72 @@ def test_the_world_is_part_of_a_jobsets_fingerprint_so_a_job_never_shares_its_es
     job = make_job("train").gpus(1).obj()
     assert workload_fingerprint(one, GPUS) == workload_fingerprint(job, GPUS)
     assert workload_fingerprint(many, GPUS) != workload_fingerprint(one, GPUS)
+
+
+def test_identical_replicated_jobs_are_one_estimate_under_the_jobsets_fingerprint() -> None:
+    from tests.support.estimates import workload_fingerprint
+    from xmem_admission.cluster.integrations import estimation_units
+
+    jobset = make_jobset("ddp").gpus(1).replicas("workers", 3).obj()
+    (unit,) = estimation_units(JOBSET, jobset, GPUS)
+    assert unit.fingerprint == workload_fingerprint(jobset, GPUS) and unit.templates == (0, 1)
+
+
+def two_programs() -> dict:
+    jobset = make_jobset("rl", roles=("actor", "learner")).gpus(1) \
+        .replicas("learner", 2).image_of("learner", "ghcr.io/acme/learner:2.0").obj()
+    return jobset
+
+
+def test_replicated_jobs_of_different_images_are_each_their_own_estimate() -> None:
+    from tests.support.estimates import workload_fingerprint
+    from xmem_admission.cluster.integrations import estimation_units
+
+    jobset = two_programs()
+    actor, learner = estimation_units(JOBSET, jobset, GPUS)
+    assert (actor.templates, learner.templates) == ((0,), (1,))
+    # the actor alone is one pod: the fingerprint of a Job running its template
+    alone = make_job("actor").gpus(1).obj()
+    assert actor.fingerprint == workload_fingerprint(alone, GPUS)
+    # the learner runs in its own world of 2 pods
+    assert JOBSET.unit_environment(jobset, ["learner"])["PET_NNODES"] == "2"
+    assert learner.fingerprint not in (actor.fingerprint, workload_fingerprint(jobset, GPUS))
+
+
+def record_of(fp: str, total_gib: float) -> object:
+    from tests.support.estimates import record_dict
+    from xmem_admission.cluster.policy.store import EstimateRecord
+
+    return EstimateRecord.from_dict(record_dict(fp, {"A100-80GB": total_gib,
+                                                     "H100-80GB": total_gib}))
+
+
+def test_each_replicated_job_is_sized_from_its_own_programs_estimate(served: HttpsWebhook) -> None:
+    from xmem_admission.cluster.integrations import estimation_units
+
+    jobset = two_programs()
+    jobset["metadata"]["labels"] = {labels.OPT_IN: labels.OPT_IN_VALUE}
+    actor, learner = estimation_units(JOBSET, jobset, GPUS)
+    served.record(record_of(actor.fingerprint, 6.0), record_of(learner.fingerprint, 30.0))
+    patched = served.send(review(jobset)).patched()
+    assert not patched["spec"].get("suspend")
+    requests = [int(j["template"]["spec"]["template"]["metadata"]["annotations"][
+        labels.REQUEST_BYTES]) for j in patched["spec"]["replicatedJobs"]]
+    assert requests[0] < 8 << 30 < 30 << 30 < requests[1]
+    assert served.send(review(patched)).ops == []
+    checked = served.send(review(patched), endpoint="validate")
+    assert checked.allowed and checked.warnings == []
+
+
+def test_a_jobset_is_held_until_every_program_has_an_estimate(served: HttpsWebhook) -> None:
+    from xmem_admission.cluster.integrations import estimation_units
+
+    jobset = two_programs()
+    jobset["metadata"]["labels"] = {labels.OPT_IN: labels.OPT_IN_VALUE}
+    actor, _learner = estimation_units(JOBSET, jobset, GPUS)
+    served.record(record_of(actor.fingerprint, 6.0))
+    patched = served.send(review(jobset)).patched()
+    assert patched["spec"]["suspend"] is True
+    assert all(labels.REQUEST_BYTES not in (j["template"]["spec"]["template"]["metadata"]
+                                            .get("annotations") or {})
+               for j in patched["spec"]["replicatedJobs"])

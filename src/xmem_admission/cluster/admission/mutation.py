@@ -96,6 +96,10 @@ class Context:
     can_hold: bool = True  # a controller runs that releases held workloads
     queued: bool = False  # Kueue holds it (policy integration kueue, a queue-name label)
     retry: Optional[RetryGrant] = None  # the owning workload's grant after a GPU OOM
+    # Where a workload's GPU templates run different programs, each template's own record, by
+    # template path (``integrations.estimation_units``); ``record`` is then set only when every
+    # template has one.
+    template_records: Optional[Mapping[Tuple[Any, ...], EstimateRecord]] = None
 
 
 @dataclass
@@ -152,10 +156,13 @@ def sizing_annotations(template: Mapping[str, Any]) -> Dict[str, Any]:
 
 def record_plan(ref: TemplateRef, ctx: Context) -> Optional[Plan]:
     """The plan for a template from the recorded estimate (None: no record, or fits no GPU)."""
-    if ctx.record is None:
+    record = ctx.record
+    if ctx.template_records:
+        record = ctx.template_records.get(tuple(ref.path), record)
+    if record is None:
         return None
     pinned = sizing.pinned_gpu(_annotations(ref.template))
-    return sizing.plan(ctx.record, ctx.settings, pinned)
+    return sizing.plan(record, ctx.settings, pinned)
 
 
 def right_sized_line(plan: Plan) -> str:

@@ -1,7 +1,7 @@
 """Who may do what through the webhook, read from the AdmissionReview's ``userInfo``.
 
 The estimation pod runs the user's own code, and a workload's annotations are the user's to
-write, so nothing a tenant submits can be taken at its word. Three kinds of requester:
+write, so nothing a tenant submits can be taken at its word. Five kinds of requester:
 
 - **the xmem controller** (its service account, ``controller_users``): the only one whose
   ``xmem.io/`` annotations are honoured on a workload, and the only one that may change them

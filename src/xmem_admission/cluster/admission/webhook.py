@@ -64,6 +64,7 @@ from xmem_admission.cluster.integrations.base import (
     GpuTemplate,
     Integration,
     Reader,
+    estimation_units,
     fingerprint_of,
     part_of_held_workload,
 )
@@ -246,14 +247,25 @@ class Webhook:
         fp = fingerprint_of(integration, obj, settings.gpu_keys, groups)
         shared = policy.shares_with(req.namespace)
         owned, trusted = self._provenance(req, integration, obj)
-        record = self._lookup(fp, req.namespace, shared, settings, templates, endpoint, trusted) \
-            if templates else None
+        units = estimation_units(integration, obj, settings.gpu_keys) \
+            if len(templates) > 1 else []
+        by_path: Dict[Tuple[Any, ...], EstimateRecord] = {}
+        if len(units) > 1:  # GPU templates that run different programs: each its own estimate
+            found = [self._lookup(u.fingerprint, req.namespace, shared, settings,
+                                  [templates[i] for i in u.templates], endpoint, trusted)
+                     for u in units]
+            by_path = {templates[i][0].path: rec for u, rec in zip(units, found)
+                       if rec is not None for i in u.templates}
+            record = found[0] if all(rec is not None for rec in found) else None
+        else:
+            record = self._lookup(fp, req.namespace, shared, settings, templates, endpoint,
+                                  trusted) if templates else None
         queued = settings.kueue and integration.can_hold and bool(
             labels.kueue_queue(metadata.get("labels")))
         retry = self._retry(req, integration, obj) if owned and trusted and templates else None
         ctx = Context(req.operation, req.namespace, settings, fp, record, self.clock(),
                       trusted=trusted, owned=owned, can_hold=self.hold, queued=queued,
-                      retry=retry)
+                      retry=retry, template_records=by_path)
         if endpoint is Endpoint.MUTATE:
             return self._mutate(req, integration, obj, ctx, templates)
         by_controller = self.trust.is_controller(req.user) or (

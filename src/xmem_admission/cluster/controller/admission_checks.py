@@ -49,8 +49,19 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.controller.context import Context, Workload
-from xmem_admission.cluster.controller.workloads import ensure_estimate, plans_for
-from xmem_admission.cluster.integrations import NotResolved, fingerprint_of, gpu_templates
+from xmem_admission.cluster.controller.workloads import (
+    ensure_estimate,
+    failed_since,
+    plans_for,
+    unit_records,
+)
+from xmem_admission.cluster.integrations import (
+    NotResolved,
+    Unit,
+    estimation_units,
+    fingerprint_of,
+    gpu_templates,
+)
 from xmem_admission.cluster.kube.client import Kind, Obj
 from xmem_admission.cluster.kube.informer import Informer
 from xmem_admission.cluster.kube.quantity import gib
@@ -253,21 +264,24 @@ def reconcile(ctx: Context, workloads: Informer, checks: Informer, controller_na
     if all(labels.BREAK_GLASS in ((ref.template.get("metadata") or {}).get("annotations") or {})
            for ref, _ in templates):  # only the webhook writes it there, for an admin
         return answer.ready("xmem: break-glass (xmem.io/break-glass); admitted unchanged")
-    gme = ctx.estimates.get(namespace, records.name_for(fp))
-    phase = records.phase(gme)
-    if gme is not None and phase == records.SUCCEEDED:
-        return answer.estimated(workload, obj, gme)
-    if gme is not None and phase == records.FAILED:
-        failed_at = records.parse_time((gme.get("status") or {}).get("completionTime"))
-        if failed_at is None or failed_at >= since:
-            status = gme.get("status") or {}
-            return answer.failed(status.get("reason") or "Error", status.get("message") or "",
-                                 workload=workload, obj=obj)
+    units = estimation_units(workload.integration, obj, settings.gpu_keys)
+    gmes = [ctx.estimates.get(namespace, records.name_for(u.fingerprint)) for u in units]
+    failed = failed_since(gmes, since)
+    if failed is not None:
+        status = failed.get("status") or {}
+        return answer.failed(status.get("reason") or "Error", status.get("message") or "",
+                             workload=workload, obj=obj)
+    done = [g for g in gmes if g is not None and records.phase(g) == records.SUCCEEDED]
+    if len(done) == len(units):
+        return answer.estimated(workload, obj, done, units)
     if now >= deadline:
         return answer.failed("HoldTimeout", f"no estimate within maxHoldSeconds="
                              f"{estimation.max_hold_seconds}", timed_out=True,
                              workload=workload, obj=obj)
-    ensure_estimate(ctx, obj, fp, settings, templates, gme)
+    for unit, gme in zip(units, gmes):
+        if gme is None or records.phase(gme) != records.SUCCEEDED:
+            ensure_estimate(ctx, obj, unit.fingerprint, settings,
+                            [templates[i] for i in unit.templates], gme)
     message = f"xmem: estimating GPU memory (fingerprint {fp[:12]})"
     if any(s.get("message") != message for s in pending):
         _set_state(ctx, wl, names, PENDING, message)
@@ -288,13 +302,15 @@ class _Answer:
         self.ctx.metrics.released.labels(WORKLOAD.kind, outcome).inc()
         return None
 
-    def estimated(self, workload: Workload, obj: Obj, gme: Obj) -> Optional[float]:
+    def estimated(self, workload: Workload, obj: Obj, gmes: List[Obj],
+                  units: List[Unit]) -> Optional[float]:
         assert self.settings is not None
-        record = records.record(gme)
-        if record is None:
-            return self.failed("InvalidEstimate", f"GPUMemoryEstimate {gme['metadata']['name']} "
+        per_template, unusable = unit_records(gmes, units)
+        if unusable:
+            return self.failed("InvalidEstimate", f"GPUMemoryEstimate {unusable} "
                                "holds no usable estimate", workload=workload, obj=obj)
-        plans, misfit = plans_for(workload.integration, obj, record, self.settings)
+        gme = gmes[0]
+        plans, misfit = plans_for(workload.integration, obj, per_template, self.settings)
         if misfit:
             if self.settings.enforcing:
                 _set_state(self.ctx, self.wl, self.names, REJECTED,

@@ -35,7 +35,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from xmem_admission.cluster.backends import dra
 from xmem_admission.cluster.controller import podspec, records
 from xmem_admission.cluster.controller.context import Context, Workload
-from xmem_admission.cluster.integrations import NotResolved, gpu_templates
+from xmem_admission.cluster.integrations import (
+    GpuTemplate,
+    NotResolved,
+    TemplateRef,
+    estimation_units,
+    gpu_templates,
+)
 from xmem_admission.cluster.kube.client import GME, POD, Obj
 from xmem_admission.cluster.policy import sizing
 from xmem_admission.cluster.policy.model import BackendName
@@ -336,8 +342,9 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
         _write_status(ctx, gme, status)
         _enqueue_workloads(ctx, gme)
         return None
-    ref, containers = templates[0]
-    body = podspec.build(gme, obj, ref.template, containers[0][1], settings, ctx.probe_image)
+    ref, containers, world = _unit_template(workload, obj, templates, gme, settings)
+    body = podspec.build(gme, obj, ref.template, containers[0][1], settings, ctx.probe_image,
+                         world)
     try:
         with _STARTING:
             full = at_capacity(ctx, gme["metadata"]["namespace"], settings)
@@ -360,6 +367,23 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
     status.setdefault("startTime", records.stamp(ctx.now()))
     _write_status(ctx, gme, status)
     return float(settings.estimation.active_deadline_seconds) + ctx.deadline_slack
+
+
+def _unit_template(workload: Workload, obj: Obj, templates: List[GpuTemplate], gme: Obj,
+                   settings: Any) -> Tuple[TemplateRef, List[Any], Optional[Dict[str, str]]]:
+    """The GPU template the GME's program runs in, and the world to trace it in: the first
+    GPU template for a workload estimated as one unit; for one whose templates run different
+    programs, the first template of the unit the GME is recorded under, in that unit's world
+    (``integrations.estimation_units``)."""
+    wanted = (gme.get("spec") or {}).get("fingerprint")
+    units = estimation_units(workload.integration, obj, settings.gpu_keys)
+    unit = next((u for u in units if u.fingerprint == wanted), None)
+    if len(units) < 2 or unit is None:
+        ref, containers = templates[0]
+        return ref, containers, None
+    ref, containers = templates[unit.templates[0]]
+    roles = [templates[i][0].role for i in unit.templates]
+    return ref, containers, workload.integration.unit_environment(obj, roles)
 
 
 def _name_taken(pod: Obj) -> Outcome:

@@ -198,8 +198,10 @@ def image_env_container(container: Mapping[str, Any]) -> Optional[Dict[str, Any]
 
 
 def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mapping[str, Any],
-          settings: Settings, probe_image: str) -> Obj:
-    """The estimation pod for a GME, from the workload's GPU template and container."""
+          settings: Settings, probe_image: str,
+          world: Optional[Mapping[str, str]] = None) -> Obj:
+    """The estimation pod for a GME, from the workload's GPU template and container; rank 0's
+    ``world`` when given (one program of several: ``estimation_pods``), else the workload's."""
     spec = template.get("spec") or {}
     limits = {"cpu": settings.estimation.cpu, "memory": settings.estimation.memory}
     volumes = []
@@ -219,7 +221,8 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
     main: Dict[str, Any] = {
         "name": container.get("name") or "train",
         "image": container["image"],
-        "env": _env(container, gme, settings, _rank0_environment(workload)),
+        "env": _env(container, gme, settings,
+                    dict(world) if world is not None else _rank0_environment(workload)),
         "resources": {"limits": dict(limits), "requests": dict(limits)},
         "volumeMounts": mounts,
         "terminationMessagePath": RESULT_PATH,

@@ -42,6 +42,8 @@ from xmem_admission.cluster.integrations import (
     GpuTemplate,
     NotResolved,
     TemplateRef,
+    Unit,
+    estimation_units,
     fingerprint_of,
     gpu_templates,
 )
@@ -175,25 +177,52 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
             ctx.emit(obj, "Normal", "WorkloadChanged", f"xmem: the workload changed while held "
                      f"(fingerprint {old_fp[:12]} -> {fp[:12]}); estimating the new version")
         return 0.05
-    gme = ctx.estimates.get(namespace, records.name_for(fp))
-    phase = records.phase(gme)
-    if gme is not None and phase == records.SUCCEEDED:
-        return _release_estimated(ctx, workload, obj, settings, gme, deadline)
-    if gme is not None and phase == records.FAILED:
-        failed_at = records.parse_time((gme.get("status") or {}).get("completionTime"))
-        if failed_at is None or failed_at >= since:
-            status = gme.get("status") or {}
-            return _fail(ctx, workload, obj, settings, status.get("reason") or "Error",
-                         status.get("message") or "", deadline)
+    units = estimation_units(workload.integration, obj, settings.gpu_keys)
+    gmes = [ctx.estimates.get(namespace, records.name_for(u.fingerprint)) for u in units]
+    failed = failed_since(gmes, since)
+    if failed is not None:
+        status = failed.get("status") or {}
+        return _fail(ctx, workload, obj, settings, status.get("reason") or "Error",
+                     status.get("message") or "", deadline)
+    done = [g for g in gmes if g is not None and records.phase(g) == records.SUCCEEDED]
+    if len(done) == len(units):
+        return _release_estimated(ctx, workload, obj, settings, done, units, deadline)
     if now >= deadline:
         return _fail(ctx, workload, obj, settings, "HoldTimeout", f"no estimate within "
                      f"maxHoldSeconds={estimation.max_hold_seconds}", deadline, timed_out=True)
-    ensure_estimate(ctx, obj, fp, settings, templates, gme)
+    for unit, gme in zip(units, gmes):
+        if gme is None or records.phase(gme) != records.SUCCEEDED:
+            ensure_estimate(ctx, obj, unit.fingerprint, settings,
+                            [templates[i] for i in unit.templates], gme)
     if annotations_of(obj).get(labels.HELD_REASON) == labels.HeldReason.AWAITING_ESTIMATE.value:
         new = copy.deepcopy(obj)
         new["metadata"]["annotations"][labels.HELD_REASON] = labels.HeldReason.ESTIMATING.value
         _write(ctx, workload, new)
     return min(60.0, max(0.5, (deadline - now).total_seconds()))
+
+
+def failed_since(gmes: List[Optional[Obj]], since: datetime.datetime) -> Optional[Obj]:
+    """The first estimate that failed in this hold (or AdmissionCheck round), if any: one that
+    failed before it gets a new attempt instead (``ensure_estimate``)."""
+    for gme in gmes:
+        if gme is None or records.phase(gme) != records.FAILED:
+            continue
+        failed_at = records.parse_time((gme.get("status") or {}).get("completionTime"))
+        if failed_at is None or failed_at >= since:
+            return gme
+    return None
+
+
+def unit_records(gmes: List[Obj], units: List[Unit]) -> Tuple[List[Any], str]:
+    """The record each GPU template is sized from (its unit's), and the name of an estimate
+    that holds no usable one ('' when all do)."""
+    per_template: Dict[int, Any] = {}
+    for gme, unit in zip(gmes, units):
+        record = records.record(gme)
+        if record is None:
+            return [], gme["metadata"]["name"]
+        per_template.update({index: record for index in unit.templates})
+    return [per_template[i] for i in sorted(per_template)], ""
 
 
 def ensure_estimate(ctx: Context, obj: Obj, fp: str, settings: Settings,
@@ -223,16 +252,18 @@ def plans_for(integration: Any, obj: Obj, record: Any,
               settings: Settings) -> Tuple[List[Optional[Plan]], str]:
     """A plan per GPU pod template from a recorded estimate (None where the template already
     carries a request: sized by hand or before), and the misfit message ('' when every template
-    fits a GPU of the policy)."""
+    fits a GPU of the policy). ``record`` is one record for every template, or a list of one
+    per GPU template (``unit_records``)."""
     plans: List[Optional[Plan]] = []
-    for ref, _containers in gpu_templates(integration, obj):
+    for index, (ref, _containers) in enumerate(gpu_templates(integration, obj)):
         template_annotations = (ref.template.get("metadata") or {}).get("annotations") or {}
         if labels.REQUEST_BYTES in template_annotations:
             plans.append(None)  # sized by hand or already: validation checks it
             continue
-        plan = sizing.plan(record, settings, sizing.pinned_gpu(template_annotations))
+        record_here = record[index] if isinstance(record, list) else record
+        plan = sizing.plan(record_here, settings, sizing.pinned_gpu(template_annotations))
         if plan is None:
-            return plans, sizing.misfit(record, settings)
+            return plans, sizing.misfit(record_here, settings)
         plans.append(plan)
     return plans, ""
 
@@ -252,13 +283,15 @@ def _requests(draft_obj: Obj, workload: Workload, plans: List[Optional[Plan]]) -
 
 
 def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Settings,
-                       gme: Obj, deadline: datetime.datetime) -> Optional[float]:
-    record = records.record(gme)
-    if record is None:
+                       gmes: List[Obj], units: List[Unit],
+                       deadline: datetime.datetime) -> Optional[float]:
+    per_template, unusable = unit_records(gmes, units)
+    if unusable:
         return _fail(ctx, workload, obj, settings, "InvalidEstimate", f"GPUMemoryEstimate "
-                     f"{gme['metadata']['name']} holds no usable estimate", deadline)
+                     f"{unusable} holds no usable estimate", deadline)
+    gme = gmes[0]
     new = _released(workload, obj)
-    plans, misfit = plans_for(workload.integration, new, record, settings)
+    plans, misfit = plans_for(workload.integration, new, per_template, settings)
     if misfit:
         return _fail(ctx, workload, obj, settings, "FitsNoGPU", misfit, deadline)
     if ctx.devices is not None and not ctx.devices.ready() and ctx.now() < deadline and \

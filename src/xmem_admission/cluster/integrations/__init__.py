@@ -22,6 +22,8 @@ from xmem_admission.cluster.integrations.base import (
     NotResolved,
     Reader,
     TemplateRef,
+    Unit,
+    estimation_units,
     fingerprint_of,
     for_kind,
     gpu_templates,
@@ -31,5 +33,6 @@ from xmem_admission.cluster.integrations.base import (
 
 ALL: Tuple[Integration, ...] = registered()
 
-__all__ = ["ALL", "GpuTemplate", "Integration", "NotResolved", "Reader", "TemplateRef",
-           "fingerprint_of", "for_kind", "gpu_templates", "part_of_held_workload", "registered"]
+__all__ = ["ALL", "GpuTemplate", "Integration", "NotResolved", "Reader", "TemplateRef", "Unit",
+           "estimation_units", "fingerprint_of", "for_kind", "gpu_templates",
+           "part_of_held_workload", "registered"]

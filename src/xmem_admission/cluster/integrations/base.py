@@ -186,6 +186,12 @@ class Integration(abc.ABC):
         on its command line, read by the probe)."""
         return {}
 
+    def unit_environment(self, obj: Mapping[str, Any], roles: Sequence[str]) -> Dict[str, str]:
+        """``rank0_environment`` for the pods of the templates named by ``roles`` only (an
+        estimation unit of a workload whose GPU templates run different programs); kinds whose
+        world does not depend on which template give the workload's."""
+        return self.rank0_environment(obj)
+
     def workload_ref(self, obj: Mapping[str, Any], namespace: str) -> WorkloadRef:
         meta = obj.get("metadata") or {}
         name = meta.get("name") or meta.get("generateName") or ""
@@ -224,6 +230,39 @@ def fingerprint_of(integration: Integration, obj: Mapping[str, Any], gpu_keys: I
         groups = [list(gpu_containers(ref.template)) for ref in integration.pod_templates(obj)]
     world = integration.rank0_environment(obj) if integration.world_in_fingerprint else None
     return fingerprint.of_containers(groups, gpu_keys, world)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One program of a workload to estimate: the fingerprint its estimate is recorded under,
+    and its GPU templates (indices into ``gpu_templates``)."""
+
+    fingerprint: str
+    templates: Tuple[int, ...]
+
+
+def estimation_units(integration: Integration, obj: Mapping[str, Any],
+                     gpu_keys: Iterable[str]) -> List[Unit]:
+    """What to estimate for a workload: one unit, under the workload's own fingerprint, when
+    every GPU template runs the same program (a Job; a PyTorchJob's master and workers; a
+    JobSet's identical replicated Jobs), which is how every workload was always estimated;
+    else one unit per distinct program (a JobSet whose replicated Jobs run different images),
+    each under the fingerprint of its template alone in its own world, in the order the
+    programs first appear. Each template is then sized from its own unit's estimate."""
+    keys = sorted(set(gpu_keys))
+    templates = gpu_templates(integration, obj)
+    programs = [fingerprint.of_containers([containers], keys) for _, containers in templates]
+    if len(set(programs)) <= 1:
+        return [Unit(fingerprint_of(integration, obj, keys), tuple(range(len(templates))))]
+    out: List[Unit] = []
+    for program in dict.fromkeys(programs):
+        indices = tuple(i for i, p in enumerate(programs) if p == program)
+        roles = [templates[i][0].role for i in indices]
+        world = integration.unit_environment(obj, roles) \
+            if integration.world_in_fingerprint else None
+        fp = fingerprint.of_containers([templates[indices[0]][1]], keys, world)
+        out.append(Unit(fp, indices))
+    return out
 
 
 def gpu_templates(integration: Integration, obj: Mapping[str, Any]) -> List[GpuTemplate]:

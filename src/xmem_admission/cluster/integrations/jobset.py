@@ -19,7 +19,7 @@ workload xmem holds and sizes: the webhook passes it unchanged
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Sequence
 
 from xmem_admission.cluster.integrations.base import (
     Integration,
@@ -80,10 +80,17 @@ class JobSetIntegration(Integration):
         torchrun. These ``PET_*`` values are torchrun's option defaults
         (torch/distributed/argparse_util.py ``env``), so a command line that names its own
         ``--nnodes``/``--nproc-per-node`` still wins, as it does in the real pods."""
+        return self.unit_environment(obj, [ref.role for ref, _ in gpu_templates(self, obj)])
+
+    def unit_environment(self, obj: Mapping[str, Any], roles: Sequence[str]) -> Dict[str, str]:
+        """The world of the GPU replicated Jobs named by ``roles`` (see ``rank0_environment``):
+        replicated Jobs that run different programs are estimated each in its own."""
         nodes = 0
         per_pod = 1
         jobs = (obj.get("spec") or {}).get("replicatedJobs") or []
         for ref, containers in gpu_templates(self, obj):
+            if ref.role not in roles:
+                continue
             job = next((j for j in jobs if isinstance(j, dict)
                         and str(j.get("name")) == ref.role), {})
             job_spec = (job.get("template") or {}).get("spec") or {}
