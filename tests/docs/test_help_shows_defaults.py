@@ -39,6 +39,6 @@ def test_controller_help_shows_defaults_and_that_the_probe_image_is_required() -
     assert " --probe-image IMAGE " in text.split("options:")[0]  # not in [brackets]
     assert "required unless XMEM_PROBE_IMAGE is set" in text
     assert "(default: 15.0)" in text  # --lease-duration
-    assert "(default: Job,PyTorchJob) [XMEM_WORKLOADS]" in text
+    assert "(default: Job,PyTorchJob,JobSet,TrainJob) [XMEM_WORKLOADS]" in text
     usage = _help("controller", XMEM_PROBE_IMAGE="registry.example.com/xmem:1").split("options:")[0]
     assert "[--probe-image IMAGE]" in usage
