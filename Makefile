@@ -151,10 +151,14 @@ image-test: $(STAMP) image training-images
 # a pod pulled from the registry runs on the kubelet (localkube/kubelet.py), and Jobs in
 # training images are estimated there and released (the project's image and the training images
 # are built by the tests' fixtures when podman lacks them: minutes each, several GB), and the
-# playground as a user runs it. Not part of `make test`. `node-bench`: bench/realnode_release.py (bench/README.md).
+# playground as a user runs it; `node-tools` also builds a DRA kubelet plugin, the Kubernetes
+# project's example driver (scripts/build-dra-driver.sh, version in
+# scripts/dra-driver-versions.env), which tests/realnode runs beside the kubelet (#40). Not part
+# of `make test`. `node-bench`: bench/realnode_release.py (bench/README.md).
 .PHONY: node-tools node-test node-bench
 node-tools:
 	bash scripts/build-node.sh
+	bash scripts/build-dra-driver.sh
 
 node-test: $(STAMP) node-tools image-tools
 	bash scripts/build-kube.sh

@@ -27,6 +27,9 @@ local image registry, each started and stopped by PID (#29, item 3).
   route on the host uses, host-local addresses kept under ``root``). The bridge is the pods'
   gateway so the host reaches them, but pods get no default route: nothing leaves the host.
 
+``run_beside(name, argv, env)`` starts a host process that serves the node as a DaemonSet's pod
+would (a DRA kubelet plugin: ``localkube/dra_plugin.py``); ``stop()`` stops those first.
+
 ``stop()`` stops the kubelet, containerd and the registry by PID, then undoes what they made, found
 by what this node created and never by a broad pattern: the processes in its cgroup tree (the
 containers), the runc shims started with its containerd's socket as their address, every mount
@@ -523,6 +526,7 @@ class RealNode:
         self.pod_logs = self.root / "pod-logs"
         self.sandbox_image = ""
         self.processes: Dict[str, subprocess.Popen[bytes]] = {}
+        self._beside: List[str] = []  # host processes of the node's own (run_beside)
         self._before: Dict[str, Any] = {}
         self._started = False
 
@@ -788,6 +792,27 @@ temp = "{d / 'tmp'}"
             "kube-proxy", [binary("kube-proxy"), "--config", str(self.proxy_config), "--v", "2"],
             self.logs, self.run_dir, env=self._env())
 
+    def run_beside(self, name: str, argv: List[str],
+                   env: Dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start a host process that serves this node as a DaemonSet's pod would (a DRA kubelet
+        plugin: ``localkube/dra_plugin.py``), logged in ``logs/<name>.log`` with a PID file like
+        the node's own; ``stop_beside`` stops it, and ``stop()`` stops it first, before the
+        kubelet."""
+        assert self._started and name not in self.processes, name
+        process = _spawn(name, argv, self.logs, self.run_dir, env=env)
+        self.processes[name] = process
+        self._beside.append(name)
+        return process
+
+    def stop_beside(self, name: str) -> None:
+        """Stop one process of ``run_beside`` (SIGTERM, then SIGKILL after 15 s)."""
+        process = self.processes.pop(name, None)
+        if process is not None:
+            stop_process(process)
+        (self.run_dir / f"{name}.pid").unlink(missing_ok=True)
+        if name in self._beside:
+            self._beside.remove(name)
+
     def _ready(self) -> bool:
         process = self.processes["kubelet"]
         if process.poll() is not None:
@@ -975,6 +1000,8 @@ temp = "{d / 'tmp'}"
         if not self._started:
             return
         shims = self._shim_pids()
+        for name in list(self._beside):
+            self.stop_beside(name)
         for name in ("kube-proxy", "kubelet", "containerd", "registry", "registry-sandbox"):
             process = self.processes.get(name)
             if process is not None:
