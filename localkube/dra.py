@@ -3,7 +3,8 @@
 No kubelet plugin runs on a kwok node, so the test publishes what the driver's plugin would:
 
 - ``nvidia_slice``: sigs.k8s.io/dra-driver-nvidia-gpu in its ConsumableShares mode ``memory``
-  (cmd/gpu-kubelet-plugin/consumable_shares.go): each GPU ``gpu-<minor>`` with
+  (cmd/gpu-kubelet-plugin/consumable_shares.go on the driver's main branch; the gate is alpha
+  from its 0.5 line, not in v0.4.1): each GPU ``gpu-<minor>`` with
   ``allowMultipleAllocations: true``, capacity ``memory`` (bytes, rounded down to 1Mi) whose
   request policy is default = the whole GPU, validRange min 1Mi, max the whole GPU, step 1Mi;
   attributes as deviceinfo.go GpuInfo.Attributes (``type`` "gpu", ``productName``,

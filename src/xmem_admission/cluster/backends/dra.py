@@ -18,7 +18,8 @@ The claim, per driver convention (``policy.model.DraDriver``), in ``resource.k8s
 selectors, allocationMode, count, capacity: CapacityRequirements{requests}}):
 
 - ``nvidia`` (sigs.k8s.io/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/consumable_shares.go,
-  ConsumableShares mode ``memory``): each GPU is published with ``allowMultipleAllocations: true``
+  ConsumableShares mode ``memory``; the gate is alpha, off by default, from the driver's 0.5
+  line, pkg/featuregates/featuregates.go: v0.4.1 publishes no shared form): each GPU is published with ``allowMultipleAllocations: true``
   and capacity ``memory`` in bytes, request policy default = the whole GPU, validRange min 1Mi,
   step 1Mi; attributes (deviceinfo.go GpuInfo.Attributes) ``type`` "gpu", ``productName``,
   ``architecture``, ``cudaComputeCapability``, ``driverVersion`` under the domain
