@@ -15,12 +15,14 @@ the repository's root, in order, with only what the README tells an admin to sub
 - ``sudo`` is dropped where the tests already run as root and no sudo is installed.
 
 ``PATH`` starts with the project's ``.tools/bin`` (helm, kubectl 1.35) and ``KUBECONFIG`` names
-the control plane's admin. The watch (``kubectl get ... -w``) runs until the API says the Job was
-released, then is stopped. What a user sees is asserted: the Job suspended at CREATE, a
-GPUMemoryEstimate, the Job released with ``xmem.io/request-bytes`` in its template and its pod
-sized; after ``helm uninstall``, every object of the release, the two namespaces and the cluster
-is listed (before and after) and what is left is exactly what docs/operations.md ("Upgrade and
-uninstall") says is left. Each command's time is printed (``-s``: ``make node-test``).
+the control plane's admin. The watch (the line with ``-w``) runs until what it prints shows the
+Job no longer Suspended, then is stopped, as a user stops it with Ctrl-C. What a user sees is
+asserted: the Job suspended at CREATE, the watch's Suspended then Running, ``kubectl get gme``'s
+row for the Job with a GPU model and a request, the Job's template carrying
+``xmem.io/request-bytes`` and its pod sized; after ``helm uninstall``, every object of the
+release, the two namespaces and the cluster is listed (before and after) and what is left is
+exactly what docs/operations.md ("Upgrade and uninstall") says is left. Each command's time is
+printed (``-s``: ``make node-test``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ if not ENABLED:
 import yaml  # noqa: E402
 
 from localkube.cluster import helm  # noqa: E402
-from localkube.controlplane import ControlPlane, wait_for  # noqa: E402
+from localkube.controlplane import ControlPlane, wait_for, wait_while_running  # noqa: E402
 from localkube.kubelet import RealNode, _host_address  # noqa: E402
 from xmem_admission.cluster import labels  # noqa: E402
 
@@ -54,15 +56,17 @@ pytestmark = pytest.mark.timeout(3600)
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 SECTION = "## Install on a cluster (admin)"
+OPERATIONS = ROOT / "docs" / "operations.md"
+UNINSTALL = "## Upgrade and uninstall with jobs held"
 REGISTRY = "registry.example.com"
 SAMPLE = "examples/sample-job.yaml"
 SMALL_NODE = "--set policy.spec.estimation.resources.cpu=1"
 RELEASE, RELEASE_NAMESPACE, TENANT, JOB = "xmem", "xmem-system", "ml-team", "gpt-sample"
 FULLNAME = f"{RELEASE}-xmem-admission"
-# What docs/operations.md ("Upgrade and uninstall with jobs held") says `helm uninstall` leaves:
-# the two CRDs (with the APIService the API server keeps for a CRD's group), in selfSigned mode
-# the two certificate Secrets, the controller's leader-election Lease, and the namespace
-# `--create-namespace` made.
+# What docs/operations.md ("Upgrade and uninstall with jobs held") says `helm uninstall` leaves,
+# each by its name there: the two CRDs (with the APIService the API server keeps for their
+# group), in selfSigned mode the two certificate Secrets, the controller's leader-election Lease,
+# and the namespace `--create-namespace` made.
 LEFT_BY_DESIGN = {
     ("CustomResourceDefinition", "", "gpuadmissionpolicies.xmem.io"),
     ("CustomResourceDefinition", "", "gpumemoryestimates.xmem.io"),
@@ -80,14 +84,18 @@ NOT_OBJECTS = {"events", "events.events.k8s.io", "componentstatuses"}
 Key = Tuple[str, str, str]  # kind, namespace, name
 
 
+def section(text: str, heading: str) -> str:
+    """From ``heading`` to the next heading of its level."""
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start:end if end >= 0 else len(text)]
+
+
 def admin_commands(text: str) -> List[str]:
     """The admin section's first ``sh`` block, one entry per logical line (``\\`` joined)."""
-    start = text.index(SECTION)
-    end = text.find("\n## ", start + len(SECTION))
-    section = text[start:end if end >= 0 else len(text)]
-    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    block = re.search(r"```sh\n(.*?)```", section(text, SECTION), re.S)
     assert block, f"README.md: no ```sh block under {SECTION!r}"
-    joined = re.sub(r"\\\n\s*", " ", block.group(1))
+    joined = re.sub(r"\s*\\\n\s*", " ", block.group(1))
     return [line.strip() for line in joined.splitlines() if line.strip()]
 
 
@@ -146,21 +154,27 @@ class Track:
         return ran
 
     def watch(self, command: str, timeout: float = 1500) -> Ran:
-        """Run a ``kubectl ... -w`` until the Job is released (the API says so), then stop it."""
+        """Run a ``kubectl get job ... -w`` until a row it prints shows the Job no longer
+        Suspended, then stop it (the user's Ctrl-C). Its exit before then fails at once."""
         log = self.work / "watch.log"
         began = time.monotonic()
+
+        def shown_released() -> bool:
+            rows = [r for r in table(log.read_text()) if r.get("NAME") == JOB]
+            return bool(rows) and rows[-1].get("STATUS") not in ("Suspended", "")
+
         with log.open("w") as out:
             process = subprocess.Popen(["bash", "-c", command], cwd=ROOT, env=self.env,
                                        stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
             try:
-                wait_for(lambda: self.released(), timeout, f"{JOB} released",  # noqa: PLW0108
-                         interval=1)
-                time.sleep(3)  # the watch's last lines
-            except TimeoutError as err:
+                wait_while_running(shown_released, f"the watch to show {JOB} released",
+                                   process, timeout, interval=1)
+            except Exception as err:  # noqa: BLE001 - the watch's output and the story
                 raise AssertionError(f"{err}\n{log.read_text()}\n{self.story()}") from err
             finally:
-                os.killpg(process.pid, 15)
+                if process.poll() is None:
+                    os.killpg(process.pid, 15)
                 process.wait(30)
         ran = Ran(command, time.monotonic() - began, log.read_text())
         self.ran.append(ran)
@@ -213,6 +227,23 @@ class Track:
         return "\n".join(lines)[-12000:]
 
 
+def table(output: str) -> List[Dict[str, str]]:
+    """The rows of ``kubectl get``'s table (every header line starts one), cut at the header's
+    column starts, so an empty cell stays empty."""
+    rows: List[Dict[str, str]] = []
+    columns: List[Tuple[str, int]] = []
+    for line in output.splitlines():
+        if line.startswith("NAME "):
+            columns = [(m.group(), m.start()) for m in re.finditer(r"\S+", line)]
+            continue
+        if not columns or not line.strip():
+            continue
+        ends = [start for _, start in columns[1:]] + [len(line)]
+        rows.append({name: line[start:end].strip()
+                     for (name, start), end in zip(columns, ends)})
+    return rows
+
+
 def _tail(text: str, lines: int = 15) -> str:
     kept = text.rstrip().splitlines()
     return "\n".join((["..."] if len(kept) > lines else []) + kept[-lines:])
@@ -242,8 +273,8 @@ def test_the_readme_admin_track_ends_with_a_released_job_and_uninstall_leaves_wh
     commands = admin_commands(README.read_text())
     assert SMALL_NODE in README.read_text(), "the README no longer says how to size small nodes"
     assert commands[-1].startswith(f"kubectl delete -f {SAMPLE} && helm uninstall"), commands
-    *until_watch, watch = commands[:-1]
-    assert " -w" in watch, f"the second last line is the watch: {watch}"
+    [at] = [i for i, c in enumerate(commands) if re.search(r" -w\b", c)]
+    until_watch, watch, after_watch = commands[:at], commands[at], commands[at + 1:-1]
     began = time.monotonic()
     for command in until_watch:
         track.run(track.as_run(command))
@@ -254,17 +285,22 @@ def test_the_readme_admin_track_ends_with_a_released_job_and_uninstall_leaves_wh
             assert labels.HELD_REASON in created["metadata"].get("annotations", {}), created
     seen = track.watch(track.as_run(watch))
     print(f"\nfrom the first command to the Job released: {time.monotonic() - began:.0f} s")
+    # what the watch showed: the Job Suspended while it was estimated, then released
+    statuses = [r["STATUS"] for r in table(seen.output) if r.get("NAME") == JOB]
+    assert statuses and statuses[0] == "Suspended" and statuses[-1] == "Running", seen.output
 
     job = track.released()
-    assert job is not None
+    assert job is not None, track.story()
     request = int(job["spec"]["template"]["metadata"]["annotations"][labels.REQUEST_BYTES])
     assert request >= 1 << 30, job["spec"]["template"]["metadata"]
     estimates = track.kubectl_json("get", "gme", "-n", TENANT)["items"]
     assert [r["name"] for g in estimates for r in g["metadata"].get("ownerReferences", [])] \
         == [JOB], estimates
-    # what the watch showed: the Job, then its estimate
-    assert re.search(rf"job\.batch/{JOB}\b", seen.output), seen.output
-    assert "gpumemoryestimate" in seen.output.lower(), seen.output
+    shown = [track.run(track.as_run(command)) for command in after_watch]
+    # `kubectl get gme`: the Job's estimate, with the GPU model it was sized for and a request
+    [gme] = [r for ran in shown if ran.command.startswith("kubectl get gme")
+             for r in table(ran.output)]
+    assert gme["WORKLOAD"].endswith(JOB) and gme["GPU"] and gme["REQUEST"], shown[-1].output
 
     def sized_pod() -> Optional[Dict[str, Any]]:
         pods = track.kubectl_json("get", "pods", "-n", TENANT, "-l", f"job-name={JOB}")
@@ -295,6 +331,9 @@ def test_the_readme_admin_track_ends_with_a_released_job_and_uninstall_leaves_wh
     assert left == LEFT_BY_DESIGN, (
         f"left but not documented: {sorted(left - LEFT_BY_DESIGN)}; "
         f"documented but gone: {sorted(LEFT_BY_DESIGN - left)}")
+    documented = section(OPERATIONS.read_text(), UNINSTALL)
+    unnamed = sorted(k for k in left if f"`{k[2]}`" not in documented)
+    assert not unnamed, f"left, but docs/operations.md ({UNINSTALL}) does not name it: {unnamed}"
     print("\nthe track as run (seconds):")
     for ran in track.ran:
         print(f"  {ran.seconds:7.1f}  {ran.command}")
@@ -305,3 +344,11 @@ def test_the_admin_commands_are_read_from_the_readme_with_continuations_joined()
             "kubectl get job -w   # a comment\n```\n\n```sh\nnot this\n```\n## Next\n")
     assert admin_commands(text) == ["helm install a --set b=c",
                                     "kubectl get job -w   # a comment"]
+
+
+def test_a_kubectl_table_is_cut_at_its_header_columns_so_empty_cells_stay_empty() -> None:
+    watched = ("NAME         STATUS      COMPLETIONS   DURATION   AGE\n"
+               "gpt-sample   Suspended   0/1                      1s\n"
+               "gpt-sample   Running     0/1           0s         5s\n")
+    assert [(r["NAME"], r["STATUS"], r["DURATION"]) for r in table(watched)] == [
+        ("gpt-sample", "Suspended", ""), ("gpt-sample", "Running", "0s")]
