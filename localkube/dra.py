@@ -14,6 +14,11 @@ No kubelet plugin runs on a kwok node, so the test publishes what the driver's p
 - ``hami_slice``: Project-HAMi/k8s-dra-driver (cmd/hami-kubelet-plugin/hami_core.go):
   ``hami-gpu-<minor>``, ``type`` "hami-gpu", shared, capacity ``memory`` in bytes (step 1Mi) and
   ``cores`` 0-100 (default 100), under the driver ``hami-core-gpu.project-hami.io``.
+- ``example_slice``: sigs.k8s.io/dra-example-driver v0.4.0 (internal/profiles/gpu/gpu.go) with
+  its chart's ``gpuAllowMultipleAllocations: true``, as ``localkube/dra_plugin.py`` runs it on a
+  real node: ``gpu-<i>``, shared, capacities ``memory`` 80Gi (min and step 1Gi) and ``compute``
+  100 (min and step 1), each with request policy default = the whole, under ``gpu.example.com``
+  (its DeviceClass is ``dra_plugin.device_class``).
 - ``device_classes``: the classes the drivers' charts install, selecting by driver and type.
 """
 
@@ -25,6 +30,7 @@ from xmem_admission.contract import gpus
 
 NVIDIA = "gpu.nvidia.com"
 HAMI = "hami-core-gpu.project-hami.io"
+EXAMPLE = "gpu.example.com"  # dra-example-driver's DEVICE_PROFILE "gpu" (dra_plugin.DRIVER)
 MiB = 1 << 20
 # Attributes NVML reports on the GPUs of the ground-truth runs (bench/data/H200: driver
 # 580.159.04; architecture names as the driver's nvlib.go maps compute capabilities).
@@ -111,6 +117,26 @@ def hami_gpu(gpu: gpus.GPU, minor: int = 0) -> Dict[str, Any]:
 
 def hami_slice(node: str, devices: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     return _slice(HAMI, node, devices)
+
+
+def example_gpu(index: int = 0) -> Dict[str, Any]:
+    """One simulated GPU of the example driver, shared (the chart's gpuAllowMultipleAllocations):
+    a claim that asks no ``compute`` consumes its default, all 100."""
+    def whole(value: str, step: str) -> Dict[str, Any]:
+        return {"value": value, "requestPolicy": {
+            "default": value, "validRange": {"min": step, "max": value, "step": step}}}
+    return {
+        "name": f"gpu-{index}",
+        "allowMultipleAllocations": True,
+        "attributes": {"index": {"int": index}, "uuid": {"string": f"gpu-{index}-uuid"},
+                       "model": {"string": "LATEST-GPU-MODEL"},
+                       "driverVersion": {"version": "1.0.0"}},
+        "capacity": {"memory": whole("80Gi", "1Gi"), "compute": whole("100", "1")},
+    }
+
+
+def example_slice(node: str, devices: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    return _slice(EXAMPLE, node, devices)
 
 
 def _slice(driver: str, node: str, devices: Sequence[Dict[str, Any]]) -> Dict[str, Any]:

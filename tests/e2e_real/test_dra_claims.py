@@ -14,12 +14,14 @@ and 8 do not.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Optional
+from functools import partial
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 from kubernetes import client
 
 from localkube import dra as published
+from localkube import dra_plugin
 from localkube.controlplane import wait_for
 from localkube.kwok import gpu_node
 from tests.e2e_real.support import job, policy
@@ -243,3 +245,60 @@ def test_a_job_kueue_admits_after_the_admission_check_gets_its_claim_sized(
     assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == \
         f"{node}-xmem-18432mi"
     assert parse_bytes(_allocation(xmem, pod)["consumedCapacity"]["memory"]) == 18 * GiB
+
+
+def test_example_driver_claims_are_released_and_warned_to_take_a_whole_device_each(
+        xmem: Any) -> None:
+    """sigs.k8s.io/dra-example-driver's shared GPUs publish ``compute`` 100 with default 100:
+    xmem's claim asks none, so each takes a whole device. Both Jobs are released with their
+    claims (they can be allocated), a Warning Event says they will not share, and the scheduler
+    indeed puts one on the 80Gi device and leaves the other unschedulable."""
+    node = "dra-example"
+    xmem.cluster.apply(dra_plugin.device_class())
+    _setup(xmem, node, published.example_slice(node, [published.example_gpu()]), "H200",
+           driver="nvidia", deviceClass=dra_plugin.DRIVER, pinProduct=False)
+    names = _held_jobs(xmem, node, 2, "H200", 17.0)
+    xmem.controller("", "--no-leader-election")
+    def warned(name: str) -> List[Dict[str, Any]]:
+        return [e for e in xmem.events(name) if e["reason"] == "ClaimTakesWholeDevice"]
+
+    for name in names:
+        released = xmem.wait_released(name)
+        assert "xmem.io/dra-unsatisfiable" not in released["metadata"]["annotations"]
+        events = wait_for(partial(warned, name), 30, f"the Warning Event on {name}")
+        assert events[0]["type"] == "Warning"
+        assert "claims of DeviceClass gpu.example.com take the whole `compute` (100) of a " \
+               "device: its request policy's default" in events[0]["message"]
+        assert "released with its claim" in events[0]["message"]
+    template = xmem.cluster.get(RESOURCE, "ResourceClaimTemplate", f"{names[0]}-xmem-18432mi",
+                                xmem.namespace)
+    assert template is not None, "the controller made no ResourceClaimTemplate"
+    exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert exactly["capacity"]["requests"] == {"memory": str(18 * GiB)}
+
+    def placed() -> Optional[Tuple[Dict[str, Any], Dict[str, Any]]]:
+        pods = [_pod(xmem, n) for n in names]
+        bound = [p for p in pods if p and p["spec"].get("nodeName")]
+        waiting = [p for p in pods if p and not p["spec"].get("nodeName") and any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in p.get("status", {}).get("conditions") or [])]
+        return (bound[0], waiting[0]) if len(bound) == 1 and len(waiting) == 1 else None
+
+    bound, _waiting = wait_for(placed, 180, "one pod on the device and the other unschedulable")
+    result = _allocation(xmem, bound)
+    assert result["device"] == "gpu-0"
+    assert parse_bytes(result["consumedCapacity"]["memory"]) == 18 * GiB
+    assert result["consumedCapacity"]["compute"] == "100"  # the default, the whole
+
+    # A repeat Job sized at its CREATE from the recorded estimate: its template is made at once,
+    # and the same Warning says so.
+    again = client.BatchV1Api(xmem.cluster.api).create_namespaced_job(
+        xmem.namespace, job(f"{node}-again", xmem.namespace, node_selector={"pool": node}))
+    assert not again.to_dict()["spec"].get("suspend")
+    events = wait_for(partial(warned, f"{node}-again"), 60,
+                      "the Warning Event on the Job sized at its creation")
+    assert "take the whole `compute` (100) of a device" in events[0]["message"]
+    assert "its pods' claims can be allocated" in events[0]["message"]
+    # Said once per workload: the released Jobs' own pass of the claims reconcile (their
+    # templates exist by then) adds none.
+    assert [len(warned(n)) for n in names] == [1, 1]

@@ -80,6 +80,11 @@ UNSATISFIABLE = "xmem.io/dra-unsatisfiable"
 # The attribute and capacity domain each driver publishes (its driver name).
 DOMAINS = {DraDriver.NVIDIA: "gpu.nvidia.com", DraDriver.NVIDIA_MIG: "gpu.nvidia.com",
            DraDriver.HAMI: "hami-core-gpu.project-hami.io"}
+# The capacities each driver convention's claim asks (``claim_template``): a shared device's
+# other capacities are consumed as a claim that names none of them consumes them (KEP-5075: its
+# request policy's default, else the whole; ``controller.dra_claims.Device.whole``).
+ASKS = {DraDriver.NVIDIA: ("memory",), DraDriver.NVIDIA_MIG: (),
+        DraDriver.HAMI: ("memory", "cores")}
 _NAME = XMEM_TEMPLATE
 MAX_NAME = 253  # a ResourceClaimTemplate's name is a DNS subdomain
 

@@ -9,6 +9,17 @@ estimated GPU model where the policy pins it (attribute ``productName`` under th
 domain). The request is rounded up to the device's ``requestPolicy`` as the scheduler will
 (``backends.dra.round_up``), so the template asks what the allocation will record.
 
+A shared device may publish capacities the claim does not ask (``backends.dra.ASKS``: ``memory``,
+and HAMi's ``cores``). A claim that names none of a capacity consumes its request policy's
+``default``, or the whole capacity where there is no policy or no default (k8s.io/api
+resource/v1 types.go CapacityRequestPolicy.Default and DeviceCapacity.RequestPolicy; the
+scheduler's allocator, k8s.io/dynamic-resource-allocation structured/internal/incubating
+consumable_capacity.go fillEmptyRequest). Where that is the whole capacity (``Device.whole``),
+one claim takes the device: sigs.k8s.io/dra-example-driver v0.4.0's ``compute`` (default 100 of
+100) is one. The claim can still be allocated, so the workload is released with it, but when
+every device that could hold it is taken whole that way a Warning Event says the claims will not
+share (``DeviceView.takes_whole``, ``exclusive``).
+
 Which devices a DeviceClass holds is read from its CEL selectors' plain clauses
 (``device.driver == "..."`` and ``device.attributes["..."].<name> == "..."``); a clause of any
 other shape is not evaluated here, so the view errs towards "a device exists", never towards
@@ -24,7 +35,7 @@ its CREATE from a recorded estimate (its template references ours already), or o
 admitted with xmem's podSetUpdates (its template carries the request): its pods reference the
 template, and the resourceclaim controller makes their claims once it exists, so it is created
 here at once; if no device could hold it, a Warning Event says so (the pods exist already and
-cannot change).
+cannot change), as one does, when it makes a template, that the claims take whole devices.
 """
 
 from __future__ import annotations
@@ -51,10 +62,20 @@ DEVICE_CLASS = Kind("resource.k8s.io", "v1", "deviceclasses", "DeviceClass")
 CLAIM_TEMPLATE = Kind("resource.k8s.io", "v1", "resourceclaimtemplates",
                       "ResourceClaimTemplate")
 UNSATISFIABLE = dra.UNSATISFIABLE  # why no claim was written (the workload's condition)
+WHOLE_DEVICE = "ClaimTakesWholeDevice"  # the Warning Event's reason (``takes_whole``)
 
 _DRIVER = re.compile(r"""device\.driver\s*==\s*["']([^"']+)["']""")
 _ATTRIBUTE = re.compile(
     r"""device\.attributes\[\s*["']([^"']+)["']\s*\]\.(\w+)\s*==\s*["']([^"']*)["']""")
+
+
+@dataclass(frozen=True)
+class Whole:
+    """A capacity that a claim naming none of it consumes whole (see the module)."""
+
+    name: str  # as published (a name without a domain is the driver's)
+    value: str  # as published, e.g. "100"
+    by_default: bool  # its request policy's default is the whole; else there is no default
 
 
 @dataclass(frozen=True)
@@ -68,6 +89,7 @@ class Device:
     shared: bool  # allowMultipleAllocations
     policy: Optional[Mapping[str, int]]  # validRange min/max/step, in bytes
     valid_values: Tuple[int, ...]
+    whole: Tuple[Whole, ...] = ()  # shared only: what a claim asking none of it takes whole
 
 
 def _bytes(value: Any) -> Optional[int]:
@@ -75,6 +97,23 @@ def _bytes(value: Any) -> Optional[int]:
         return quantity.parse_bytes(value)
     except QuantityError:
         return None
+
+
+def _whole(name: str, capacity: Any) -> Optional[Whole]:
+    """The capacity as a ``Whole`` if a claim that asks none of it consumes all of it."""
+    if not isinstance(capacity, dict):
+        return None
+    published, default = capacity.get("value"), (capacity.get("requestPolicy") or {}).get("default")
+    if published is None:
+        return None
+    try:
+        value = quantity.parse(published)
+        consumed = value if default is None else quantity.parse(default)
+    except QuantityError:
+        return None  # not a quantity: the API server would not have stored it
+    if value <= 0 or consumed < value:
+        return None
+    return Whole(name, str(published), default is not None)
 
 
 def _attribute(raw: Any) -> Any:
@@ -100,14 +139,18 @@ def devices_of(slice_: Obj) -> List[Device]:
         request_policy = capacity.get("requestPolicy") or {}
         valid_range = request_policy.get("validRange") or {}
         bounds = {k: _bytes(valid_range[k]) for k in ("min", "max", "step") if k in valid_range}
+        shared = raw.get("allowMultipleAllocations") is True
+        whole = [_whole(str(k), v) for k, v in (raw.get("capacity") or {}).items()] \
+            if shared else []
         out.append(Device(
             driver=driver, name=str(raw.get("name") or ""), attributes=attributes,
             memory=_bytes(capacity["value"]) if "value" in capacity else None,
-            shared=raw.get("allowMultipleAllocations") is True,
+            shared=shared,
             policy={k: v for k, v in bounds.items() if v is not None} or None,
             valid_values=tuple(v for v in (_bytes(x) for x in
                                            request_policy.get("validValues") or [])
                                if v is not None),
+            whole=tuple(sorted((w for w in whole if w is not None), key=lambda w: w.name)),
         ))
     return out
 
@@ -143,20 +186,40 @@ class DeviceView:
         """Whether both have listed once (before that, no class would seem to exist)."""
         return self.slices.synced.is_set() and self.classes.synced.is_set()
 
-    def capacity(self, target_dra: Dra, gpu: gpus.GPU, request_bytes: int) -> Tuple[Optional[int], str]:
-        """(what the claim asks, '') when a device of the class could hold the request, else
-        (None, why not). The asked figure is the request rounded up to the device's request
-        policy (None for the MIG form, which asks no capacity)."""
-        name = target_dra.device_class
-        device_class = self.classes.get("", name)
+    def members(self, target_dra: Dra, gpu: gpus.GPU) -> Optional[List[Device]]:
+        """The devices of the policy's class (of the pinned model); None: no such class."""
+        device_class = self.classes.get("", target_dra.device_class)
         if device_class is None:
-            return None, f"DeviceClass {name} does not exist"
+            return None
         domain = dra.DOMAINS[target_dra.driver]
         listed = [d for s in self.slices.items() for d in devices_of(s)]
         members = [d for d in listed if in_class(d, device_class)]
         if target_dra.pin_product:
             members = [d for d in members if d.driver != domain or
                        d.attributes.get("productName") == gpu.cuda_name]
+        return members
+
+    @staticmethod
+    def holding(members: Sequence[Device], request_bytes: int) -> List[Tuple[Device, int]]:
+        """(device, what the claim asks of it) for each shared device whose ``memory`` holds the
+        request rounded up to its request policy."""
+        out = []
+        for device in members:
+            if not device.shared or device.memory is None:
+                continue
+            rounded = dra.round_up(request_bytes, device.policy, device.valid_values)
+            if rounded is not None and rounded <= device.memory:
+                out.append((device, rounded))
+        return out
+
+    def capacity(self, target_dra: Dra, gpu: gpus.GPU, request_bytes: int) -> Tuple[Optional[int], str]:
+        """(what the claim asks, '') when a device of the class could hold the request, else
+        (None, why not). The asked figure is the request rounded up to the device's request
+        policy (None for the MIG form, which asks no capacity)."""
+        name = target_dra.device_class
+        members = self.members(target_dra, gpu)
+        if members is None:
+            return None, f"DeviceClass {name} does not exist"
         of = f" of model {gpu.cuda_name!r}" if target_dra.pin_product else ""
         if target_dra.driver is DraDriver.NVIDIA_MIG:
             bounds = dra.mig_bounds(gpu, request_bytes)
@@ -168,18 +231,37 @@ class DeviceView:
             return None, (f"DeviceClass {name} has no MIG device{of} with memory between "
                           f"{gib(request_bytes)} GiB and the next larger slice "
                           f"({len(members)} devices in its ResourceSlices)")
-        asks = []
-        for device in members:
-            if not device.shared or device.memory is None:
-                continue
-            rounded = dra.round_up(request_bytes, device.policy, device.valid_values)
-            if rounded is not None and rounded <= device.memory:
-                asks.append(rounded)
+        asks = [asked for _device, asked in self.holding(members, request_bytes)]
         if asks:
             return max(asks), ""
         return None, (f"DeviceClass {name} has no shareable device (allowMultipleAllocations "
                       f"with a memory capacity){of} that holds {gib(request_bytes)} GiB "
                       f"({len(members)} devices in its ResourceSlices)")
+
+    def takes_whole(self, target_dra: Dra, gpu: gpus.GPU, request_bytes: int) -> str:
+        """'' unless every shared device that could hold the claim has a capacity the claim
+        does not ask (``backends.dra.ASKS``) and so takes whole (``Device.whole``); then what
+        the Warning Event says. A MIG device is not shared: its claim takes it by design."""
+        members = self.members(target_dra, gpu)
+        if members is None or target_dra.driver is DraDriver.NVIDIA_MIG:
+            return ""
+        asked = dra.ASKS[target_dra.driver]
+        taken: Dict[Tuple[str, str], bool] = {}
+        for device, _asked in self.holding(members, request_bytes):
+            unasked = [w for w in device.whole if w.name not in asked and
+                       w.name not in (f"{device.driver}/{a}" for a in asked)]
+            if not unasked:
+                return ""  # this device shares
+            taken.update(((w.name, w.value), w.by_default) for w in unasked)
+        if not taken:
+            return ""
+        names = " and ".join(f"`{n}` ({v})" for n, v in sorted(taken))
+        why = "its request policy's default" if all(taken.values()) else \
+            "no default in its request policy" if not any(taken.values()) else \
+            "its request policy's default, or no default"
+        return (f"claims of DeviceClass {target_dra.device_class} take the whole {names} of a "
+                f"device: {why}, which a claim that asks none of it consumes; one claim per "
+                f"device, no sharing")
 
 
 def target_of(annotations: Mapping[str, Any], settings: Settings) -> Target:
@@ -187,6 +269,16 @@ def target_of(annotations: Mapping[str, Any], settings: Settings) -> Target:
     policy's first."""
     pinned = sizing.pinned_gpu(annotations)
     return (settings.target(pinned) if pinned else None) or settings.targets[0]
+
+
+def exclusive(view: Optional[DeviceView], wanted: Sequence[Tuple[Plan, Dra, int]]) -> List[str]:
+    """What a Warning Event says for each claim that takes a whole device
+    (``DeviceView.takes_whole``); none without a view."""
+    if view is None:
+        return []
+    notes = (view.takes_whole(settings, plan.target.gpu, plan.request_bytes)
+             for plan, settings, _count in wanted)
+    return list(dict.fromkeys(n for n in notes if n))
 
 
 def dra_plans(integration: Any, obj: Obj, plans: Sequence[Optional[Plan]]
@@ -210,24 +302,35 @@ def prepare(kube: Kube, view: Optional[DeviceView], integration: Any, obj: Obj,
 def make_templates(kube: Kube, view: Optional[DeviceView], obj: Obj,
                    wanted: Sequence[Tuple[Plan, Dra, int]]) -> str:
     """Create a template per (plan, claim settings, GPUs per pod), after the device check."""
+    return _make(kube, view, obj, wanted)[0]
+
+
+def _make(kube: Kube, view: Optional[DeviceView], obj: Obj,
+          wanted: Sequence[Tuple[Plan, Dra, int]]) -> Tuple[str, List[Tuple[Plan, Dra, int]]]:
+    """``make_templates``, and the wanted entries whose template this call created (not found
+    already there)."""
     made: Dict[str, Obj] = {}
+    of: Dict[str, Tuple[Plan, Dra, int]] = {}
+    created: List[Tuple[Plan, Dra, int]] = []
     namespace = obj["metadata"]["namespace"]
     for plan, settings, count in wanted:
         asked: Optional[int] = None
         if view is not None:
             asked, why = view.capacity(settings, plan.target.gpu, plan.request_bytes)
             if why:
-                return why
+                return why, []
         body = dra.claim_template(namespace, obj, plan.request_bytes, count, plan.target.gpu,
                                   settings, asked)
         made[body["metadata"]["name"]] = body
-    for body in made.values():
+        of[body["metadata"]["name"]] = (plan, settings, count)
+    for name, body in made.items():
         try:
             kube.create(CLAIM_TEMPLATE, namespace, body)
+            created.append(of[name])
         except KubeApiError as exc:
             if not exc.already_exists:  # made at an earlier release of the same workload
                 raise
-    return ""
+    return "", created
 
 
 def carried(integration: Any, obj: Obj, settings: Settings) -> List[Tuple[Plan, Dra, int]]:
@@ -307,9 +410,9 @@ def reconcile(ctx: Any, kind: str, namespace: str, name: str) -> Optional[float]
         return None
     if ctx.devices is not None and not ctx.devices.ready():
         return 1.0
-    why = make_templates(ctx.kube, ctx.devices, obj,
-                         referenced(workload.integration, obj, settings) +
-                         carried(workload.integration, obj, settings))
+    wanted = referenced(workload.integration, obj, settings) + \
+        carried(workload.integration, obj, settings)
+    why, created = _make(ctx.kube, ctx.devices, obj, wanted)
     if len(ctx.claimed) > 10_000:
         ctx.claimed.clear()
     ctx.claimed.add(obj["metadata"].get("uid"))
@@ -317,4 +420,8 @@ def reconcile(ctx: Any, kind: str, namespace: str, name: str) -> Optional[float]
         ctx.emit(obj, "Warning", "NoShareableDevice", f"xmem: its pods' claims cannot be "
                  f"allocated: {why}; sized at creation from a recorded estimate, they wait "
                  f"until such a device appears")
+    else:  # said when its template is made: the workload's own release said it already
+        for note in exclusive(ctx.devices, created):
+            ctx.emit(obj, "Warning", WHOLE_DEVICE, f"xmem: {note}; its pods' claims can be "
+                     f"allocated, each on a device of its own")
     return None

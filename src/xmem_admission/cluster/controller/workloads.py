@@ -300,6 +300,9 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     unsatisfiable = dra_claims.prepare(ctx.kube, ctx.devices, workload.integration, obj, plans)
     if unsatisfiable:
         return _no_device(ctx, workload, obj, settings, unsatisfiable, deadline)
+    # Satisfiable, but a claim that takes a whole device shares it with no other: said, not held.
+    whole = dra_claims.exclusive(ctx.devices, dra_claims.dra_plans(workload.integration, obj,
+                                                                   plans))
     new["metadata"]["annotations"].pop(dra_claims.UNSATISFIABLE, None)  # a device appeared
     for (ref, _containers), plan in zip(gpu_templates(workload.integration, new), plans):
         if plan is not None:
@@ -323,6 +326,9 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     if labels.USER_SUSPENDED in annotations_of(obj):
         message += " (left suspended, as its owner had it)"
     ctx.emit(obj, "Normal", "Estimated", f"xmem: {message}")
+    for note in whole:
+        ctx.emit(obj, "Warning", dra_claims.WHOLE_DEVICE, f"xmem: {note}; released with its "
+                 f"claim, each pod's claim on a device of its own")
     return None
 
 
