@@ -3,7 +3,7 @@
 ``Cluster(root).start()``: the control plane (``controlplane``), kwok for fake GPU nodes, the
 project's process node for pods that must really run (estimation pods), then the chart as
 ``helm template`` renders it: its CRDs (plus Kubeflow's PyTorchJob CRD from the training
-operator's module), its ServiceAccounts and RBAC, created as the objects they are. The webhook
+operator's module, and JobSet's and Trainer's CRDs from their build), its ServiceAccounts and RBAC, created as the objects they are. The webhook
 and the controller then run here as ``xmem serve`` / ``xmem controller`` processes
 (``serve()``/``controller()``), each with its own service account's token, so every call they
 make goes through RBAC; the webhook configurations are the chart's, with ``clientConfig.url``
@@ -63,6 +63,18 @@ def render_chart(values: Optional[Dict[str, Any]] = None,
     return [d for d in yaml.safe_load_all(out) if d]
 
 
+def training_stack_crds() -> List[Dict[str, Any]]:
+    """JobSet's and Kubeflow Trainer's CRDs from their build (``localkube.jobset.home``): the
+    controller watches JobSets and TrainJobs by default, so a cluster the tests share serves
+    them whether or not the test starts those controllers (``localkube.trainer``)."""
+    from localkube.jobset import home  # localkube.jobset builds on this module
+
+    entry = home()
+    paths = sorted((entry / "jobset" / "crds").glob("*.yaml")) + \
+        sorted((entry / "trainer" / "crds").glob("*.yaml"))
+    return [d for path in paths for d in yaml.safe_load_all(path.read_text()) if d]
+
+
 class Node(Protocol):
     """Where the cluster's CPU pods run: the process node, or a real kubelet (``RealNode``)."""
 
@@ -103,6 +115,7 @@ class Cluster:
         objects = [o for o in render_chart() if o["kind"] in CHART_KINDS
                    and not (o["metadata"].get("annotations") or {}).get("helm.sh/hook")]
         objects.append(yaml.safe_load(tools.crd("kubeflow.org_pytorchjobs.yaml").read_text()))
+        objects.extend(training_stack_crds())
         self.ensure_namespace(NAMESPACE)
         for obj in objects:
             self.apply(obj)

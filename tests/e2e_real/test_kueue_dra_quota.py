@@ -157,8 +157,12 @@ def test_kueue_charges_each_queued_job_its_estimated_gpu_memory_through_the_dra_
                         interval=0.5)
     assert set(admitted.values()) == {18 * GiB}, admitted
     (waiting,) = [n for n in names if n not in admitted]
-    message = wait_for(lambda: _pending_for_quota(cluster, xmem.namespace, waiting), 60,
-                       "the third Workload to say why it waits")
+    try:  # Kueue writes it at its next scheduling attempt for the Workload: slow under load
+        message = wait_for(lambda: _pending_for_quota(cluster, xmem.namespace, waiting), 180,
+                           "the third Workload to say why it waits", interval=0.5)
+    except TimeoutError as err:
+        status = (workload_of(cluster, xmem.namespace, waiting) or {}).get("status")
+        raise AssertionError(f"{err}; its status: {status}") from err
     assert GPU_MEMORY in message, message
     assert xmem.job(waiting)["spec"]["suspend"] is True
 
