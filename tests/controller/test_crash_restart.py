@@ -86,13 +86,22 @@ def test_a_controller_killed_after_a_write_is_finished_by_a_new_process(harness,
         raise AssertionError(f"{exc}; the workload's events: {reasons}; first's log ends: "
                              f"{harness.log_of('first')[-1500:]!r}; second's log ends: "
                              f"{harness.log_of('second')[-1500:]!r}") from None
-    expected = len(estimated())  # 0 or 1 when the first released: its Event is best effort
     if by_successor:
         assert [e.get("reportingInstance") for e in estimated()] == ["second"]
-    _holds(lambda: len(estimated()) == expected and second.poll() is None
+
+    def events_right() -> bool:
+        if by_successor:
+            return [e.get("reportingInstance") for e in estimated()] == ["second"]
+        # The first released: its Event is best effort, and one it sent before the SIGKILL
+        # may still land now (the API server finishes a request whose client died; seen once
+        # in a warm CI run): at most one, and never the successor's.
+        return len(estimated()) <= 1 and all(e.get("reportingInstance") == "first"
+                                             for e in estimated())
+
+    _holds(lambda: events_right() and second.poll() is None
            and _released_by(harness, "second") == by_successor, 4 * RESYNC_SECONDS,
-           f"exactly {expected} Estimated event(s) and no further release while the successor "
-           "runs")
+           "the successor's one Estimated event (or at most the first's) and no further "
+           "release while the successor runs")
 
 
 RESYNC_SECONDS = 0.5  # Harness.spawn's --resync-seconds
