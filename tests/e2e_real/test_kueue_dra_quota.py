@@ -16,8 +16,8 @@ Job's template (``resourceClaims`` naming ``<job>-xmem-<MiB>mi``) and the xmem c
 that template as soon as it sees the Job (``controller/dra_claims.py``, ``reconcile``). So the
 Workload Kueue makes from the Job names a claim that asks the estimate, and the ClusterQueue's
 ``nvidia.com/gpu-memory`` quota is charged 18 GiB per job: two jobs fit a 40 GiB quota, the third
-waits for quota (not for a device: the H200 has room for seven), and is admitted once one of the
-two is gone.
+waits for quota (not for a device: the H200 has room for seven). That it is admitted once one of
+the two is gone is not checked: it failed once in three runs and is not understood yet.
 """
 
 from __future__ import annotations
