@@ -26,7 +26,32 @@ CACHE="${XMEM_TORCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xmem-admission/torch}
 DEST="$CACHE/torch-$TORCH-py$PYMINOR"
 log() { echo "torch-venv $TORCH/py$PYMINOR: $*" >&2; }
 
-if [ -f "$DEST/.complete" ]; then
+# The fine-tuning stack (requirements/finetune.txt) goes into every environment of Python 3.10 or
+# newer, also one built before the file changed: its stamp names the file's content.
+FINETUNE="$ROOT/requirements/finetune.txt"
+FINETUNE_STAMP="$DEST/.finetune-$(sha256sum "$FINETUNE" | cut -c1-12)"
+finetune() {
+  local minor_py="${PYMINOR#3.}"
+  if [ "$minor_py" -lt 10 ] || [ -f "$FINETUNE_STAMP" ]; then return 0; fi
+  log "installing the fine-tuning stack (requirements/finetune.txt)"
+  local torch_pin="torch==$(cut -d+ -f1 "$DEST/torch-version.txt")"
+  # DeepSpeed is an sdist whose build imports torch: built against this environment's torch
+  # (no build isolation), with what it imports, as the Makefile builds it for .venv.
+  if "$DEST/bin/python" -m pip --disable-pip-version-check install -qq -r "$FINETUNE" \
+      "$torch_pin" setuptools wheel >&2 2>"$DEST/.pip-finetune.log" \
+    && "$DEST/bin/python" -m pip --disable-pip-version-check install -qq --no-build-isolation \
+      "$torch_pin" $(grep -E '^(deepspeed|einops|hjson|msgpack|ninja|py-cpuinfo)==' \
+      "$ROOT/requirements/constraints.txt") >&2 2>>"$DEST/.pip-finetune.log"; then
+    grep -qx finetune "$DEST/frameworks.txt" || echo finetune >>"$DEST/frameworks.txt"
+    rm -f "$DEST"/.finetune-*
+    touch "$FINETUNE_STAMP"
+  else
+    log "the fine-tuning stack does not install beside torch $TORCH (see $DEST/.pip-finetune.log)"
+    return 1
+  fi
+}
+
+if [ -f "$DEST/.complete" ] && { [ "${PYMINOR#3.}" -lt 10 ] || [ -f "$FINETUNE_STAMP" ]; }; then
   echo "$DEST"
   exit 0
 fi
@@ -53,6 +78,7 @@ if ! flock -n 9; then
   flock 9
 fi
 if [ -f "$DEST/.complete" ]; then
+  finetune
   echo "$DEST"
   exit 0
 fi
@@ -95,6 +121,7 @@ for group in "torchvision" "timm" "transformers accelerate" "lightning pytorch-l
   fi
 done
 "$DEST/bin/python" -c "import torch; print(torch.__version__)" >"$DEST/torch-version.txt"
+finetune
 touch "$DEST/.complete"
 log "ready in $(($(date +%s) - started)) s: torch $(cat "$DEST/torch-version.txt"), $(du -sh "$DEST" | cut -f1)"
 echo "$DEST"

@@ -143,6 +143,7 @@ def _table(est: Any) -> str:
     for g in est.gpus:
         if g.conv_workspaces:
             lines.append(f"{g.gpu}: convolution workspaces: {conv_source_line(g.conv_workspaces)}")
+    lines += note_lines(est.notes)
     for g in est.gpus:
         if not g.fits:
             short = g.total_bytes - g.capacity_bytes
@@ -150,6 +151,33 @@ def _table(est: Any) -> str:
                    f"needs {_gib(g.total_bytes)}, {_gib(max(short, 0))} more than the card has")
             lines.append(f"{g.gpu}: does not fit: {why}")
     return "\n".join(lines)
+
+
+# How each kind of note (``Trace.note``) reads in the table output.
+_NOTE_HEADINGS = {
+    "bounded": "upper bound: a size fake execution cannot know, taken at its largest",
+    "compiled_eagerly": "upper bound: compiled code traced as eager code",
+    "turned_off": "turned off for the estimation",
+    "modelled": "modelled from the library's sources",
+}
+
+
+def note_lines(notes: List[Dict[str, Any]]) -> List[str]:
+    """The trace's notes, one line each under its kind's heading (nothing when there are
+    none); a repeated note says how often, and a bound what it can cost at most."""
+    lines: List[str] = []
+    for kind in dict.fromkeys(n.get("kind", "") for n in notes):
+        lines += ["", f"{_NOTE_HEADINGS.get(kind, kind)}:"]
+        for n in notes:
+            if n.get("kind") != kind:
+                continue
+            extra = []
+            if n.get("count", 1) > 1:
+                extra.append(f"{n['count']} times")
+            if kind == "bounded" and n.get("extra_bytes"):
+                extra.append(f"at most {_gib(n['extra_bytes'])} over in all")
+            lines.append(f"  {n.get('message', '')}" + (f" ({', '.join(extra)})" if extra else ""))
+    return lines
 
 
 def conv_source_line(info: Dict[str, Any]) -> str:

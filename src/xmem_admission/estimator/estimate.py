@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract import gpus as catalogue
@@ -40,7 +40,7 @@ from xmem_admission.estimator.allocator.alloc_conf import (
 )
 from xmem_admission.estimator.allocator.simulate import simulate
 from xmem_admission.estimator.orchestrate import for_gpu
-from xmem_admission.estimator.trace import Category, Trace
+from xmem_admission.estimator.trace import UPPER_BOUND_NOTES, Category, Trace
 
 DEFAULT_GPUS = ("A100-40GB", "A100-80GB", "H100-80GB", "L40S")
 DEFAULT_MARGIN = 0.05
@@ -102,6 +102,14 @@ class Estimate:
     torch: str = ""  # the torch that traced the script, as it names itself
     python: str = ""  # the version of the interpreter that ran it
     interpreter: str = ""  # that interpreter's path
+    # what the trace says about how it stands for the GPU run (``Trace.note``): sizes bounded,
+    # compiled code traced eagerly, side effects turned off, library kernels modelled
+    notes: List[Dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def upper_bound(self) -> bool:
+        """Is the estimate an upper bound (a size or a compiled region taken at its largest)?"""
+        return any(n.get("kind") in UPPER_BOUND_NOTES for n in self.notes)
 
     def to_dict(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"mode": self.mode, "steps": self.steps,
@@ -115,6 +123,8 @@ class Estimate:
         out["torch"] = self.torch
         out["python"] = self.python
         out["interpreter"] = self.interpreter
+        out["upper_bound"] = self.upper_bound
+        out["notes"] = [{k: v for k, v in n.items() if k != "key"} for n in self.notes]
         return out
 
 
@@ -512,7 +522,8 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
                    seconds=time.perf_counter() - started, gpus=per_gpu, fallback_reason=reason,
                    probe_seconds=result["seconds"], probe_peak_rss_bytes=result["peak_rss_bytes"],
                    trace_events=len(trace), torch=str(trace.meta.get("torch") or interpreter.torch),
-                   python=interpreter.python, interpreter=interpreter.path)
+                   python=interpreter.python, interpreter=interpreter.path,
+                   notes=trace.notes())
     return est, trace
 
 

@@ -145,6 +145,24 @@ class Mark(NamedTuple):
 Event = Union[Alloc, Free, EmptyCache, Mark]
 
 
+class NoteKind(str, enum.Enum):
+    """What a trace's note says about how the trace stands for the job's GPU run."""
+
+    # a size fake execution could not know (boolean-mask indexing, ``nonzero``, ``unique``),
+    # traced at the largest it can have: the estimate is an upper bound there
+    BOUNDED = "bounded"
+    # a ``torch.compile``d module or function traced as eager code
+    COMPILED_EAGERLY = "compiled_eagerly"
+    # a side effect outside the estimation (an experiment tracker, a Hub push) switched off
+    TURNED_OFF = "turned_off"
+    # a library's CUDA kernels stood for by what their sources allocate (bitsandbytes, ...)
+    MODELLED = "modelled"
+
+
+# Notes whose presence makes the estimate an upper bound rather than a point estimate.
+UPPER_BOUND_NOTES = frozenset({NoteKind.BOUNDED.value, NoteKind.COMPILED_EAGERLY.value})
+
+
 class Trace:
     """An ordered list of allocator events plus free-form metadata."""
 
@@ -176,6 +194,34 @@ class Trace:
 
     def mark(self, label: str) -> None:
         self.events.append(Mark(MARK, label))
+
+    def note(self, kind: Union[NoteKind, str], message: str, key: str = "",
+             extra_bytes: int = 0) -> None:
+        """Say something about how this trace stands for the GPU run, once per ``(kind, key or
+        message)``: ``meta["notes"]`` holds ``{"kind", "message", "count", "extra_bytes"}``
+        items in the order first said; a repeat counts (``count``) and adds ``extra_bytes``
+        (what a bound may cost over the job's true size, where it is known)."""
+        kind = kind.value if isinstance(kind, NoteKind) else str(kind)
+        notes: List[Dict[str, Any]] = self.meta.setdefault("notes", [])
+        ident = key or message
+        for item in notes:
+            if item["kind"] == kind and item.get("key", item["message"]) == ident:
+                item["count"] += 1
+                item["extra_bytes"] = item.get("extra_bytes", 0) + int(extra_bytes)
+                return
+        item = {"kind": kind, "message": message, "count": 1, "extra_bytes": int(extra_bytes)}
+        if key:
+            item["key"] = key
+        notes.append(item)
+
+    def notes(self) -> List[Dict[str, Any]]:
+        """The notes said while tracing (``note``), oldest first."""
+        return list(self.meta.get("notes") or [])
+
+    @property
+    def upper_bound(self) -> bool:
+        """Is any size in this trace a bound rather than what the job will allocate?"""
+        return any(item.get("kind") in UPPER_BOUND_NOTES for item in self.notes())
 
     # -- reading ----------------------------------------------------------------------------
     def __len__(self) -> int:

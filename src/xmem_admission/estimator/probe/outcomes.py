@@ -19,6 +19,15 @@ class NotAGPUJob(Refused):
     """The script steps a model that is not on the virtual GPU (status ``not_on_gpu``)."""
 
 
+class NeedsRealValues(BaseException):
+    """Raised inside the traced script when it takes a decision on a value fake mode lacks, or
+    runs an op whose size has no bound without values (status ``needs_real_values``: ``auto``
+    traces again in profile mode).
+
+    A ``BaseException`` so the script's own ``except Exception`` does not swallow it.
+    """
+
+
 class StopProbe(BaseException):
     """Raised from the optimizer hook after the last recorded step; ends the script cleanly."""
 
@@ -59,6 +68,32 @@ def gpu_only_cause(exc: BaseException) -> Optional[GPUOnlyCall]:
         if any(text in str(current) for text in _RUNTIME_FAILURES):
             return GPUOnlyCall(_innermost_torch_call(current),
                                f"it reached the CUDA runtime: {str(current).splitlines()[0]}")
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+# What torch's fake execution raises when it meets a value it does not have: the probe's own
+# ``DataDependentValue`` (tracker.py), FakeTensor's exceptions (torch/_subclasses/
+# fake_tensor.py: DataDependentOutputException, DynamicOutputShapeException,
+# UnsupportedOperatorException is not one of them) and the symbolic-shape guard on an unbacked
+# value (torch/fx/experimental/symbolic_shapes.py: GuardOnDataDependentSymNode).
+_NEEDS_VALUES = ("DataDependentValue", "DataDependentOutputException",
+                 "DynamicOutputShapeException", "GuardOnDataDependentSymNode")
+
+
+def needs_values_cause(exc: BaseException) -> Optional[str]:
+    """Why the script failed for want of a value fake execution lacks: such an exception
+    itself, or one in its cause or context chain (a library that caught it and raised its own),
+    however far from the op that raised it; None for any other failure."""
+    seen: Set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, NeedsRealValues):
+            return str(current)
+        if any(cls.__name__ in _NEEDS_VALUES for cls in type(current).__mro__):
+            detail = str(current).splitlines()[0] if str(current) else type(current).__name__
+            return f"the script needs a value fake execution does not have: {detail}"
         seen.add(id(current))
         current = current.__cause__ or current.__context__
     return None

@@ -29,7 +29,14 @@ import traceback
 import weakref
 from typing import Any, Dict, List, Optional, Sequence, Set
 
-from xmem_admission.estimator.probe.outcomes import NotAGPUJob, Refused, StopProbe, gpu_only_cause
+from xmem_admission.estimator.probe.outcomes import (
+    NeedsRealValues,
+    NotAGPUJob,
+    Refused,
+    StopProbe,
+    gpu_only_cause,
+    needs_values_cause,
+)
 
 MODES = ("fake", "profile")
 
@@ -374,7 +381,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     from xmem_admission.estimator.probe import distributed
     from xmem_admission.estimator.probe import torch_patches as patching
     from xmem_admission.estimator.probe.tracker import AllocationTracker
-    from xmem_admission.estimator.probe.virtual_cuda import DeviceMode, NeedsRealValues
+    from xmem_admission.estimator.probe.virtual_cuda import DeviceMode
     from xmem_admission.estimator.trace import Trace
 
     if mode not in MODES:
@@ -429,8 +436,11 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
             reason += _after_steps(hooks.steps, steps)
     except Exception as exc:  # the user's script failed: report it, never hide it
         gpu_only = gpu_only_cause(exc)
+        needs_values = needs_values_cause(exc) if fake else None
         if gpu_only is not None:
             status, reason = "unsupported", str(gpu_only)
+        elif needs_values is not None:  # a value fake mode lacks, raised wherever it was
+            status, reason = "needs_real_values", needs_values
         else:
             status, code = "script_error", 1
             reason = f"the script raised {type(exc).__name__}: {exc}"

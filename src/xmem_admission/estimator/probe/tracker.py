@@ -13,7 +13,8 @@ RegNet's width arithmetic, token ids, attention masks). Any op whose inputs all 
 replayed for real on the shadows, so ``.item()``/``.tolist()`` on them answer truthfully and the
 model the probe traces is the model the script builds. Values the probe cannot know (the loss)
 raise ``DataDependentValue``; ``virtual_cuda`` turns that into a placeholder for logging or a
-fallback to profile mode for decisions.
+fallback to profile mode for decisions. An op whose output size depends on values it lacks
+(``x[mask]``, ``nonzero``, ``unique``) is sized at its largest (``bounded``).
 
 Runs inside users' images: Python >= 3.9, torch >= 2.2, no other dependency.
 """
@@ -36,7 +37,9 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from xmem_admission.estimator.conv_marks import ConvFlags, ConvMark, as_2d, routes_to_cudnn
+from xmem_admission.estimator.probe import bounded
 from xmem_admission.estimator.probe.kernels import OPS as KERNEL_TEMPORARIES
+from xmem_admission.estimator.probe.outcomes import NeedsRealValues
 from xmem_admission.estimator.reductions import OPS as REDUCTION_OPS
 from xmem_admission.estimator.reductions import mark_for as reduction_mark
 from xmem_admission.estimator.trace import (
@@ -46,6 +49,7 @@ from xmem_admission.estimator.trace import (
     RECOMPUTED,
     Alloc,
     Category,
+    NoteKind,
     Trace,
 )
 
@@ -762,15 +766,33 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             out = func(*args, **kwargs)
         except (DataDependentOutputException, DynamicOutputShapeException):
             real = self._run_real(func, args, kwargs, inputs, limit=None)
-            if real is _MISSING:
-                missing = [t for t in inputs if self.shadow(t) is None]
-                raise DataDependentValue(
-                    f"the output of {_op_name(func)} (its size depends on "
-                    f"{self.describe(missing[0]) if missing else 'its inputs'})") from None
-            return self._fake_from_real(real)
+            if real is not _MISSING:
+                return self._fake_from_real(real)
+            return self._sized_by_values(func, args, kwargs, inputs)
         self._propagate_shadows(func, args, kwargs, inputs, out)
         self._note_origins(func, inputs, out)
         return out
+
+    def _sized_by_values(self, func: Any, args: Args, kwargs: Kwargs,
+                         inputs: List[torch.Tensor]) -> Any:
+        """An op whose output size depends on values, not all of them known: sized from the
+        known ones and bounded for the rest (``bounded``), the bound said in the trace; one
+        without a bound needs real values."""
+        sized = bounded.run(func, args, kwargs, self.shadow,
+                            lambda made: self._recorded(made, inputs))
+        if sized is None:
+            missing = [t for t in inputs if self.shadow(t) is None]
+            raise NeedsRealValues(
+                f"the size of {_op_name(func)}'s output at {where_in_script()} depends on "
+                f"{self.describe(missing[0]) if missing else 'its inputs'}, and has no bound "
+                f"without it")
+        if sized.bound:
+            self.trace.note(
+                NoteKind.BOUNDED, f"{_op_name(func)} at {where_in_script()}: {sized.bound}",
+                key=f"{_op_name(func)} {where_in_script()}",
+                extra_bytes=sized.bound_bytes)
+        self._note_origins(func, inputs, sized.out)
+        return sized.out
 
     # -- where values without a shadow come from ------------------------------------------
     def _note_origins(self, func: Any, inputs: List[torch.Tensor], out: Any) -> None:

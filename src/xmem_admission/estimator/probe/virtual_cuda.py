@@ -30,6 +30,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
 from xmem_admission.estimator.probe.autocast import CudaAutocastState
+from xmem_admission.estimator.probe.outcomes import NeedsRealValues
 from xmem_admission.estimator.probe.tracker import (
     AllocationTracker,
     DataDependentValue,
@@ -45,12 +46,7 @@ Func = Callable[..., Any]
 Args = Tuple[Any, ...]
 Kwargs = Dict[str, Any]
 
-
-class NeedsRealValues(BaseException):
-    """Raised inside the traced script when it takes a decision on a value fake mode lacks.
-
-    A ``BaseException`` so the script's own ``except Exception`` does not swallow it.
-    """
+__all__ = ["DeviceMode", "NeedsRealValues", "Placeholder"]
 
 
 def _decide(what: str = "") -> NoReturn:
