@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from xmem_admission.estimator.probe.tracker import AllocationTracker
+from xmem_admission.estimator.probe.outcomes import Refused
+from xmem_admission.estimator.probe.tracker import AllocationTracker, where_in_script
 from xmem_admission.estimator.probe.virtual_cuda import DeviceMode
+from xmem_admission.estimator.trace import NoteKind
 
 
 class VirtualDeviceProperties:
@@ -115,7 +117,7 @@ def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationT
     import torch._dynamo  # noqa: F401
     _patch_cuda_api(patches, props, tracker)
     _patch_autocast(patches, mode)
-    _patch_training_helpers(patches, fake)
+    _patch_training_helpers(patches, fake, tracker)
     _patch_serialization(patches, tracker, fake)
     _patch_checkpoint_metadata(patches, tracker)
     if fake:
@@ -123,6 +125,8 @@ def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationT
         _patch_init(patches)
         _patch_parameters(patches, tracker)
         _patch_parameter_check(patches)
+    from xmem_admission.estimator.probe import bitsandbytes
+    bitsandbytes.install(patches, props, tracker, fake)
 
 
 def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
@@ -350,7 +354,7 @@ def _patch_checkpoint_metadata(p: Patches, tracker: AllocationTracker) -> None:
     p.set(checkpoint, "_allowed_determinism_checks_to_fns", {**checks, default: metadata})
 
 
-def _patch_training_helpers(p: Patches, fake: bool) -> None:
+def _patch_training_helpers(p: Patches, fake: bool, tracker: AllocationTracker) -> None:
     import torch.optim.optimizer as optimizer_module
     import torch.utils.data as data
 
@@ -411,15 +415,47 @@ def _patch_training_helpers(p: Patches, fake: bool) -> None:
     # the call needs a real CUDA device.
     p.set(torch.nn.RNNBase, "flatten_parameters", lambda self: None)
 
-    # torch.compile runs the model eagerly under the probe (Inductor's fusion only removes
-    # allocations: the eager trace is an upper bound), as a decorator too.
-    def compile(model: Any = None, **_options: Any) -> Any:
+    # torch.compile runs the model eagerly under the probe, as a decorator too, and the trace
+    # says so: what Inductor allocates is at most what eager code does (its fusion and buffer
+    # reuse only remove intermediates; the min-cut partitioner of AOTAutograd saves for backward
+    # at most what eager autograd saves: torch/_functorch/partitioners.py,
+    # min_cut_rematerialization_partition), so the eager trace is an upper bound. CUDA graphs
+    # are not: they keep every captured block in a private pool between steps.
+    def compile(model: Any = None, **options: Any) -> Any:
+        refused = _cuda_graphs(options)
+        if refused:
+            raise Refused(f"torch.compile({refused}) at {where_in_script()} captures CUDA "
+                          f"graphs, whose private memory pool the probe does not model")
+        name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(
+            model, "__qualname__", "a function")
+        tracker.trace.note(NoteKind.COMPILED_EAGERLY,
+                           f"torch.compile({name}) at {where_in_script()}: traced as eager code "
+                           f"(what Inductor allocates is at most what eager code does)")
         if model is None:
             return lambda fn: fn
         return model
 
     p.set(torch, "compile", compile)
     p.set(torch.nn.Module, "_apply", _module_apply)
+
+
+# torch.compile's modes and options that capture CUDA graphs (torch/_inductor/
+# __init__.py, list_mode_options: "reduce-overhead" and "max-autotune" set
+# "triton.cudagraphs": True; "max-autotune-no-cudagraphs" does not), and the backend of that name.
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _cuda_graphs(options: Dict[str, Any]) -> str:
+    """The torch.compile argument that captures CUDA graphs, as written, or ''."""
+    mode = options.get("mode")
+    if mode in _CUDA_GRAPH_MODES:
+        return f"mode={mode!r}"
+    if options.get("backend") == "cudagraphs":
+        return "backend='cudagraphs'"
+    extra = options.get("options") or {}
+    if isinstance(extra, dict) and extra.get("triton.cudagraphs"):
+        return "options={'triton.cudagraphs': True}"
+    return ""
 
 
 def _with_cpu(devices: Callable[[], Any]) -> Callable[[], List[str]]:
