@@ -18,7 +18,7 @@ elif how == "decorator":
 else:
     model = torch.compile(model, mode=how)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-for step in range(4):
+for _step in range(4):
     out = model(torch.randn(16, 32, device="cuda"))
     loss = loss_of(out) if how == "decorator" else out.square().mean()
     loss.backward()

@@ -32,7 +32,7 @@ def library_call(h):
         raise RuntimeError("the library's step failed") from exc
 
 
-for step in range(3):
+for _step in range(3):
     h = model(torch.randn(8, 128, 64, device="cuda"))
     if kind == "known":
         picked = h[labels != -100]
