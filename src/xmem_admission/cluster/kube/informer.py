@@ -8,7 +8,8 @@ come from the cache; writes go to the API with the cached resourceVersion, and a
 reconcile back to the queue to try again on fresher state.
 
 ``WorkQueue`` deduplicates keys (a key queued ten times is reconciled once), delays keys for
-retries and deadlines, and never hands one key to two workers at once.
+retries and deadlines (one timer a key, the earliest asked for: a resync that asks again does
+not add another), and never hands one key to two workers at once.
 """
 
 from __future__ import annotations
@@ -214,13 +215,20 @@ class WorkQueue(Generic[QueueKey]):
         self._active: Set[QueueKey] = set()
         self._again: Set[QueueKey] = set()  # queued while being processed
         self._delayed: List[Tuple[float, int, QueueKey]] = []
+        # when each delayed key is due: one pending timer per key, the earliest asked for (a
+        # heap entry whose time is not its key's here is stale and skipped)
+        self._due: Dict[QueueKey, float] = {}
         self._counter = itertools.count()
         self._closed = False
 
     def add(self, key: QueueKey, delay: float = 0.0) -> None:
         with self._cond:
             if delay > 0:
-                heapq.heappush(self._delayed, (time.monotonic() + delay, next(self._counter), key))
+                due = time.monotonic() + delay
+                if self._due.get(key, due + 1) <= due:
+                    return  # already due as early: one timer a key, as client-go's AddAfter
+                self._due[key] = due
+                heapq.heappush(self._delayed, (due, next(self._counter), key))
             elif key in self._active:
                 self._again.add(key)
             elif key not in self._queued:
@@ -260,7 +268,10 @@ class WorkQueue(Generic[QueueKey]):
     def _promote(self) -> None:
         now = time.monotonic()
         while self._delayed and self._delayed[0][0] <= now:
-            _, _, key = heapq.heappop(self._delayed)
+            due, _, key = heapq.heappop(self._delayed)
+            if self._due.get(key) != due:
+                continue  # replaced by an earlier timer, which fired already
+            del self._due[key]
             if key in self._active:
                 self._again.add(key)
             elif key not in self._queued:
@@ -280,8 +291,14 @@ class WorkQueue(Generic[QueueKey]):
             self._active.clear()
             self._again.clear()
             self._delayed.clear()
+            self._due.clear()
             self._closed = False
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._ready) + len(self._delayed)
+            return len(self._ready) + len(self._due)
+
+    def pending(self, key: QueueKey) -> int:
+        """How many entries wait for ``key``: ready now, and a timer (at most one of each)."""
+        with self._cond:
+            return int(key in self._queued) + int(key in self._due)
