@@ -127,6 +127,8 @@ def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationT
         _patch_parameter_check(patches)
     from xmem_admission.estimator.probe import bitsandbytes
     bitsandbytes.install(patches, props, tracker, fake)
+    from xmem_admission.estimator.probe import checkpoints
+    checkpoints.install(patches, tracker, fake)
 
 
 def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
