@@ -32,7 +32,10 @@ process; single-process estimation):
   interpreter when the command names one (``python``, ``python3.11``, a path to either), else
   ``python3``, with ``-S`` (no site, so nothing of the image's own runs);
 - a scratch ``emptyDir`` (``XMEM_PROBE_SCRATCH``): the probe's processes get it as ``HOME`` and
-  ``TMPDIR`` where the image's are not writable for the pod's user.
+  ``TMPDIR`` where the image's are not writable for the pod's user;
+- the switches that turn experiment trackers off (``contract.side_effects``: ``WANDB_MODE=
+  disabled``, MLflow's tracking URI on a throw-away store in the scratch folder, Comet's), in
+  place of the workload's own values, so that ``kubectl describe pod`` shows them.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.integrations.base import for_kind
 from xmem_admission.cluster.kube.client import Obj
 from xmem_admission.cluster.policy.model import Settings
-from xmem_admission.contract import probe_env
+from xmem_admission.contract import probe_env, side_effects
 
 PROBE_DIR = "/xmem/probe"
 PROBE_VOLUME = "xmem-probe"
@@ -68,7 +71,8 @@ INPUT_VOLUMES = ("configMap", "secret", "downwardAPI", "projected", "persistentV
 NON_ROOT = 65532  # the user an estimation pod runs as when the workload names no other
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                         "runAsNonRoot": True}
-OURS = probe_env.ALL + ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", USER_PYTHONPATH)
+OURS = probe_env.ALL + ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", USER_PYTHONPATH) \
+    + side_effects.VARIABLES
 
 
 def _volume(volume: Mapping[str, Any]) -> Any:
@@ -121,6 +125,9 @@ def _env(container: Mapping[str, Any], gme: Obj, settings: Settings,
         {"name": "CUDA_VISIBLE_DEVICES", "value": ""},
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
     ]
+    # experiment trackers and Hub telemetry off (contract.side_effects), in place of the job's own
+    env += [{"name": name, "value": value}
+            for name, value in side_effects.environment(SCRATCH_DIR).items()]
     return env
 
 

@@ -378,7 +378,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     too_old = unsupported_reason(torch.__version__)
     if too_old is not None:  # before importing what the probe stands on
         return ProbeResult("unsupported", mode, 0, 0.0, None, too_old)
-    from xmem_admission.estimator.probe import distributed
+    from xmem_admission.estimator.probe import distributed, side_effects
     from xmem_admission.estimator.probe import torch_patches as patching
     from xmem_admission.estimator.probe.tracker import AllocationTracker
     from xmem_admission.estimator.probe.virtual_cuda import DeviceMode
@@ -413,6 +413,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         _FORK_HOOK[0] = True
     _RUNNING[0] = True
     try:
+        side_effects.install(patches, trace)  # no tracker run, no Hub push (see there)
         patching.apply(patches, props, tracker, device_mode, fake)
         world = distributed.install(patches, tracker, device_mode)
         hooks.install(patches)
