@@ -29,8 +29,9 @@ import pytest
 
 from tests.controller.support import make_policy, training_job
 from tests.support.torch_envs import NEWEST
+from xmem_admission import bundle
 from xmem_admission.cluster.controller import podspec, records
-from xmem_admission.contract import side_effects
+from xmem_admission.contract import probe_env, side_effects, termination
 from xmem_admission.estimator.probe.side_effects import MLFLOW_NOTE, PUSH_NOTE, WANDB_NOTE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,10 +131,9 @@ class MLflowServer:
         self.log.close()
 
 
-@pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[MLflowServer]:
-    folder = tmp_path / "mlflow-server"
-    folder.mkdir()
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MLflowServer]:
+    folder = tmp_path_factory.mktemp("mlflow-server")
     server = MLflowServer(folder)
     try:
         server.wait_ready()
@@ -151,8 +151,7 @@ def test_an_estimate_records_no_mlflow_run_where_the_script_itself_records_two(
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["steps"] == 3
     assert trace is not None and MLFLOW_NOTE in turned_off(trace)
-    assert mlflow_server.runs() == []
-    assert mlflow_server.experiments() == ["Default"]  # set_experiment("fine-tune") did not reach it
+    assert mlflow_server.runs() == [] and mlflow_server.experiments() == ["Default"]
     # nor MLflow 3's default store in the working directory
     assert sorted(p.name for p in work.iterdir()) == ["out", "trace.json"]
 
@@ -164,6 +163,28 @@ def test_an_estimate_records_no_mlflow_run_where_the_script_itself_records_two(
     assert run.returncode == 0, output
     runs = mlflow_server.runs()
     assert len(runs) == 2 and "prepare" in runs, runs  # its own and the Trainer's
+
+
+def test_an_estimation_pods_probe_keeps_the_mlflow_runs_in_its_scratch_folder(
+        mlflow_server, llama_checkpoint, tmp_path):
+    """As the estimation pod runs it: the bundle's sitecustomize starts the probe in the
+    script's own interpreter (``sitehook``), with the pod's scratch folder."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = tmp_path / "termination-log"
+    env = environment(PYTHONPATH=bundle.cached(), **{
+        probe_env.ON: probe_env.ON_VALUE, probe_env.GPUS: "H100-80GB", probe_env.STEPS: "2",
+        probe_env.MODE: "auto", probe_env.RESULT_PATH: str(result),
+        probe_env.SCRATCH: str(scratch)})
+    before = mlflow_server.runs()
+    args = script_args(llama_checkpoint, tmp_path) + ["--tracking-uri", mlflow_server.url]
+    done = subprocess.run([NEWEST.interpreter, str(SCRIPTS / "tracker_mlflow.py"), *args],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert termination.decode(result.read_text()).status == "ok"
+    assert mlflow_server.runs() == before
+    stored = list((scratch / side_effects.MLFLOW_STORE).glob("*/*/meta.yaml"))  # experiment/run
+    assert len(stored) == 2, stored  # its own run and the Trainer's, thrown away with the pod
 
 
 # -- Weights & Biases ---------------------------------------------------------------------------
