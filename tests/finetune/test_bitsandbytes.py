@@ -216,3 +216,18 @@ def test_a_four_token_batch_runs_the_fused_4bit_kernel_without_a_dequantized_wei
     assert set(forward) == ({4 * out * 2 for out, _ in shapes}
                             | {out * inp * 2 for out, inp in shapes if inp % 64})
     assert any(inp % 64 for _, inp in shapes) and any(not inp % 64 for _, inp in shapes)
+
+
+def test_linear4bit_used_directly_quantizes_its_weights_when_the_model_moves_to_the_gpu(
+        tmp_path):
+    result, trace = estimate(tmp_path, "bnb_linear4bit_loop.py", "--width", "1024")
+    assert result["mode"] == "fake" and result["steps"] == 3
+    n = 1024 * 1024
+    # Params4bit._quantize: the float32 weight copied to the GPU (transient), then quantize_4bit's
+    # packed weight and float32 absmax per block of 64, kept
+    assert sizes(allocations(trace, "aten._to_copy", "setup", "input"))[n * 4] == 2
+    assert sizes(allocations(trace, "bitsandbytes.quantize_4bit", "setup", "parameter")) == \
+        Counter({n // 2: 2, blocks(n, 64) * 4: 2})
+    # 8 rows on an H100: bitsandbytes' heuristic runs the fused kernel, the output only
+    assert sizes(allocations(trace, "bitsandbytes.gemm_4bit", "forward")) == \
+        Counter({8 * 1024 * 2: 2 * 3})
