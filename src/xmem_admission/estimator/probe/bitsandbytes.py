@@ -373,7 +373,15 @@ def _gemm_4bit(probe: _Probe) -> Handler:
         n = shape_b[0]
         scratch = _Scratch(record)
         cuda_ops = sys.modules.get(f"{MODULE}.backends.cuda.ops")
-        if _uses_fused_gemm(probe, cuda_ops, a.dtype, m, n, k, int(bound["blocksize"])):
+        fused = _uses_fused_gemm(probe, cuda_ops, a.dtype, m, n, k, int(bound["blocksize"]))
+        path = ("the fused kernel (its output only)" if fused
+                else "dequantization of the weight for F.linear")
+        tracker.trace.note(
+            NoteKind.MODELLED,
+            f"bitsandbytes gemm_4bit: {path}, as bitsandbytes' heuristic picks on the traced GPU "
+            f"({probe.props.name}) for the calls' tokens and weight shapes "
+            f"(backends/cuda/ops.py, gemm_4bit)", key=f"bitsandbytes gemm_4bit fused={fused}")
+        if fused:
             # _gemm_4bit_kernel_impl: "A = A.contiguous()", then out
             if not a.is_contiguous():
                 scratch.make(a.shape, a, a.dtype)
