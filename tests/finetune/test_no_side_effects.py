@@ -53,13 +53,15 @@ def environment(**extra: str) -> Dict[str, str]:
     return env
 
 
-def estimate(script: str, args: List[str], cwd: Path, env: Dict[str, str],
-             mode: str = "auto") -> Tuple[subprocess.CompletedProcess, Optional[Dict[str, Any]]]:
-    """``xmem estimate --json`` of ``script`` with the fine-tuning environment; the process and
-    the trace it wrote (None when the estimate failed)."""
+def estimate(script: str, args: List[str], cwd: Path, env: Dict[str, str], mode: str = "auto",
+             python: Optional[str] = None
+             ) -> Tuple[subprocess.CompletedProcess, Optional[Dict[str, Any]]]:
+    """``xmem estimate --json`` of ``script`` with the fine-tuning environment (or ``python``);
+    the process and the trace it wrote (None when the estimate failed)."""
     trace = cwd / "trace.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "xmem_admission.cli", "estimate", "--python", NEWEST.interpreter,
+        [sys.executable, "-m", "xmem_admission.cli", "estimate", "--python",
+         python or NEWEST.interpreter,
          "--json", "--gpu", "H100-80GB", "--mode", mode, "--trace", str(trace), "--",
          "python", str(SCRIPTS / script), *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
@@ -313,6 +315,21 @@ def test_a_script_that_creates_a_hub_repository_itself_is_refused_before_the_wri
     assert (f"not estimated: the script writes to the Hugging Face Hub (POST {hub.url}"
             f"/api/repos/create)") in proc.stderr
     assert hub.seen == [("GET", "/api/models/xmem-tests/tiny-llama")]  # reads still go out
+
+
+def test_with_huggingface_hub_before_1_0_a_write_is_refused_as_well(hub, tmp_path):
+    """The project's own environment: transformers 4.51 on huggingface_hub 0.x, whose HTTP
+    client is a requests session (its adapter's ``send`` refuses the write)."""
+    import huggingface_hub
+
+    assert huggingface_hub.__version__.startswith("0."), huggingface_hub.__version__
+    args = ["--model", str(tmp_path / "unused"), "--output", str(tmp_path / "out"), "--direct"]
+    proc, _ = estimate("tracker_hub.py", args, tmp_path, environment(HF_ENDPOINT=hub.url),
+                       python=sys.executable)
+    assert proc.returncode == 2, proc.stderr
+    assert (f"not estimated: the script writes to the Hugging Face Hub (POST {hub.url}"
+            f"/api/repos/create)") in proc.stderr
+    assert hub.seen == [("GET", "/api/models/xmem-tests/tiny-llama")]
 
 
 # -- the estimation pod -------------------------------------------------------------------------
