@@ -42,8 +42,20 @@ def require_framework(name):
         require_torch_save()
 
 
+def trainer_default_is_fused():
+    """Does the Trainer's default optimizer run fused AdamW (``adamw_torch_fused``, the default
+    of transformers releases since torch 2.8: training_args.py, ``default_optim``)? Fused
+    AdamW keeps each parameter's step counter on the GPU."""
+    from transformers import TrainingArguments
+
+    optim = TrainingArguments(output_dir="unused", report_to=[]).optim
+    return "fused" in str(getattr(optim, "value", optim))
+
+
 def training_state(name, kind, step_on_gpu):
     """What the GPU must hold for this script's model, from its own construction code."""
+    if name == "hf_trainer_train.py":
+        step_on_gpu = trainer_default_is_fused()
     module = load(name)
     args = module.parse([])
     counts = expected(module.build_model(args), kind, step_on_gpu)

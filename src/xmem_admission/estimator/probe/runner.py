@@ -455,10 +455,25 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         hooks.remove()
         patches.restore()
         sys.argv[:], sys.path[:] = saved_argv, saved_path
+        _forget_script_module()
     if status == "ok" and hooks.steps == 0:
         status, reason = "no_step", "the script finished without an optimizer step"
     return ProbeResult(status, mode, hooks.steps, time.perf_counter() - started, trace, reason,
                        code, tb)
+
+
+def _forget_script_module() -> None:
+    """Let go of the script's module once it has run, as ``runpy`` does for ``__main__``.
+
+    ``multiprocessing``, imported for the first time by the script (datasets and transformers
+    do), aliases the running ``__main__`` as ``__mp_main__`` (multiprocessing/__init__.py): the
+    script's module, then kept for the process's life with everything its globals hold (a
+    Trainer, its model's fake tensors), freed only at interpreter shutdown, when torch is half
+    torn down (a segfault there with transformers 5 and torch 2.15). The alias is pointed back
+    at the process's own ``__main__``, as multiprocessing would have set it."""
+    main = sys.modules.get("__main__")
+    if "__mp_main__" in sys.modules and sys.modules["__mp_main__"] is not main:
+        sys.modules["__mp_main__"] = main  # type: ignore[assignment]
 
 
 def _after_steps(done: int, wanted: int) -> str:
