@@ -120,11 +120,12 @@ def _patch(probe: _Probe) -> None:
     functional = sys.modules.get(f"{MODULE}.functional")
     if functional is not None:
         _patch_paged(probe, functional)
-    if not probe.fake:
-        return
     modules = sys.modules.get(f"{MODULE}.nn.modules")
     quantized = tuple(getattr(modules, name) for name in ("Params4bit", "Int8Params")
                       if hasattr(modules, name))
+    _patch_moves(probe, quantized)
+    if not probe.fake:
+        return
     if quantized:
         _patch_make_subclass(probe, quantized)
         _patch_quantize(probe, quantized)
@@ -149,6 +150,27 @@ def _unsay_backend_compiles(probe: _Probe) -> None:
         item.get("kind") == compiled
         and str(item.get("message", "")).split(")", 1)[0].removeprefix("torch.compile(")
         in names)]
+
+
+def _patch_moves(probe: _Probe, quantized: Tuple[type, ...]) -> None:
+    """``Params4bit.to`` and ``Int8Params.to`` move their data with ``super().to(...)``, which on
+    a GPU is the tensor's own move. Under the probe that move is the virtual device's
+    (``virtual_cuda.DeviceMode._move``), which makes it by calling ``src.to`` with the host
+    device: on these classes that would run their ``to`` again (and quantize again, move the
+    quantization state to the host, or refuse ``copy=``). The virtual device's own call, made
+    while it says which side it allocates on (``tracker.device_flag``), gets the tensor's move."""
+    tracker = probe.tracker
+    for cls in quantized:
+        real = cls.__dict__.get("to")
+        if real is None:
+            continue
+
+        def to(self: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            if tracker.device_flag is not None:
+                return torch.Tensor.to(self, *args, **kwargs)
+            return _real(self, *args, **kwargs)
+
+        probe.patches.set(cls, "to", to)
 
 
 # -- quantized weights as fake tensors ---------------------------------------------------------
