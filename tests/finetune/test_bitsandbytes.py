@@ -231,3 +231,17 @@ def test_linear4bit_used_directly_quantizes_its_weights_when_the_model_moves_to_
     # 8 rows on an H100: bitsandbytes' heuristic runs the fused kernel, the output only
     assert sizes(allocations(trace, "bitsandbytes.gemm_4bit", "forward")) == \
         Counter({8 * 1024 * 2: 2 * 3})
+
+
+def test_trainable_int8_weights_quantize_input_and_weight_by_rows_and_columns(tmp_path):
+    result, trace = estimate(tmp_path, "bnb_int8_trainable.py", "--width", "256",
+                             "--batch-size", "32")
+    assert result["mode"] == "fake" and result["steps"] == 3
+    # MatMul8bitLt.forward with a weight that needs a gradient: int8_double_quant of the
+    # float16 input (backends/cuda/ops.py): int8 row- and column-quantized copies (M x K each),
+    # float32 row and column statistics, and the column pass's temporaries (|A| in float16,
+    # the float32 quotient A * 127 / col_stats)
+    rows, cols = 32, 256
+    forward = sizes(allocations(trace, "bitsandbytes.int8_double_quant", "forward"))
+    assert forward[rows * cols] >= 2 * 3
+    assert {rows * 4, cols * 4, rows * cols * 2, rows * cols * 4} <= set(forward)
