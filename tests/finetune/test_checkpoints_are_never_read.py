@@ -173,6 +173,13 @@ def data_pages_read(path: Path) -> List[int]:
 # -- running the estimate -----------------------------------------------------------------------
 def estimate(script: str, *args: str, mode: str = "fake", env: Dict[str, str] | None = None,
              timeout: float = 600) -> Dict:
+    return estimate_and_log(script, *args, mode=mode, env=env, timeout=timeout)[0]
+
+
+def estimate_and_log(script: str, *args: str, mode: str = "fake",
+                     env: Dict[str, str] | None = None, timeout: float = 600) -> Tuple[Dict, str]:
+    """``xmem estimate --json`` of a script with ``NEWEST``: the result and what went to stderr
+    (the script's own output)."""
     proc = subprocess.run(
         [str(ROOT / ".venv" / "bin" / "xmem"), "estimate", "--mode", mode, "--python",
          NEWEST.interpreter, "--json", "--gpu", "H100-80GB", "--", "python",
@@ -180,7 +187,7 @@ def estimate(script: str, *args: str, mode: str = "fake", env: Dict[str, str] | 
         cwd=ROOT, capture_output=True, text=True, timeout=timeout,
         env={**os.environ, "HF_HUB_DISABLE_TELEMETRY": "1", **(env or {})})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)
+    return json.loads(proc.stdout), proc.stderr
 
 
 def parameter_bytes(result: Dict) -> int:
@@ -218,6 +225,18 @@ def test_a_full_fine_tune_reads_its_checkpoint_for_the_header_only(small):
     # 512 bytes (CUDACachingAllocator.cpp, kMinBlockSize)
     _, header = header_of(checkpoint)
     assert 0 <= parameter_bytes(result) - weight_bytes(checkpoint) <= 512 * len(header)
+
+
+def test_a_checkpoint_loaded_straight_onto_the_gpu_is_traced_there(small):
+    """``device_map="cuda"``: transformers copies each tensor to the GPU as it loads it (on its
+    loader's worker threads in a real run); every parameter is still on the traced GPU."""
+    checkpoint = small / "model.safetensors"
+    drop_from_page_cache(checkpoint)
+    result = estimate("checkpoint_lora.py", "--model", str(small), "--steps", "2",
+                      "--device-map", "cuda")
+    assert result["mode"] == "fake"
+    assert data_pages_read(checkpoint) == []
+    assert parameter_bytes(result) >= weight_bytes(checkpoint)
 
 
 def test_the_page_cache_check_sees_a_checkpoint_read_for_real(small):

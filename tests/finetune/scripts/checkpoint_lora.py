@@ -17,17 +17,20 @@ parser.add_argument("--batch-size", type=int, default=2)
 parser.add_argument("--seq-len", type=int, default=128)
 parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--lora-r", type=int, default=8)
+parser.add_argument("--device-map", default=None, help='e.g. "cuda" or "auto"')
 args = parser.parse_args()
 
 tokenizer = AutoTokenizer.from_pretrained(args.model)
 started = time.perf_counter()
-model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16)
+model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16,
+                                             device_map=args.device_map)
 print(f"from_pretrained: {time.perf_counter() - started:.2f} s", file=sys.stderr)
 lora = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.05,
                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
 model = get_peft_model(model, lora)
 model.print_trainable_parameters()
-model.to("cuda")
+if args.device_map is None:  # else from_pretrained placed it
+    model.to("cuda")
 model.train()
 
 optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-4)
