@@ -239,6 +239,22 @@ def test_a_checkpoint_loaded_straight_onto_the_gpu_is_traced_there(small):
     assert parameter_bytes(result) >= weight_bytes(checkpoint)
 
 
+@pytest.mark.parametrize("load_device", ["cpu", "cuda"])
+def test_a_state_dict_loaded_with_load_file_is_read_for_its_header_only(tmp_path, load_device):
+    checkpoint = tmp_path / "mlp.safetensors"
+    width, depth = 2048, 4
+    write_sparse_safetensors(checkpoint, {
+        f"layers.{i}.{kind}": ("F32", [width, width] if kind == "weight" else [width])
+        for i in range(depth) for kind in ("weight", "bias")})
+    drop_from_page_cache(checkpoint)
+    result = estimate("checkpoint_state_dict.py", "--checkpoint", str(checkpoint), "--width",
+                      str(width), "--depth", str(depth), "--load-device", load_device)
+    assert result["mode"] == "fake"
+    assert data_pages_read(checkpoint) == []
+    # each tensor a multiple of 512 bytes: the parameters on the GPU are exactly the file's
+    assert parameter_bytes(result) == weight_bytes(checkpoint)
+
+
 def test_the_page_cache_check_sees_a_checkpoint_read_for_real(small):
     """Profile mode loads the weights for real: the same check finds their pages."""
     checkpoint = small / "model.safetensors"
