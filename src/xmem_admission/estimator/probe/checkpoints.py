@@ -451,7 +451,10 @@ def _patch_hub_download(patches: Any, module: Any, loaded_before: bool) -> None:
         if (RUN.tracker is None or not _is_weights(filename) or kwargs.get("dry_run")
                 or _offline(kwargs)):
             return real(repo_id, filename, **kwargs)
-        return header_file(repo_id, filename, **kwargs)
+        try:
+            return header_file(repo_id, filename, **kwargs)
+        except Exception:  # noqa: BLE001 - see _patch_transformers_hub
+            return real(repo_id, filename, **kwargs)
 
     _replace(patches, module, "hf_hub_download", hf_hub_download, loaded_before)
 
@@ -468,15 +471,14 @@ def _patch_transformers_hub(patches: Any, module: Any, loaded_before: bool) -> N
         if (RUN.tracker is None or not weights or os.path.isdir(str(path_or_repo_id))
                 or _offline(kwargs) or kwargs.get("repo_type") not in (None, "model")):
             return real(path_or_repo_id, filenames, **kwargs)
-        errors = _hub("errors")
         revision = kwargs.get("_commit_hash") or kwargs.get("revision")
         try:
             found = {f: header_file(str(path_or_repo_id), f, subfolder=kwargs.get("subfolder"),
                                     revision=revision, token=kwargs.get("token"))
                      for f in weights}
-        except (errors.EntryNotFoundError, errors.HfHubHTTPError):
-            # missing, gated, unauthorised: transformers' own lookup says so its way (a HEAD
-            # request that fails the same, never a download)
+        except Exception:  # noqa: BLE001 - the library's own lookup says why, its way
+            # Missing, gated, unauthorised: its HEAD request fails the same, never downloading.
+            # Unreachable: it finds the file in its cache or says it is offline.
             return real(path_or_repo_id, filenames, **kwargs)
         others = [f for f in filenames if not _is_weights(f)]
         rest = real(path_or_repo_id, others, **kwargs) if others else []
