@@ -25,12 +25,12 @@ PROBE_SECONDS = 60
 PROBE_RSS = 2 * GIB
 
 
-def estimate(tmp_path: Path, script: str, *args: str, mode: str = "fake"
-             ) -> Tuple[Dict[str, Any], Trace]:
+def estimate(tmp_path: Path, script: str, *args: str) -> Tuple[Dict[str, Any], Trace]:
+    """``xmem estimate`` in its default mode (auto: fake, or profile with the reason when fake
+    mode cannot go on), its JSON result and trace."""
     trace = tmp_path / "trace.json"
     command = [XMEM, "estimate", "--python", NEWEST.interpreter, "--json", "--gpu", "H100-80GB",
-               "--trace", str(trace), "--mode", mode, "--", "python", str(SCRIPTS / script),
-               *args]
+               "--trace", str(trace), "--", "python", str(SCRIPTS / script), *args]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{' '.join(command)}\n{proc.stderr[-6000:]}"
     result = json.loads(proc.stdout)
@@ -136,7 +136,7 @@ def test_an_8bit_lora_job_keeps_int8_weights_and_a_float32_scale_per_row(
 def test_an_8bit_job_with_an_outlier_threshold_falls_back_to_profile_mode(
         tmp_path, llama_checkpoint):
     result, _ = estimate(tmp_path, "bnb_lora_loop.py", str(llama_checkpoint), "--bits", "8",
-                         "--threshold", "6.0", mode="auto")
+                         "--threshold", "6.0")
     assert result["mode"] == "profile" and result["steps"] == 3
     assert "outlier threshold of 6.0" in result["fallback_reason"]
 
