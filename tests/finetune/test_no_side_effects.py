@@ -32,7 +32,12 @@ from tests.support.torch_envs import NEWEST
 from xmem_admission import bundle
 from xmem_admission.cluster.controller import podspec, records
 from xmem_admission.contract import probe_env, side_effects, termination
-from xmem_admission.estimator.probe.side_effects import MLFLOW_NOTE, PUSH_NOTE, WANDB_NOTE
+from xmem_admission.estimator.probe.side_effects import (
+    CHECKPOINT_NOTE,
+    MLFLOW_NOTE,
+    PUSH_NOTE,
+    WANDB_NOTE,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -291,14 +296,17 @@ def test_a_trainer_that_pushes_to_the_hub_at_every_save_is_estimated_without_a_w
     work = tmp_path / "estimated"
     work.mkdir()
     env = environment(HF_ENDPOINT=hub.url)
-    # profile mode: the Trainer saves a checkpoint at each step (save_steps=1), where
-    # hub_strategy="every_save" would push it
-    proc, trace = estimate("tracker_hub.py", script_args(llama_checkpoint, work), work, env,
-                           mode="profile")
-    assert proc.returncode == 0, proc.stderr
-    assert trace is not None and PUSH_NOTE in turned_off(trace)
-    assert (work / "out" / "checkpoint-1").is_dir()
-    assert hub.seen == []
+    # the Trainer would save a checkpoint at each step (save_steps=1), where
+    # hub_strategy="every_save" would push it: in either mode, it saves none
+    for mode in ("fake", "profile"):
+        proc, trace = estimate("tracker_hub.py", script_args(llama_checkpoint, work), work, env,
+                               mode=mode)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["mode"] == mode
+        assert trace is not None and PUSH_NOTE in turned_off(trace)
+        assert CHECKPOINT_NOTE in turned_off(trace)
+        assert not list((work / "out").glob("checkpoint-*"))  # nothing on the job's volume
+        assert hub.seen == []
 
     control = tmp_path / "plain"
     control.mkdir()

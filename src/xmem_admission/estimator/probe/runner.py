@@ -413,7 +413,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         _FORK_HOOK[0] = True
     _RUNNING[0] = True
     try:
-        side_effects.install(patches, trace)  # no tracker run, no Hub push (see there)
+        side_effects.install(patches, trace, fake)  # no tracker run, no Hub push (see there)
         patching.apply(patches, props, tracker, device_mode, fake)
         world = distributed.install(patches, tracker, device_mode)
         hooks.install(patches)

@@ -25,7 +25,13 @@ imported here):
   ``huggingface_hub``'s HTTP client lets reads through (a model named by its Hub id still
   downloads its configuration);
 - Comet: its switches are environment variables it reads when an experiment starts; they are
-  set again when ``comet_ml`` is imported.
+  set again when ``comet_ml`` is imported;
+- checkpoints: transformers' ``Trainer._save_checkpoint`` writes nothing (a ``checkpoint-N``
+  folder in the job's ``output_dir`` would be on the team's volume, and a later
+  ``resume_from_checkpoint=True`` would resume from the estimation's); saving moves tensors to
+  the host, not GPU memory. In fake mode ``safetensors.torch.save_file``/``save`` of tensors
+  without values (a PEFT adapter saved in a loop) write nothing either: their bytes do not exist
+  (safetensors would read the fake tensors' memory).
 
 Each of these, where the script used it, is a ``turned_off`` note in the trace.
 
@@ -56,6 +62,10 @@ MLFLOW_NOTE = ("MLflow: runs went to a throw-away store in the probe's scratch f
                "(MLFLOW_TRACKING_URI), not to the job's tracking server")
 PUSH_NOTE = ("Hugging Face Hub: push_to_hub=True turned off for the estimation: no repository "
              "was created, nothing was pushed")
+CHECKPOINT_NOTE = ("checkpoints: transformers' Trainer saved no checkpoint-N folder during the "
+                   "traced steps (nothing written to the job's output_dir)")
+SAFETENSORS_NOTE = ("checkpoints: safetensors files of tensors without values (fake mode) were "
+                    "not written")
 COMET_NOTE = ("Comet: experiments disabled (COMET_AUTO_LOG_DISABLE=true, COMET_MODE=DISABLED): "
               "nothing reaches the Comet backend")
 
@@ -69,6 +79,8 @@ _MLFLOW = _AfterImport("mlflow.tracking._tracking_service.utils")
 _HUB_HTTP = _AfterImport("huggingface_hub.utils._http")
 _TRAINING_ARGS = _AfterImport("transformers.training_args")
 _COMET = _AfterImport("comet_ml")
+_TRAINER = _AfterImport("transformers.trainer")
+_SAFETENSORS = _AfterImport("safetensors.torch")
 
 
 class _Environment:
@@ -102,8 +114,9 @@ def scratch() -> str:
     return own
 
 
-def install(patches: Any, trace: Any) -> Dict[str, str]:
-    """Turn every side effect off for this run (restored with ``patches``); the switches set."""
+def install(patches: Any, trace: Any, fake: bool = False) -> Dict[str, str]:
+    """Turn every side effect off for this run (restored with ``patches``); the switches set.
+    ``fake``: the run is shape-only (its tensors have no bytes to write)."""
     env = switches.environment(scratch())
     for name, value in env.items():
         patches.set(_ENVIRON, name, value)
@@ -127,7 +140,8 @@ def install(patches: Any, trace: Any) -> Dict[str, str]:
         (_HUB_HTTP, lambda module: _hub_http(patches, module)),
         (_TRAINING_ARGS, lambda module: _training_args(patches, module, note)),
         (_COMET, lambda module: _comet(note, again)),
-    )
+        (_TRAINER, lambda module: _trainer(patches, module, note)),
+    ) + (((_SAFETENSORS, lambda module: _safetensors(patches, module, note)),) if fake else ())
     for hook, then in hooks:
         if hook.name in sys.modules:
             then(sys.modules[hook.name])
@@ -246,3 +260,40 @@ def _training_args(patches: Any, module: Any, note: Callable[[str, str], None]) 
 def _comet(note: Callable[[str, str], None], again: Callable[..., None]) -> None:
     again(*(s.variable for s in switches.SWITCHES if s.variable.startswith("COMET_")))
     note(COMET_NOTE, "comet")
+
+
+def _trainer(patches: Any, module: Any, note: Callable[[str, str], None]) -> None:
+    """``Trainer._save_checkpoint`` (every transformers release: ``_save_checkpoint(model,
+    trial, ...)``, called by ``_maybe_log_save_evaluate`` at each ``save_steps``) saves
+    nothing."""
+    cls = getattr(module, "Trainer", None)
+    if cls is None or not hasattr(cls, "_save_checkpoint"):
+        return
+
+    def save_checkpoint(self: Any, *args: Any, **kwargs: Any) -> None:
+        note(CHECKPOINT_NOTE, "trainer-checkpoint")
+
+    patches.set(cls, "_save_checkpoint", save_checkpoint)
+
+
+def _safetensors(patches: Any, module: Any, note: Callable[[str, str], None]) -> None:
+    """``save_file`` and ``save`` of safetensors.torch write nothing when a tensor has no
+    value (a FakeTensor): ``save`` returns the bytes of an empty file's header instead."""
+
+    def without_values(tensors: Any) -> bool:
+        values = tensors.values() if isinstance(tensors, dict) else ()
+        return any(type(t).__name__ == "FakeTensor" for t in values)
+
+    for name in ("save_file", "save"):
+        real = getattr(module, name, None)
+        if real is None:
+            continue
+
+        def skipping(tensors: Any, *args: Any, __real: Any = real, __name: str = name,
+                     **kwargs: Any) -> Any:
+            if not without_values(tensors):
+                return __real(tensors, *args, **kwargs)
+            note(SAFETENSORS_NOTE, "safetensors")
+            return __real({}) if __name == "save" else None
+
+        patches.set(module, name, functools.wraps(real)(skipping))
