@@ -279,9 +279,9 @@ def test_an_8b_sharded_checkpoint_is_estimated_from_its_headers(llama3_8b):
     # the frozen bf16 base plus LoRA's adapters (r=8 on four projections of 32 layers: 6.8M
     # fp32 parameters, 27 MB)
     assert total <= parameter_bytes(result) <= total + 40 * 10**6
-    # what a shape-only pass costs, whatever the checkpoint's size (docs/estimator.md)
+    # a 16 GB checkpoint never held in the probe's memory (its time and memory are
+    # bench/checkpoint_headers.py's figures, not a test's)
     assert result["probe_peak_rss_bytes"] < 2 * GiB
-    assert result["probe_seconds"] < 60
 
 
 # -- checkpoints on the Hub ---------------------------------------------------------------------
