@@ -1,50 +1,83 @@
-"""A DeepSpeed job is refused with the reason wherever the probe meets its engine: the Hugging
-Face Trainer with a DeepSpeed config (ZeRO-2 through ``deepspeed.initialize``, ZeRO-3 through
-``deepspeed.zero.Init`` while the model is built), not only the ``deepspeed`` launcher; a job that
-merely imports DeepSpeed is estimated. Real DeepSpeed (the Makefile installs it into
-``.venv/deepspeed``), real ``xmem estimate`` processes."""
+"""What of DeepSpeed is still refused, with the reason naming the option, and what a DeepSpeed
+engine outside the launcher looks like to the probe: a Hugging Face Trainer given a DeepSpeed
+config dict under torchrun is traced through DeepSpeed's engine like a ``deepspeed`` launch;
+ZeRO-3, optimizer or parameter offload, pipeline engines, multi-node launches and ``accelerate
+launch --use_deepspeed`` are refused, never estimated as something else. Real ``xmem estimate``
+processes with the torch 2.15 environment (``NEWEST``: DeepSpeed 0.19.8)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.distributed.conftest import script
+from tests.support.torch_envs import NEWEST
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEEPSPEED = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "deepspeed")
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def estimate(*command: str, tmp_path) -> subprocess.CompletedProcess:
-    if not os.path.isdir(os.path.join(DEEPSPEED, "deepspeed")):
-        pytest.fail(f"DeepSpeed is not installed in {DEEPSPEED}: run `make venv`")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, DEEPSPEED]))
+def estimate(*command: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "xmem_admission.cli", "estimate", "--json", "--gpu", "A100-40GB",
-         "--", *command, "--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True,
-        text=True, env=env, timeout=600)
+        [sys.executable, "-m", "xmem_admission.cli", "estimate", "--python", NEWEST.interpreter,
+         "--json", "--gpu", "H100-80GB", "--", *command], cwd=ROOT, capture_output=True,
+        text=True, timeout=600)
 
 
-@pytest.mark.parametrize("stage", ["2", "3"])
-def test_a_hugging_face_trainer_with_deepspeed_is_refused_with_the_reason(tmp_path, stage):
-    proc = estimate("torchrun", "--nproc-per-node", "2", script("hf_deepspeed.py"),
-                    "--stage", stage, tmp_path=tmp_path)
+def refused(proc: subprocess.CompletedProcess, *words: str) -> None:
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "not estimated: DeepSpeed jobs are not estimated" in proc.stderr
-    assert "torchrun and FSDP" in proc.stderr
     assert "Traceback" not in proc.stderr  # refused, not crashed
+    for word in words:
+        assert word in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_trainer_given_a_deepspeed_config_under_torchrun_is_traced_through_its_engine(
+        tmp_path):
+    proc = estimate("torchrun", "--nproc-per-node", "2", script("hf_deepspeed.py"), "--stage",
+                    "2", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    assert result["mode"] == "fake"
+    assert result["gpus"][0]["breakdown"]["optimizer_state"] > 0
 
 
 def test_the_same_trainer_without_a_deepspeed_config_is_estimated(tmp_path):
     proc = estimate("torchrun", "--nproc-per-node", "2", script("hf_deepspeed.py"),
-                    "--no-deepspeed", tmp_path=tmp_path)
+                    "--no-deepspeed", "--out", str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     gpu = json.loads(proc.stdout)["gpus"][0]
     assert gpu["total_bytes"] > 0 and gpu["breakdown"]["communication"] > 0
+
+
+@pytest.mark.parametrize("config, words", [
+    ("deepspeed_zero3.json", ["ZeRO-3 (zero_optimization.stage 3) is not estimated"]),
+    ("deepspeed_offload.json", ["zero_optimization.offload_optimizer (device 'cpu')"]),
+])
+def test_a_configuration_not_traced_truthfully_is_refused_naming_the_option(tmp_path, config,
+                                                                           words):
+    proc = estimate("deepspeed", "--num_gpus", "4", script("deepspeed_trainer.py"),
+                    "--deepspeed", script(config), "--bf16", "--max_steps", "2",
+                    "--report_to", "none", "--output_dir", str(tmp_path / "out"))
+    refused(proc, *words)
+
+
+def test_a_deepspeed_pipeline_is_refused_as_its_ranks_hold_different_stages():
+    refused(estimate("deepspeed", "--num_gpus", "2", script("deepspeed_pipeline.py")),
+            "DeepSpeed pipeline-parallel jobs", "different stage")
+
+
+@pytest.mark.parametrize("launcher, words", [
+    (["deepspeed", "--hostfile", "/job/hostfile", "--num_gpus", "8"], ["--hostfile"]),
+    (["deepspeed", "--num_nodes", "2", "--num_gpus", "8"], ["--num_nodes 2"]),
+    (["deepspeed", "--include", "worker-0@worker-1"], ["worker-0@worker-1"]),
+    (["accelerate", "launch", "--use_deepspeed", "--num_processes", "4"],
+     ["accelerate launch --use_deepspeed", "deepspeed --num_gpus N"]),
+])
+def test_launches_the_probe_cannot_trace_are_refused_naming_the_option(launcher, words):
+    refused(estimate(*launcher, script("deepspeed_trainer.py")), *words)
 
 
 def test_the_import_hook_patches_the_module_once_loaded_and_is_inert_after_the_run(

@@ -60,10 +60,16 @@ def test_bad_counts_and_missing_scripts_are_clear_errors():
         launch.parse(["torchrun", "--nproc-per-node"])
 
 
-def test_deepspeed_is_refused_with_the_reason():
-    with pytest.raises(LaunchError, match="DeepSpeed jobs are not estimated"):
-        runner.split_command(["deepspeed", "--num_gpus", "8", "train.py"])
-    with pytest.raises(LaunchError, match="DeepSpeed jobs are not estimated"):
+def test_deepspeed_launches_one_node_whose_ranks_get_their_local_rank():
+    assert runner.split_command(["deepspeed", "--num_gpus", "8", "train.py", "--x", "1"]) == [
+        "train.py", "--local_rank=0", "--x", "1"]
+    found = launch.parse(["deepspeed", "--include", "localhost:0,2", "--no_local_rank",
+                          "--module", "pkg.train"])
+    assert found is not None and found.world_size == 2
+    assert found.program == ("-m", "pkg.train")
+    with pytest.raises(LaunchError, match="give --num_gpus a number"):
+        launch.parse(["deepspeed", "train.py"])
+    with pytest.raises(LaunchError, match="accelerate launch --use_deepspeed is not estimated"):
         runner.split_command(["accelerate", "launch", "--use_deepspeed", "train.py"])
 
 

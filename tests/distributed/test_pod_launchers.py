@@ -1,5 +1,6 @@
 """In an estimation pod, a launcher's command is traced as rank 0 of its world by the launcher's
-own interpreter (no workers are started), and DeepSpeed is reported as unsupported with the reason."""
+own interpreter (no workers are started), and a DeepSpeed launch it cannot trace (several nodes)
+is reported as unsupported with the reason."""
 
 from __future__ import annotations
 
@@ -22,12 +23,13 @@ def test_an_estimation_pod_traces_torchrun_as_rank_0_of_its_world(built, tmp_pat
     assert {g["gpu"] for g in result.gpus} == {"A100-80GB", "H100-80GB"}
 
 
-def test_an_estimation_pod_reports_deepspeed_as_unsupported(built, tmp_path):  # noqa: F811
-    run = _run(built, [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-                       "train.py"], tmp_path)
+def test_an_estimation_pod_reports_a_multi_node_deepspeed_launch_as_unsupported(
+        built, tmp_path):  # noqa: F811
+    run = _run(built, [sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile",
+                       "/job/hostfile", "--num_gpus", "2", "train.py"], tmp_path)
     assert run["code"] == 1, run["output"]
     assert run["result"] is not None and run["result"].status == "unsupported"
-    assert "DeepSpeed jobs are not estimated" in run["result"].reason
+    assert "multi-node DeepSpeed launches (--hostfile /job/hostfile)" in run["result"].reason
 
 
 def test_an_estimation_pod_refuses_a_launcher_of_a_non_python_program(built, tmp_path):  # noqa: F811

@@ -3,14 +3,17 @@
 ``torchrun [--nnodes M] --nproc-per-node N train.py ARGS`` (also ``python -m
 torch.distributed.run`` and the deprecated ``torch.distributed.launch``) and ``accelerate launch
 --multi_gpu --num_processes N train.py ARGS`` start N processes on each of M nodes, each running
-``train.py ARGS`` with ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set. ``parse`` reads such a command
-line into a ``Launch``: the program one rank runs and the world it runs in. The estimator traces
-rank 0 of that world in one process; the cluster side reads the world size of a Job from it. One
-parser, so that both sides agree. Standard library only (contract package, probe bundle).
+``train.py ARGS`` with ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set; DeepSpeed's ``deepspeed
+--num_gpus N train.py ARGS`` starts N on one node, each running ``train.py --local_rank=R ARGS``.
+``parse`` reads such a command line into a ``Launch``: the program one rank runs and the world it
+runs in. The estimator traces rank 0 of that world in one process; the cluster side reads the
+world size of a Job from it. One parser, so that both sides agree. Standard library only
+(contract package, probe bundle).
 
 The option tables are the launchers' own: torch/distributed/run.py ``get_args_parser`` (torch
-2.14) and accelerate/commands/launch.py ``launch_command_parser`` (accelerate 1.15); every option
-not listed as a flag there takes a value.
+2.14), accelerate/commands/launch.py ``launch_command_parser`` (accelerate 1.15) and
+deepspeed/launcher/runner.py ``parse_args`` (DeepSpeed 0.19.8); every option not listed as a flag
+there takes a value.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class Launcher(str, enum.Enum):
 
     TORCHRUN = "torchrun"  # torchrun, python -m torch.distributed.run / .launch
     ACCELERATE = "accelerate"  # accelerate launch, python -m accelerate.commands.launch
-    DEEPSPEED = "deepspeed"  # the deepspeed launcher (not traced: see UNSUPPORTED)
+    DEEPSPEED = "deepspeed"  # deepspeed, python -m deepspeed.launcher.runner (one node)
 
 
 # Options of torch.distributed.run that take no value (get_args_parser, nargs=0 actions).
@@ -48,23 +51,36 @@ _ACCELERATE_FLAGS = frozenset({
     "--use-megatron-lm", "--use-parallelism-config", "--use_deepspeed", "--use_fsdp",
     "--use_megatron_lm", "--use_parallelism_config", "-m", "-q",
 })
+# Options of DeepSpeed's runner that take no value (deepspeed/launcher/runner.py, parse_args:
+# store_true actions), with underscores made dashes as ``_options`` does.
+_DEEPSPEED_FLAGS = frozenset({
+    "--module", "--no-python", "--no_python", "--no-local-rank", "--no_local_rank", "--no-ssh",
+    "--no_ssh", "--no-ssh-check", "--no_ssh_check", "--force-multi", "--force_multi",
+    "--save-pid", "--save_pid", "--bind-cores-to-rank", "--bind_cores_to_rank", "-q", "--quiet",
+})
 _TORCHRUN_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch"})
 _ACCELERATE_MODULES = frozenset({"accelerate.commands.launch", "accelerate.commands.accelerate_cli"})
 _DEEPSPEED_MODULES = frozenset({"deepspeed.launcher.runner"})
 # Interpreter options that take a value (python -W ignore -m torch.distributed.run ...).
 _PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X", "--check-hash-based-pycs"})
 
-# Why DeepSpeed is refused, wherever the probe meets it: its launcher, ``accelerate launch
-# --use-deepspeed``, or ``deepspeed.initialize`` / ``deepspeed.zero.Init`` inside the script
-# (the Hugging Face Trainer's path when ``TrainingArguments(deepspeed=...)`` is set).
-DEEPSPEED_REASON = (
-    "DeepSpeed jobs are not estimated: the probe has no model of DeepSpeed's engine (ZeRO's "
-    "flat partitions and bucketed reductions, and its fused optimizers, CUDA extensions that "
-    "DeepSpeed builds at run time and that cannot run in the CPU probe); estimate the same "
-    "model with torchrun and FSDP (ZeRO-3's equivalent) or DDP, or give the job a whole-GPU "
-    "request")
+# What the probe does not trace of a DeepSpeed launch, by the option that asks for it.
+DEEPSPEED_MULTI_NODE = (
+    "multi-node DeepSpeed launches ({option}) are not estimated: the runner takes the nodes and "
+    "their GPU slots from a hostfile (deepspeed/launcher/runner.py, fetch_hostfile) that the "
+    "probe does not read; estimate one node's launch, deepspeed --num_gpus N (each rank's memory "
+    "depends on the data-parallel world size: give the whole job's rank count there), or use "
+    "torchrun with --nnodes")
+ACCELERATE_DEEPSPEED = (
+    "accelerate launch --use_deepspeed is not estimated: Accelerate hands its DeepSpeed options "
+    "to the ranks in ACCELERATE_DEEPSPEED_* variables that the probe does not set; launch the "
+    "same script with deepspeed --num_gpus N and a ds_config, or use TrainingArguments("
+    "deepspeed=...)")
+DEEPSPEED_AUTOTUNING = (
+    "DeepSpeed's --autotuning runs many trial jobs with different ZeRO stages and batch sizes; "
+    "it is not estimated: estimate the configuration it settles on")
 
-UNSUPPORTED = {Launcher.DEEPSPEED: DEEPSPEED_REASON}
+UNSUPPORTED: Dict[Launcher, str] = {}
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,7 @@ class Launch:
     program: Tuple[str, ...]  # (script, args...) or ("-m", module, args...)
     nnodes: int
     nproc_per_node: int
-    use_deepspeed: bool = False
+    use_deepspeed: bool = False  # never set: parse refuses accelerate launch --use_deepspeed
 
     @property
     def world_size(self) -> int:
@@ -83,14 +99,20 @@ class Launch:
 
     def rank0_environment(self, master_port: int = 29500) -> Dict[str, str]:
         """What the launcher gives rank 0 (torch/distributed/elastic/agent/server/api.py,
-        ``_assign_worker_ranks`` and the worker env of ``local_elastic_agent``)."""
-        return {
+        ``_assign_worker_ranks`` and the worker env of ``local_elastic_agent``; DeepSpeed's
+        deepspeed/launcher/launch.py, ``main``, adds ``CROSS_RANK``, ``CROSS_SIZE`` and
+        ``LOCAL_SIZE``)."""
+        env = {
             "RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "ROLE_RANK": "0",
             "NODE_RANK": "0",
             "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
             "ROLE_WORLD_SIZE": str(self.world_size),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
         }
+        if self.launcher is Launcher.DEEPSPEED:
+            env.update({"CROSS_RANK": "0", "CROSS_SIZE": str(self.nnodes),
+                        "LOCAL_SIZE": str(self.nproc_per_node)})
+        return env
 
 
 def _script_name(word: str) -> str:
@@ -212,7 +234,7 @@ def parse(argv: Sequence[str], gpus_per_node: Optional[int] = None,
         return None
     launcher, args = found
     if launcher is Launcher.DEEPSPEED:
-        return Launch(launcher, tuple(args), 1, 1)
+        return _deepspeed(args, gpus_per_node, environ)
     if launcher is Launcher.TORCHRUN:
         options, rest = _options(args, _TORCHRUN_FLAGS)
         nnodes = _count("--nnodes", options.get("--nnodes", environ.get("PET_NNODES", "1")),
@@ -235,6 +257,72 @@ def parse(argv: Sequence[str], gpus_per_node: Optional[int] = None,
     if total % machines:
         raise LaunchError(f"--num_processes {total} is not a multiple of --num_machines "
                           f"{machines}")
+    if "--use-deepspeed" in options:
+        raise LaunchError(ACCELERATE_DEEPSPEED)
     program = _program(rest, "--module" in options or "-m" in options, "--no-python" in options)
-    return Launch(launcher, program, machines, total // machines,
-                  use_deepspeed="--use-deepspeed" in options)
+    return Launch(launcher, program, machines, total // machines)
+
+
+def _slots(spec: str, option: str) -> Tuple[str, Optional[int]]:
+    """``NAME[:SLOT[,SLOT...]]`` of DeepSpeed's --include/--exclude (runner.py,
+    ``parse_resource_filter``) -> (host, number of slots or None for all of them); several hosts
+    (``NAME@NAME``) are several nodes."""
+    if "@" in spec.strip("@"):
+        raise LaunchError(DEEPSPEED_MULTI_NODE.format(option=f"{option} {spec}"))
+    host, _, slots = spec.strip("@").partition(":")
+    if not slots:
+        return host, None
+    return host, len({s.strip() for s in slots.split(",") if s.strip()})
+
+
+def _every_gpu(why: str, gpus_per_node: Optional[int]) -> int:
+    if gpus_per_node is None:
+        raise LaunchError(f"deepspeed with {why} starts one process per GPU of the node, which is "
+                          f"not known here: give --num_gpus a number")
+    return gpus_per_node
+
+
+def _deepspeed(args: Sequence[str], gpus_per_node: Optional[int],
+               environ: Mapping[str, str]) -> Launch:
+    """``deepspeed [options] train.py ARGS`` on one node (deepspeed/launcher/runner.py,
+    ``main``): ``--num_gpus N`` ranks, else the slots ``--include``/``--exclude`` name, else
+    ``CUDA_VISIBLE_DEVICES``, else every GPU of the node. Each rank runs ``train.py
+    --local_rank=R ARGS`` (deepspeed/launcher/launch.py, ``main``: unless --no_local_rank)."""
+    options, rest = _options(args, _DEEPSPEED_FLAGS)
+    for option in ("-H", "--hostfile"):
+        if option in options:
+            raise LaunchError(DEEPSPEED_MULTI_NODE.format(option=f"{option} {options[option]}"))
+    if options.get("--autotuning"):
+        raise LaunchError(DEEPSPEED_AUTOTUNING)
+    nodes = options.get("--num-nodes", "-1").strip()
+    if nodes not in ("-1", "1"):
+        raise LaunchError(DEEPSPEED_MULTI_NODE.format(option=f"--num_nodes {nodes}"))
+    gpus = options.get("--num-gpus", options.get("--num-accelerators", "-1")).strip()
+    include = options.get("--include", options.get("-i", ""))
+    exclude = options.get("--exclude", options.get("-e", ""))
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if (gpus != "-1" or nodes != "-1") and (include or exclude):
+        # runner.py, main: "Cannot specify num_nodes/gpus with include/exclude"
+        raise LaunchError("deepspeed takes --num_nodes/--num_gpus or --include/--exclude, not "
+                          "both")
+    if gpus != "-1":
+        nproc = _count("--num_gpus", gpus, gpus_per_node)
+    elif include:
+        _, count = _slots(include, "--include")
+        nproc = count if count is not None else _every_gpu(f"--include {include}", gpus_per_node)
+    elif exclude:
+        _, count = _slots(exclude, "--exclude")
+        every = _every_gpu(f"--exclude {exclude}", gpus_per_node)
+        nproc = every - (count if count is not None else every)
+        if nproc < 1:
+            raise LaunchError(f"--exclude {exclude} leaves no GPU of the node's {every}")
+    elif visible:
+        # runner.py: with no resource option, the visible devices become --include
+        nproc = len([d for d in visible.split(",") if d.strip()])
+    else:
+        nproc = _every_gpu("no --num_gpus", gpus_per_node)
+    program = list(_program(rest, "--module" in options, "--no-python" in options))
+    if "--no-local-rank" not in options:
+        at = 2 if program[0] == "-m" else 1
+        program[at:at] = ["--local_rank=0"]
+    return Launch(Launcher.DEEPSPEED, tuple(program), 1, nproc)

@@ -21,7 +21,9 @@ reduce-scatter buffers), not on what the other ranks compute. So the probe runs 
 - the buckets that hook sees are DDP's communication buffers: they are tagged
   ``communication`` in the trace (unless they are the gradients themselves, with
   ``gradient_as_bucket_view=True``), and the communicators the job creates are recorded in the
-  trace's metadata for the NCCL model (``estimator.nccl``).
+  trace's metadata for the NCCL model (``estimator.nccl``);
+- DeepSpeed's engine runs on the same fake group (``deepspeed``: its communication goes
+  through ``torch.distributed``), so ZeRO's partitioning allocates what it allocates on a GPU.
 
 Python >= 3.9, torch >= 2.2 with torch.distributed (FSDP2 from 2.6, where fully_shard is public); this module ships in the probe bundle.
 """
@@ -151,7 +153,9 @@ def install(patches: Any, tracker: Any, device_mode: Any) -> Optional[FakeWorld]
     _patch_fsdp1_device_id(patches)
     _patch_fsdp1(patches, world.tracker)
     _refuse_pipelines(patches)
-    _refuse_deepspeed(patches)
+    from xmem_admission.estimator.probe import deepspeed
+
+    deepspeed.install(patches, world.tracker, _DEEPSPEED_IMPORT)
     return world
 
 
@@ -225,33 +229,6 @@ class _AfterImport:
 
 
 _DEEPSPEED_IMPORT = _AfterImport("deepspeed")
-
-
-def _refuse_deepspeed(patches: Any) -> None:
-    """A DeepSpeed job refused with the reason (``contract.launch.DEEPSPEED_REASON``) where its
-    engine is made, whatever started it: ``deepspeed.initialize`` (what the Hugging Face Trainer
-    and Accelerate call when a DeepSpeed config is given) and ``deepspeed.zero.Init`` (ZeRO-3's
-    partitioned construction, ``from_pretrained`` under ZeRO-3). Importing DeepSpeed alone is
-    not refused: libraries import it when it is installed."""
-    import sys
-
-    from xmem_admission.contract.launch import DEEPSPEED_REASON
-
-    def refuse(*_args: Any, **_kwargs: Any) -> None:
-        from xmem_admission.estimator.probe.outcomes import Refused
-
-        raise Refused(DEEPSPEED_REASON)
-
-    def patch(module: Any) -> None:
-        patches.set(module, "initialize", refuse)
-        zero_init = getattr(getattr(module, "zero", None), "Init", None)
-        if zero_init is not None:
-            patches.set(zero_init, "__init__", refuse)
-
-    if "deepspeed" in sys.modules:
-        patch(sys.modules["deepspeed"])
-    else:
-        _DEEPSPEED_IMPORT.arm(patches, patch)
 
 
 def _torch_version() -> str:
