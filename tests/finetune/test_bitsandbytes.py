@@ -20,10 +20,6 @@ SCRIPTS = ROOT / "tests" / "finetune" / "scripts"
 XMEM = str(ROOT / ".venv" / "bin" / "xmem")
 GIB = 2**30
 
-# The fine-tuning round's budget for one job's probe (docs/estimator.md).
-PROBE_SECONDS = 60
-PROBE_RSS = 2 * GIB
-
 
 def estimate(tmp_path: Path, script: str, *args: str) -> Tuple[Dict[str, Any], Trace]:
     """``xmem estimate`` in its default mode (auto: fake, or profile with the reason when fake
@@ -33,10 +29,8 @@ def estimate(tmp_path: Path, script: str, *args: str) -> Tuple[Dict[str, Any], T
                "--trace", str(trace), "--", "python", str(SCRIPTS / script), *args]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{' '.join(command)}\n{proc.stderr[-6000:]}"
-    result = json.loads(proc.stdout)
-    assert result["probe_seconds"] < PROBE_SECONDS, result["probe_seconds"]
-    assert result["probe_peak_rss_bytes"] < PROBE_RSS, result["probe_peak_rss_bytes"]
-    return result, Trace.load(str(trace))
+    # (the probe's seconds and memory are the benchmark's figures: bench/finetune_matrix.py)
+    return json.loads(proc.stdout), Trace.load(str(trace))
 
 
 def allocations(trace: Trace, source: str, phase: str = "", category: str = "") -> List[Any]:
@@ -245,3 +239,37 @@ def test_trainable_int8_weights_quantize_input_and_weight_by_rows_and_columns(tm
     forward = sizes(allocations(trace, "bitsandbytes.int8_double_quant", "forward"))
     assert forward[rows * cols] >= 2 * 3
     assert {rows * 4, cols * 4, rows * cols * 2, rows * cols * 4} <= set(forward)
+
+
+PREQUANTIZE = """
+import sys
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                  bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=torch.bfloat16)
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], quantization_config=quantization,
+                                             device_map="cpu")
+model.save_pretrained(sys.argv[2])
+AutoTokenizer.from_pretrained(sys.argv[1]).save_pretrained(sys.argv[2])
+"""
+
+
+def test_a_checkpoint_saved_already_quantized_is_traced_in_fake_mode_as_its_source_is(
+        tmp_path, llama_checkpoint):
+    # quantized on the CPU by bitsandbytes' own kernels and saved as bitsandbytes writes it:
+    # packed weights beside each layer's quantization state (a JSON uint8 tensor, code maps)
+    saved = tmp_path / "nf4"
+    subprocess.run([NEWEST.interpreter, "-c", PREQUANTIZE, str(llama_checkpoint), str(saved)],
+                   check=True, capture_output=True, timeout=600)
+    args = ("--quant-type", "nf4", "--double-quant")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    loaded, trace = estimate(tmp_path / "a", "bnb_lora_loop.py", str(saved), *args)
+    quantized, _ = estimate(tmp_path / "b", "bnb_lora_loop.py", str(llama_checkpoint), *args)
+    assert loaded["mode"] == "fake", loaded.get("fallback_reason")
+    assert notes(trace, "modelled")
+    # the same model on the GPU either way: within the few small state tensors that come as
+    # host data from the file rather than from bitsandbytes' quantization
+    gpu, again = loaded["gpus"][0], quantized["gpus"][0]
+    assert abs(gpu["peak_allocated_bytes"] - again["peak_allocated_bytes"]) <= 4096

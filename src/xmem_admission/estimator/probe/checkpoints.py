@@ -20,11 +20,12 @@ only in fake mode. ``torch.load`` of a pickled checkpoint stays in ``torch_patch
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from concurrent.futures import Future
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -53,9 +54,18 @@ class _Run:
 
     tracker: Any = None
     workdir: Optional[str] = None
+    # local stand-ins of Hub files that hold their header only (``header_file``): no value
+    headers_only: Set[str] = set()
 
 
 RUN = _Run()
+
+# Tensors of at most this many bytes are read for their values: what a library decides on, not
+# weights. bitsandbytes' pre-quantized checkpoints store each layer's quantization state as a
+# packed JSON uint8 tensor of a few hundred bytes, 256-entry float32 code maps (1,024 bytes) and a
+# one-byte ``weight_format`` (bitsandbytes/functional.py, QuantState.as_dict(packed=True) and
+# from_dict; nn/modules.py, Int8Params / _load_from_state_dict), which it parses when loading.
+SMALL_VALUE_BYTES = 4096
 
 _SAFETENSORS = _AfterImport("safetensors")
 _SAFETENSORS_TORCH = _AfterImport("safetensors.torch")
@@ -243,12 +253,14 @@ def _placed(tensor: torch.Tensor, device: Optional[str]) -> torch.Tensor:
 
 
 class _Slice:
-    """``safe_open(...).get_slice(name)``: its shape and dtype; slicing it makes a fake tensor."""
+    """``safe_open(...).get_slice(name)``: its shape and dtype; slicing it makes a fake tensor,
+    or a real one for a tensor of at most SMALL_VALUE_BYTES whose bytes are at hand (``value``)."""
 
     def __init__(self, name: str, dtype: str, shape: Tuple[int, ...], device: Optional[str],
-                 origin: str) -> None:
+                 origin: str, value: Optional[Callable[[], bytes]] = None) -> None:
         self._name, self._dtype, self._shape = name, dtype, shape
         self._device, self._origin = device, origin
+        self._value = value
 
     def get_shape(self) -> List[int]:
         return list(self._shape)
@@ -259,6 +271,11 @@ class _Slice:
     def __getitem__(self, index: Any) -> torch.Tensor:
         dtype = dtype_of(self._dtype, f"{self._origin}: tensor {self._name!r}")
         with torch._C.DisableTorchFunction(), _disable_current_modes():
+            if self._value is not None:
+                raw = bytearray(self._value())
+                flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+                real: torch.Tensor = flat.reshape(self._shape)[index].clone()
+                return _placed(real, self._device)
             shape = tuple(torch.empty(self._shape, dtype=dtype, device="meta")[index].shape)
         return _placed(_fake(shape, dtype), self._device)
 
@@ -287,8 +304,21 @@ class HeaderOnlyFile:
         return self._header.metadata
 
     def get_slice(self, name: str) -> _Slice:
-        dtype, shape, _, _ = self._entry(name)
-        return _Slice(name, dtype, shape, self._device, self._origin)
+        dtype, shape, begin, end = self._entry(name)
+        value = None
+        if end - begin <= SMALL_VALUE_BYTES and self._origin not in RUN.headers_only:
+            value = functools.partial(self._read, begin, end)
+        return _Slice(name, dtype, shape, self._device, self._origin, value)
+
+    def _read(self, begin: int, end: int) -> bytes:
+        """The bytes of one small tensor (offsets from the end of the header)."""
+        with open(self._origin, "rb") as fh:
+            length = header_length(fh.read(8), self._header.size, self._origin)
+            fh.seek(8 + length + begin)
+            raw = fh.read(end - begin)
+        if len(raw) != end - begin:
+            raise _error(f"{self._origin}: the file ends inside a tensor's data")
+        return raw
 
     def get_tensor(self, name: str) -> torch.Tensor:
         return self.get_slice(name)[...]
@@ -330,8 +360,16 @@ def _patch_safetensors_torch(patches: Any, module: Any, loaded_before: bool) -> 
         length = header_length(bytes(view[:8]), len(view), "safetensors bytes")
         header = parse_header(bytes(view[8:8 + length]), len(view), "safetensors bytes")
         order = sorted(header.tensors, key=lambda k: header.tensors[k][2])
-        return {name: _fake(header.tensors[name][1],
-                            dtype_of(header.tensors[name][0], name)) for name in order}
+        base = 8 + length
+
+        def tensor(name: str) -> torch.Tensor:
+            dtype, shape, begin, end = header.tensors[name]
+            value = None
+            if end - begin <= SMALL_VALUE_BYTES:
+                value = functools.partial(bytes, view[base + begin:base + end])
+            return _Slice(name, dtype, shape, None, "safetensors bytes", value)[...]
+
+        return {name: tensor(name) for name in order}
 
     _replace(patches, module, "load", load, loaded_before)
     wrapped = getattr(sys.modules.get("safetensors"), "safe_open", None)
@@ -435,6 +473,7 @@ def header_file(repo_id: str, filename: str, *, subfolder: Optional[str] = None,
     with open(path, "wb") as fh:
         fh.write(prefix + raw)
         fh.truncate(total)  # sparse: the data is never written, never on disk
+    RUN.headers_only.add(path)
     return path
 
 
