@@ -21,9 +21,8 @@ What does not run on a CPU host is stood for here: decisions on values fake mode
 (the fp16/bf16 overflow check: a step is never skipped, as for torch's GradScaler); the step
 count (one ZeRO step steps the wrapped optimizer once per group); and the tensors DeepSpeed
 makes are named for the breakdown. What is not traced truthfully yet is refused with the
-option named (``_untraced``): ZeRO-3, whose partitioned parameters (zero.Init,
-partition_parameters.py) fake mode does not carry through an embedding's backward yet;
-optimizer and parameter offload; and pipeline engines, whose ranks differ.
+option named (``_untraced``): ZeRO-3, whose freed (empty) parameters read as host tensors on
+the virtual GPU; optimizer and parameter offload; and pipeline engines, whose ranks differ.
 
 Python >= 3.9, torch >= 2.2; DeepSpeed is touched only once the job imports it: this module
 ships in the probe bundle.
@@ -88,10 +87,16 @@ def _untraced(engine: Any) -> str:
                     f"estimate the job without offloading (an upper bound of its GPU memory), or "
                     f"give it a whole-GPU request")
     if stage == 3:
+        # A freed ZeRO-3 parameter's data is an empty tensor, which holds no block on the
+        # virtual GPU and so reads as a host tensor; DeepSpeed makes tensors on the device
+        # that data reads (partition_parameters.py: ``free_param``'s empty tensor,
+        # ``_all_gather_sequential``'s ``.to(param.device)``). Seen with an embedding, whose
+        # weight is freed again after a backward that does not gather it: a real host tensor
+        # becomes its data and the next view of it fails in fake mode.
         return ("DeepSpeed ZeRO-3 (zero_optimization.stage 3) is not estimated yet: the "
-                "probe does not yet carry its partitioned parameters (deepspeed.zero.Init) "
-                "through every backward pass (an embedding's fails); estimate the job with "
-                "ZeRO-2 (an upper bound of ZeRO-3's GPU memory), or use torchrun with FSDP")
+                "probe does not yet keep its freed (empty) parameters on the virtual GPU, so "
+                "gathered parameters would be traced on the host; estimate the job with ZeRO-2 "
+                "(an upper bound of ZeRO-3's GPU memory), or use torchrun with FSDP")
     return ""
 
 
