@@ -753,3 +753,19 @@ def _patch_parameters(p: Patches, tracker: AllocationTracker) -> None:
         return real_new(cls, data, requires_grad)
 
     p.set(torch.nn.Parameter, "__new__", new)
+
+    # A parameter in fake mode is a FakeTensor (``_patch_parameter_check`` makes it one for
+    # ``isinstance``), so ``type(param)`` is FakeTensor: code that rebuilds a parameter by its
+    # type, ``type(param)(param.to(device), requires_grad=...)`` (accelerate's and transformers
+    # 4.x's init_empty_weights, register_empty_parameter), calls FakeTensor as a Parameter.
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    real_fake_new = vars(FakeTensor)["__new__"]
+
+    def fake_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        if args and isinstance(args[0], torch.Tensor):  # a Parameter's (data, requires_grad)
+            grad = kwargs.get("requires_grad", args[1] if len(args) > 1 else True)
+            return torch.nn.Parameter(args[0], bool(grad))
+        return real_fake_new.__get__(None, cls)(cls, *args, **kwargs)
+
+    p.set(FakeTensor, "__new__", staticmethod(fake_new))
