@@ -69,6 +69,15 @@ def test_deepspeed_launches_one_node_whose_ranks_get_their_local_rank():
     assert found.program == ("-m", "pkg.train")
     with pytest.raises(LaunchError, match="give --num_gpus a number"):
         launch.parse(["deepspeed", "train.py"])
+    # no resource option: the node's GPUs, or the visible ones (runner.py turns them into
+    # --include); --exclude leaves the others
+    assert launch.parse(["deepspeed", "train.py"], gpus_per_node=8).world_size == 8
+    assert launch.parse(["deepspeed", "train.py"],
+                        environ={"CUDA_VISIBLE_DEVICES": "1,3,5"}).world_size == 3
+    assert launch.parse(["deepspeed", "--exclude", "localhost:0,1", "train.py"],
+                        gpus_per_node=8).world_size == 6
+    with pytest.raises(LaunchError, match="not both"):
+        launch.parse(["deepspeed", "--num_gpus", "2", "--include", "localhost:0", "train.py"])
     with pytest.raises(LaunchError, match="accelerate launch --use_deepspeed is not estimated"):
         runner.split_command(["accelerate", "launch", "--use_deepspeed", "train.py"])
 
