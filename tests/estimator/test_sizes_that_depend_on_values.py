@@ -75,12 +75,18 @@ def run_estimate(*args):
     return json.loads(proc.stdout), proc.stderr
 
 
-def test_xmem_estimate_says_the_estimate_is_an_upper_bound_and_why(script):
-    data, _ = run_estimate("--", "python", script("selects_by_value.py"), "mask")
+def test_xmem_estimate_says_the_estimate_is_an_upper_bound_and_why(script, tmp_path):
+    report = tmp_path / "report.html"
+    data, _ = run_estimate("--report", str(report), "--", "python",
+                           script("selects_by_value.py"), "mask")
     assert data["mode"] == "fake"
     assert data["upper_bound"] is True
     assert [n["kind"] for n in data["notes"]] == ["bounded"]
     assert "taken as selecting every element" in data["notes"][0]["message"]
+    assert data["notes"][0]["extra_bytes"] == 3 * ALL_ROWS * ROW_BYTES
+    page = report.read_text()
+    assert "upper bound: a size fake execution cannot know, taken at its largest" in page
+    assert "mask taken as selecting every element (3 times, at most 768.00 KiB over" in page
 
 
 def test_auto_traces_a_job_without_a_bound_again_in_profile_mode(script):

@@ -153,30 +153,13 @@ def _table(est: Any) -> str:
     return "\n".join(lines)
 
 
-# How each kind of note (``Trace.note``) reads in the table output.
-_NOTE_HEADINGS = {
-    "bounded": "upper bound: a size fake execution cannot know, taken at its largest",
-    "compiled_eagerly": "upper bound: compiled code traced as eager code",
-    "turned_off": "turned off for the estimation",
-    "modelled": "modelled from the library's sources",
-}
-
-
 def note_lines(notes: List[Dict[str, Any]]) -> List[str]:
-    """The trace's notes, one line each under its kind's heading (nothing when there are
-    none); a repeated note says how often, and a bound what it can cost at most."""
+    """The trace's notes under their kinds' headings (nothing when there are none)."""
+    from xmem_admission.estimator.trace import note_groups
+
     lines: List[str] = []
-    for kind in dict.fromkeys(n.get("kind", "") for n in notes):
-        lines += ["", f"{_NOTE_HEADINGS.get(kind, kind)}:"]
-        for n in notes:
-            if n.get("kind") != kind:
-                continue
-            extra = []
-            if n.get("count", 1) > 1:
-                extra.append(f"{n['count']} times")
-            if kind == "bounded" and n.get("extra_bytes"):
-                extra.append(f"at most {_gib(n['extra_bytes'])} over in all")
-            lines.append(f"  {n.get('message', '')}" + (f" ({', '.join(extra)})" if extra else ""))
+    for heading, items in note_groups(notes):
+        lines += ["", f"{heading}:"] + [f"  {item}" for item in items]
     return lines
 
 

@@ -26,7 +26,7 @@ from xmem_admission.estimator.allocator.simulate import simulate
 from xmem_admission.estimator.estimate import allocator_room
 from xmem_admission.estimator.orchestrate import for_gpu
 from xmem_admission.estimator.peak import Explained, catalogue_request, display_module
-from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Category, Trace
+from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Category, Trace, note_groups
 
 POINTS = 1500  # timeline samples kept per series, whatever the trace's length
 PHASES = ("forward", "loss", "backward", "optimizer")
@@ -177,6 +177,9 @@ def page(trace: Trace, est: Any, explained: Explained, config: AllocatorConfig,
                        _gib(g.total_bytes), _gib(g.recommended_request_bytes),
                        "yes" if g.fits else "NO", g.mig_profile or "-") for g in est.gpus],
                      "summary")
+    for heading, items in note_groups(getattr(est, "notes", [])):
+        summary += (f"<p class=\"note\"><b>{html.escape(heading)}</b></p><ul>"
+                    + "".join(f"<li>{html.escape(item)}</li>" for item in items) + "</ul>")
     peaks = []
     for p in explained.peaks:
         rows: List[Tuple[Any, ...]] = [(display_module(g.module), g.category,

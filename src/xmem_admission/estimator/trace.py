@@ -162,6 +162,40 @@ class NoteKind(str, enum.Enum):
 # Notes whose presence makes the estimate an upper bound rather than a point estimate.
 UPPER_BOUND_NOTES = frozenset({NoteKind.BOUNDED.value, NoteKind.COMPILED_EAGERLY.value})
 
+# How each kind of note reads to a person (the table output and the HTML report).
+NOTE_HEADINGS = {
+    NoteKind.BOUNDED.value: "upper bound: a size fake execution cannot know, taken at its largest",
+    NoteKind.COMPILED_EAGERLY.value: "upper bound: compiled code traced as eager code",
+    NoteKind.TURNED_OFF.value: "turned off for the estimation",
+    NoteKind.MODELLED.value: "modelled from the library's sources",
+}
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
+
+
+def note_groups(notes: List[Dict[str, Any]]) -> List[Tuple[str, List[str]]]:
+    """Notes by kind, in the order first said: (heading, one line each); a repeated note says
+    how often, and a bound the most it can add."""
+    groups: List[Tuple[str, List[str]]] = []
+    for kind in dict.fromkeys(str(n.get("kind", "")) for n in notes):
+        lines = []
+        for n in notes:
+            if n.get("kind") != kind:
+                continue
+            extra = []
+            if n.get("count", 1) > 1:
+                extra.append(f"{n['count']} times")
+            if kind == NoteKind.BOUNDED.value and n.get("extra_bytes"):
+                extra.append(f"at most {_size(int(n['extra_bytes']))} over in all")
+            lines.append(str(n.get("message", "")) + (f" ({', '.join(extra)})" if extra else ""))
+        groups.append((NOTE_HEADINGS.get(kind, kind), lines))
+    return groups
+
 
 class Trace:
     """An ordered list of allocator events plus free-form metadata."""
