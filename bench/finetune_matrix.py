@@ -35,6 +35,8 @@ from tests.support.torch_envs import NEWEST  # noqa: E402
 CHECKPOINT = Path.home() / ".cache" / "xmem-admission" / "finetune-bench" / "llama-0.83b"
 GIB = 2**30
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
+RETRACED = re.compile(r"^xmem: fake mode needs real values \((?P<reason>.*)\); tracing again in "
+                      r"profile mode$", re.M)
 # where a failure is said to happen: the deepest frame of the libraries the job uses, not of
 # torch, Triton or the standard library under them
 MACHINERY = ("site-packages/torch/", "site-packages/triton/", "/concurrent/", "/contextlib.py",
@@ -73,7 +75,11 @@ def run(job: Job, model: Path, timeout: float) -> str:
         failure = lines[-1] if lines else proc.stderr.strip().splitlines()[-1]
         failure = failure.replace("xmem estimate: error: ", "").replace("|", "/")
         failure += failing_frame(proc.stderr)
-        return f"| {job.id} | failed (exit {proc.returncode}, {wall:.0f} s) | | | | | {failure[:500]} |"
+        retraced = RETRACED.search(proc.stderr)
+        if retraced:  # the default mode's fallback: what fake mode lacked, then what failed
+            failure = f"fake: needs real values ({retraced['reason']}); profile: {failure}"
+        failure = re.sub(r"/\S*/site-packages/", "", failure).replace(f"{ROOT}/", "")
+        return f"| {job.id} | failed (exit {proc.returncode}, {wall:.0f} s) | | | | | {failure[:700]} |"
     data = json.loads(proc.stdout)
     (h200,) = [g for g in data["gpus"] if g["gpu"] == "H200"]
     note = data.get("fallback_reason", "")[:300].replace("|", "/")
