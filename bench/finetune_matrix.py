@@ -83,6 +83,9 @@ def run(job: Job, model: Path, timeout: float) -> str:
     data = json.loads(proc.stdout)
     (h200,) = [g for g in data["gpus"] if g["gpu"] == "H200"]
     note = data.get("fallback_reason", "")[:300].replace("|", "/")
+    if data.get("upper_bound"):  # e.g. torch.compile traced as eager code
+        kinds = ", ".join(sorted({n["kind"] for n in data.get("notes", [])}))
+        note = f"{note} upper bound ({kinds})".strip()
     return (f"| {job.id} | {data['mode']} | {data['probe_seconds']:.1f} | "
             f"{data['probe_peak_rss_bytes'] / GIB:.2f} GiB | {data['trace_events']:,} | "
             f"{h200['total_bytes'] / GIB:.2f} GiB | {note} |")
