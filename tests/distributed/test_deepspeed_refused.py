@@ -2,7 +2,7 @@
 engine outside the launcher looks like to the probe: a Hugging Face Trainer given a DeepSpeed
 config dict under torchrun is traced through DeepSpeed's engine like a ``deepspeed`` launch;
 ZeRO-3, optimizer or parameter offload, pipeline engines, multi-node launches and ``accelerate
-launch --use_deepspeed`` are refused, never estimated as something else. Real ``xmem estimate``
+launch --use_deepspeed`` with a config file are refused, never estimated as something else. Real ``xmem estimate``
 processes with the torch 2.15 environment (``NEWEST``: DeepSpeed 0.19.8)."""
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def test_a_deepspeed_pipeline_is_refused_as_its_ranks_hold_different_stages():
     (["deepspeed", "--hostfile", "/job/hostfile", "--num_gpus", "8"], ["--hostfile"]),
     (["deepspeed", "--num_nodes", "2", "--num_gpus", "8"], ["--num_nodes 2"]),
     (["deepspeed", "--include", "worker-0@worker-1"], ["worker-0@worker-1"]),
-    (["accelerate", "launch", "--use_deepspeed", "--num_processes", "4"],
-     ["accelerate launch --use_deepspeed", "deepspeed --num_gpus N"]),
+    (["accelerate", "launch", "--use_deepspeed", "--config_file", "ds.yaml",
+      "--num_processes", "4"], ["with an Accelerate config file (ds.yaml)", "--zero_stage"]),
 ])
 def test_launches_the_probe_cannot_trace_are_refused_naming_the_option(launcher, words):
     refused(estimate(*launcher, script("deepspeed_trainer.py")), *words)

@@ -31,8 +31,9 @@ LAYERS, WIDTH, VOCAB, SEQ = 8, 512, 8192, 32
 
 def estimate(tmp_path: Path, config: str, *launcher: str) -> subprocess.CompletedProcess:
     trace = tmp_path / "trace.json"
+    ds_config = ["--deepspeed", script(config)] if config else []
     command = [*(launcher or ("deepspeed", "--num_gpus", str(WORLD))),
-               script("deepspeed_trainer.py"), "--deepspeed", script(config), "--bf16",
+               script("deepspeed_trainer.py"), *ds_config, "--bf16",
                "--layers", str(LAYERS), "--width", str(WIDTH), "--vocab", str(VOCAB),
                "--seq", str(SEQ), "--per_device_train_batch_size", "1", "--max_steps", "5", "--report_to", "none",
                "--save_strategy", "no", "--output_dir", str(tmp_path / "out"),
@@ -47,8 +48,8 @@ def estimate(tmp_path: Path, config: str, *launcher: str) -> subprocess.Complete
 class Traced:
     """One rank's estimate, trace, and the script's report of its model."""
 
-    def __init__(self, tmp_path: Path, config: str) -> None:
-        proc = estimate(tmp_path, config)
+    def __init__(self, tmp_path: Path, config: str, *launcher: str) -> None:
+        proc = estimate(tmp_path, config, *launcher)
         assert proc.returncode == 0, proc.stderr[-5000:]
         self.result = json.loads(proc.stdout)
         self.trace = Trace.load(str(tmp_path / "trace.json"))
@@ -137,6 +138,19 @@ def test_zero_1_holds_every_gradient_and_zero_2_a_partition_of_them(zero):
 
 def test_a_rank_of_zero_2_needs_less_than_one_of_zero_1(zero):
     assert zero(2).peak < zero(1).peak
+
+
+def test_accelerate_launch_use_deepspeed_hands_rank_0_its_zero_options(tmp_path):
+    # accelerate launch --use_deepspeed --zero_stage 2: the Trainer takes Accelerate's
+    # DeepSpeedPlugin (ACCELERATE_USE_DEEPSPEED and the stage reach rank 0 as the launcher
+    # sets them), with no ds_config of the script's own
+    traced = Traced(tmp_path, "", "accelerate", "launch", "--use_deepspeed", "--num_processes",
+                    str(WORLD), "--zero_stage", "2", "--mixed_precision", "bf16")
+    params = sum(groups())
+    assert traced.result["mode"] == "fake"
+    assert (traced.report["stage"], traced.report["world_size"]) == (2, WORLD)
+    assert traced.live["parameter"] == 2 * params + traced.report["buffer_bytes"]
+    assert 12 * params // WORLD <= traced.live["optimizer_state"] <= 12 * params // WORLD + 64
 
 
 def test_deepspeed_is_there_to_trace_with():

@@ -78,8 +78,17 @@ def test_deepspeed_launches_one_node_whose_ranks_get_their_local_rank():
                         gpus_per_node=8).world_size == 6
     with pytest.raises(LaunchError, match="not both"):
         launch.parse(["deepspeed", "--num_gpus", "2", "--include", "localhost:0", "train.py"])
-    with pytest.raises(LaunchError, match="accelerate launch --use_deepspeed is not estimated"):
-        runner.split_command(["accelerate", "launch", "--use_deepspeed", "train.py"])
+    found = launch.parse(["accelerate", "launch", "--use_deepspeed", "--num_processes", "4",
+                          "--zero_stage", "3", "--offload_optimizer_device", "CPU", "train.py"],
+                         environ={"HF_HOME": "/nonexistent"})
+    assert found is not None and found.world_size == 4 and found.program == ("train.py",)
+    env = found.rank0_environment()
+    assert (env["ACCELERATE_USE_DEEPSPEED"], env["ACCELERATE_DEEPSPEED_ZERO_STAGE"],
+            env["ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"],
+            env["ACCELERATE_MIXED_PRECISION"]) == ("true", "3", "cpu", "no")
+    with pytest.raises(LaunchError, match="with an Accelerate config file"):
+        launch.parse(["accelerate", "launch", "--use_deepspeed", "--config_file", "c.yaml",
+                      "--num_processes", "2", "train.py"])
 
 
 def test_the_probe_runs_the_program_the_launcher_would_start():

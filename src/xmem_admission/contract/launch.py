@@ -4,7 +4,8 @@
 torch.distributed.run`` and the deprecated ``torch.distributed.launch``) and ``accelerate launch
 --multi_gpu --num_processes N train.py ARGS`` start N processes on each of M nodes, each running
 ``train.py ARGS`` with ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` set; DeepSpeed's ``deepspeed
---num_gpus N train.py ARGS`` starts N on one node, each running ``train.py --local_rank=R ARGS``.
+--num_gpus N train.py ARGS`` starts N on one node, each running ``train.py --local_rank=R ARGS``;
+``accelerate launch --use_deepspeed`` also hands each rank its DeepSpeed options in variables.
 ``parse`` reads such a command line into a ``Launch``: the program one rank runs and the world it
 runs in. The estimator traces rank 0 of that world in one process; the cluster side reads the
 world size of a Job from it. One parser, so that both sides agree. Standard library only
@@ -71,11 +72,25 @@ DEEPSPEED_MULTI_NODE = (
     "probe does not read; estimate one node's launch, deepspeed --num_gpus N (each rank's memory "
     "depends on the data-parallel world size: give the whole job's rank count there), or use "
     "torchrun with --nnodes")
-ACCELERATE_DEEPSPEED = (
-    "accelerate launch --use_deepspeed is not estimated: Accelerate hands its DeepSpeed options "
-    "to the ranks in ACCELERATE_DEEPSPEED_* variables that the probe does not set; launch the "
-    "same script with deepspeed --num_gpus N and a ds_config, or use TrainingArguments("
-    "deepspeed=...)")
+ACCELERATE_DEEPSPEED_CONFIG = (
+    "accelerate launch --use_deepspeed with an Accelerate config file ({path}) is not estimated: "
+    "Accelerate merges the file's DeepSpeed options into what it hands the ranks, and the probe "
+    "reads no YAML; give the options on the command line (--zero_stage, "
+    "--deepspeed_config_file, --mixed_precision), or launch the script with deepspeed "
+    "--num_gpus N")
+# accelerate launch's DeepSpeed options and the variables its launcher hands them to the ranks
+# in (accelerate/utils/launch.py, prepare_deepspeed_cmd_env); True: the value lower-cased.
+_ACCELERATE_DEEPSPEED_ENV = {
+    "--zero-stage": ("ACCELERATE_DEEPSPEED_ZERO_STAGE", False),
+    "--gradient-accumulation-steps": ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", False),
+    "--gradient-clipping": ("ACCELERATE_GRADIENT_CLIPPING", True),
+    "--offload-optimizer-device": ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", True),
+    "--offload-param-device": ("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", True),
+    "--zero3-init-flag": ("ACCELERATE_DEEPSPEED_ZERO3_INIT", True),
+    "--zero3-save-16bit-model": ("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", True),
+    "--deepspeed-config-file": ("ACCELERATE_DEEPSPEED_CONFIG_FILE", False),
+    "--deepspeed-moe-layer-cls-names": ("ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES", False),
+}
 DEEPSPEED_AUTOTUNING = (
     "DeepSpeed's --autotuning runs many trial jobs with different ZeRO stages and batch sizes; "
     "it is not estimated: estimate the configuration it settles on")
@@ -91,7 +106,10 @@ class Launch:
     program: Tuple[str, ...]  # (script, args...) or ("-m", module, args...)
     nnodes: int
     nproc_per_node: int
-    use_deepspeed: bool = False  # never set: parse refuses accelerate launch --use_deepspeed
+    # never set (runner.launch_of refuses a launch that sets it): accelerate launch
+    # --use_deepspeed is traced, its options reaching rank 0 through ``environment``
+    use_deepspeed: bool = False
+    environment: Tuple[Tuple[str, str], ...] = ()  # more variables the launcher sets
 
     @property
     def world_size(self) -> int:
@@ -112,6 +130,7 @@ class Launch:
         if self.launcher is Launcher.DEEPSPEED:
             env.update({"CROSS_RANK": "0", "CROSS_SIZE": str(self.nnodes),
                         "LOCAL_SIZE": str(self.nproc_per_node)})
+        env.update(dict(self.environment))
         return env
 
 
@@ -246,21 +265,46 @@ def parse(argv: Sequence[str], gpus_per_node: Optional[int] = None,
         return Launch(launcher, program, nnodes, nproc)
     options, rest = _options(args, _ACCELERATE_FLAGS)
     machines = _count("--num-machines", options.get("--num-machines", "1"), gpus_per_node)
+    deepspeed = "--use-deepspeed" in options
     if "--num-processes" in options:
         # accelerate's --num_processes is the total over all machines (launch.py,
         # multi_gpu_launcher: nproc_per_node = num_processes // num_machines).
         total = _count("--num-processes", options["--num-processes"], gpus_per_node)
-    elif "--multi-gpu" in options:
+    elif "--multi-gpu" in options or deepspeed:
+        # without a config file, one process per GPU of the node (launch.py,
+        # _validate_launch_command: num_processes = the device count)
         total = _count("--num-processes", "gpu", gpus_per_node) * machines
     else:
         total = machines
     if total % machines:
         raise LaunchError(f"--num_processes {total} is not a multiple of --num_machines "
                           f"{machines}")
-    if "--use-deepspeed" in options:
-        raise LaunchError(ACCELERATE_DEEPSPEED)
     program = _program(rest, "--module" in options or "-m" in options, "--no-python" in options)
-    return Launch(launcher, program, machines, total // machines)
+    environment = _accelerate_deepspeed(options, environ) if deepspeed else ()
+    return Launch(launcher, program, machines, total // machines, environment=environment)
+
+
+def _accelerate_deepspeed(options: Mapping[str, str],
+                          environ: Mapping[str, str]) -> Tuple[Tuple[str, str], ...]:
+    """The variables ``accelerate launch --use_deepspeed`` hands each rank, from its command
+    line (accelerate/utils/launch.py, ``prepare_deepspeed_cmd_env``): Accelerate's
+    ``DeepSpeedPlugin`` reads them (``ACCELERATE_USE_DEEPSPEED``, the ZeRO stage, the offload
+    devices, the ds_config file). A config file, named or Accelerate's default one
+    (accelerate/commands/config/config_args.py: ``$HF_HOME/accelerate/default_config.yaml``),
+    would add options the probe cannot read: refused."""
+    home = environ.get("HF_HOME") or os.path.join(
+        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME", "~"), ".cache"),
+        "huggingface")
+    default = os.path.expanduser(os.path.join(home, "accelerate", "default_config.yaml"))
+    named = options.get("--config-file")
+    if named or os.path.isfile(default):
+        raise LaunchError(ACCELERATE_DEEPSPEED_CONFIG.format(path=named or default))
+    env = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_CONFIG_DS_FIELDS": "",
+           "ACCELERATE_MIXED_PRECISION": options.get("--mixed-precision", "no").lower()}
+    for option, (name, lower) in _ACCELERATE_DEEPSPEED_ENV.items():
+        if option in options:
+            env[name] = options[option].lower() if lower else options[option]
+    return tuple(sorted(env.items()))
 
 
 def _slots(spec: str, option: str) -> Tuple[str, Optional[int]]:

@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO jobs traced as rank 0 of their world: DeepSpeed's own engine runs.
 
-A job that trains through DeepSpeed (its ``deepspeed`` launcher, the Hugging Face Trainer with
-``TrainingArguments(deepspeed=...)``, ``deepspeed.initialize`` in the script) makes its engine,
-whose ZeRO optimizer decides what each rank holds. The probe runs that code unchanged under the
+A job that trains through DeepSpeed (its ``deepspeed`` launcher, ``accelerate launch
+--use_deepspeed``, the Hugging Face Trainer with ``TrainingArguments(deepspeed=...)``,
+``deepspeed.initialize`` in the script) makes its engine, whose ZeRO optimizer decides what each
+rank holds. The probe runs that code unchanged under the
 fake process group (``distributed``): DeepSpeed's communication (``deepspeed.comm``) is a
 ``TorchBackend`` over ``torch.distributed`` (deepspeed/comm/torch.py, ``TorchBackend`` calls
 ``torch.distributed.init_process_group``), so it gets the fake group of the launcher's world;

@@ -6,10 +6,11 @@ The controller cannot know what a workload's command does before it reaches Pyth
 the probe bundle first on ``PYTHONPATH`` and sets ``XMEM_PROBE=1``; every Python process of the
 container then imports the bundle's ``sitecustomize``, which calls ``activate()`` here:
 
-- a launcher (``torchrun``, ``accelerate launch``, ``python -m torch.distributed.run``) does
-  not start its workers: its interpreter traces rank 0 of the launcher's world itself, in one
-  process with a fake process group (``distributed``; ``contract.launch`` reads the command
-  line); ``deepspeed`` is refused as ``unsupported`` with the reason; a script started with
+- a launcher (``torchrun``, ``accelerate launch``, ``python -m torch.distributed.run``,
+  ``deepspeed``) does not start its workers: its interpreter traces rank 0 of the launcher's
+  world itself, in one process with a fake process group (``distributed``; ``contract.launch``
+  reads the command line); a launch it cannot trace (a DeepSpeed hostfile) is refused as
+  ``unsupported`` with the reason; a script started with
   ``WORLD_SIZE``/``RANK`` already set (a PyTorchJob's pods) is traced as that rank;
 - other launchers, ``python -c``, package tools (``pip``) and the interactive interpreter run as
   usual; the training processes they start are probed;
