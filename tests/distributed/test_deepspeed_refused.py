@@ -73,6 +73,7 @@ def test_a_deepspeed_pipeline_is_refused_as_its_ranks_hold_different_stages():
     (["deepspeed", "--hostfile", "/job/hostfile", "--num_gpus", "8"], ["--hostfile"]),
     (["deepspeed", "--num_nodes", "2", "--num_gpus", "8"], ["--num_nodes 2"]),
     (["deepspeed", "--include", "worker-0@worker-1"], ["worker-0@worker-1"]),
+    (["deepspeed", "--autotuning", "tune", "--num_gpus", "4"], ["--autotuning runs many"]),
     (["accelerate", "launch", "--use_deepspeed", "--config_file", "ds.yaml",
       "--num_processes", "4"], ["with an Accelerate config file (ds.yaml)", "--zero_stage"]),
 ])
