@@ -1,4 +1,5 @@
-"""A model compiled as the first argument says: default, a mode, or the method form."""
+"""A model compiled as the first argument says: default, a mode, the method form, a
+decorated loss function, or a compiled function the step never calls (``unused``)."""
 
 import sys
 
@@ -15,6 +16,10 @@ elif how == "decorator":
     @torch.compile(dynamic=False)
     def loss_of(out):
         return out.square().mean()
+elif how == "unused":
+    @torch.compile
+    def never_called(x):
+        return x * 2
 else:
     model = torch.compile(model, mode=how)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -116,7 +116,6 @@ def install(patches: Any, props: Any, tracker: AllocationTracker, fake: bool) ->
 
 
 def _patch(probe: _Probe) -> None:
-    _unsay_backend_compiles(probe)
     functional = sys.modules.get(f"{MODULE}.functional")
     if functional is not None:
         _patch_paged(probe, functional)
@@ -130,26 +129,6 @@ def _patch(probe: _Probe) -> None:
         _patch_make_subclass(probe, quantized)
         _patch_quantize(probe, quantized)
     _patch_kernels(probe)
-
-
-def _unsay_backend_compiles(probe: _Probe) -> None:
-    """bitsandbytes' device-agnostic kernels wrap helpers in ``torch.compile`` when it is
-    imported (backends/default/ops.py, ``_try_torch_compile``); the probe notes each compile as
-    eager code standing for compiled code (an upper bound). On CUDA those helpers never run
-    (the kernels registered for "cuda" win), and the trace stands for what those do: the notes
-    of these helpers say nothing of the job, and are taken back."""
-    names = {value.__name__ for name, module in list(sys.modules.items())
-             if name.startswith(f"{MODULE}.backends.") and module is not None
-             for value in vars(module).values()
-             if callable(value) and getattr(value, "__module__", "") == name}
-    notes = probe.tracker.trace.meta.get("notes")
-    if not names or not notes:
-        return
-    compiled = NoteKind.COMPILED_EAGERLY.value
-    notes[:] = [item for item in notes if not (
-        item.get("kind") == compiled
-        and str(item.get("message", "")).split(")", 1)[0].removeprefix("torch.compile(")
-        in names)]
 
 
 def _patch_moves(probe: _Probe, quantized: Tuple[type, ...]) -> None:

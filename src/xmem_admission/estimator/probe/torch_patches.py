@@ -7,6 +7,7 @@ that goes on afterwards (tests, the estimation pod's ``sitecustomize``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -423,19 +424,37 @@ def _patch_training_helpers(p: Patches, fake: bool, tracker: AllocationTracker) 
     # at most what eager autograd saves: torch/_functorch/partitioners.py,
     # min_cut_rematerialization_partition), so the eager trace is an upper bound. CUDA graphs
     # are not: they keep every captured block in a private pool between steps.
+    # A module is noted when it is compiled (scripts compile the model they train); a function
+    # when it first runs: libraries decorate helpers with torch.compile at import (DeepSpeed,
+    # bitsandbytes' CPU kernels) that a CUDA run may never call.
+    def say(name: str, where: str) -> None:
+        tracker.trace.note(NoteKind.COMPILED_EAGERLY,
+                           f"torch.compile({name}) at {where}: traced as eager code "
+                           f"(what Inductor allocates is at most what eager code does)",
+                           key=f"{name} {where}")
+
+    def eager(fn: Any, where: str) -> Any:
+        if isinstance(fn, torch.nn.Module) or not callable(fn):
+            say(type(fn).__name__ if isinstance(fn, torch.nn.Module) else "a function", where)
+            return fn
+        name = getattr(fn, "__qualname__", "a function")
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            say(name, where)
+            return fn(*args, **kwargs)
+
+        return run
+
     def compile(model: Any = None, **options: Any) -> Any:
         refused = _cuda_graphs(options)
+        where = where_in_script()
         if refused:
-            raise Refused(f"torch.compile({refused}) at {where_in_script()} captures CUDA "
+            raise Refused(f"torch.compile({refused}) at {where} captures CUDA "
                           f"graphs, whose private memory pool the probe does not model")
-        name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(
-            model, "__qualname__", "a function")
-        tracker.trace.note(NoteKind.COMPILED_EAGERLY,
-                           f"torch.compile({name}) at {where_in_script()}: traced as eager code "
-                           f"(what Inductor allocates is at most what eager code does)")
         if model is None:
-            return lambda fn: fn
-        return model
+            return lambda fn: eager(fn, where)
+        return eager(model, where)
 
     p.set(torch, "compile", compile)
     p.set(torch.nn.Module, "_apply", _module_apply)
