@@ -44,6 +44,11 @@ from localkube.controlplane import LOOPBACK, ControlPlane, free_port, kubeconfig
 from xmem_admission.cluster.kube import quantity
 
 MAX_MESSAGE = 4096  # the kubelet's limit on a termination message (4 KiB)
+# Image reference -> digest ("sha256:..."), shared by the process nodes of this process: an image
+# listed here is reported as the runtime reports a pulled image, ``<repository>@<digest>`` in
+# ``containerStatuses[].imageID``; a test changes the entry to push a new image behind a tag.
+# Any other image is reported as ``process://<image>``.
+DIGESTS: Dict[str, str] = {}
 PULL_BACKOFF = 0.3  # seconds between pull attempts (the kubelet backs off from 10 s; tests wait)
 RESTART_BACKOFF = 1.0  # seconds before a failed container runs again (the kubelet: 10 s, doubling)
 START_ERROR_EXIT = 128  # the kubelet's exit code for a container whose process never started (StartError)
@@ -609,6 +614,16 @@ class ProcessNode:
         return [codes[c["name"]] for c in batch]
 
 
+def image_id(image: str) -> str:
+    """What the node reports as a container's ``imageID`` (see ``DIGESTS``)."""
+    digest = DIGESTS.get(image)
+    if digest is None:
+        return f"process://{image}"
+    name = image.split("@", 1)[0]
+    repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    return f"{repository}@{digest}"
+
+
 def _waiting(c: Dict[str, Any], reason: str, message: str = "") -> Dict[str, Any]:
     waiting = {"reason": reason}
     if message:
@@ -628,7 +643,7 @@ def _with_last(status: Dict[str, Any], restarts: int,
 def _running(c: Dict[str, Any], p: ctr.Process, restarts: int = 0,
              last: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     return _with_last({"name": c["name"], "image": c["image"],
-                       "imageID": f"process://{c['image']}",
+                       "imageID": image_id(c["image"]),
                        "containerID": f"process://{p.popen.pid}", "ready": True,
                        "started": True, "state": {"running": {"startedAt": p.started_at}}},
                       restarts, last)
@@ -655,7 +670,7 @@ def _terminated(c: Dict[str, Any], p: ctr.Process, code: int, message_file: str,
     if message:
         terminated["message"] = message
     return _with_last({"name": c["name"], "image": c["image"],
-                       "imageID": f"process://{c['image']}",
+                       "imageID": image_id(c["image"]),
                        "containerID": f"process://{p.popen.pid}", "ready": False,
                        "started": False, "state": {"terminated": terminated}}, restarts, last)
 
@@ -667,7 +682,7 @@ def _start_error(c: Dict[str, Any], message: str, restarts: int = 0,
     terminated = {"exitCode": START_ERROR_EXIT, "reason": "StartError", "message": message,
                   "startedAt": "1970-01-01T00:00:00Z", "finishedAt": now()}
     return _with_last({"name": c["name"], "image": c["image"],
-                       "imageID": f"process://{c['image']}", "ready": False, "started": False,
+                       "imageID": image_id(c["image"]), "ready": False, "started": False,
                        "state": {"terminated": terminated}}, restarts, last)
 
 

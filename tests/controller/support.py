@@ -20,7 +20,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jsonpatch
 
@@ -106,8 +106,10 @@ def training_pytorchjob(name: str, namespace: str = "default", script: str = "tr
     }
 
 
-def hold(obj: Dict[str, Any], policy: Policy) -> Dict[str, Any]:
-    """The object as the real webhook's mutation leaves it at CREATE (held, fingerprinted)."""
+def hold(obj: Dict[str, Any], policy: Policy,
+         versions: Optional[Callable[[str], Any]] = None) -> Dict[str, Any]:
+    """The object as the real webhook's mutation leaves it at CREATE (held, fingerprinted);
+    ``versions``: the lookup of ConfigMap versions its fingerprint reads, by namespace."""
     group, version = (obj["apiVersion"].split("/") + [""])[:2] if "/" in obj["apiVersion"] \
         else ("", obj["apiVersion"])
     plural = {"Job": "jobs", "PyTorchJob": "pytorchjobs"}[obj["kind"]]
@@ -118,7 +120,7 @@ def hold(obj: Dict[str, Any], policy: Policy) -> Dict[str, Any]:
         "name": obj["metadata"]["name"], "namespace": obj["metadata"]["namespace"],
         "operation": "CREATE", "userInfo": {"username": "alice"}, "object": obj,
         "dryRun": False}}
-    webhook = Webhook(StaticPolicySource(policy), MemoryStore())
+    webhook = Webhook(StaticPolicySource(policy), MemoryStore(), versions=versions)
     answer = json.loads(webhook.review(json.dumps(review).encode(), Endpoint.MUTATE))["response"]
     assert answer["allowed"], answer
     ops = json.loads(base64.b64decode(answer["patch"])) if answer.get("patch") else []
@@ -225,7 +227,13 @@ class Harness:
         """Create the workload as the webhook leaves it (held), in the test's namespace."""
         obj = copy.deepcopy(obj)
         obj["metadata"]["namespace"] = self.namespace
-        return self.create(hold(obj, self.policy))
+        return self.create(hold(obj, self.policy, self.versions))
+
+    def versions(self, namespace: str) -> Any:
+        """The ConfigMap versions the webhook's cache would give, read from the API now."""
+        kube = self.kube()
+        return lambda kind, name: kube.config_map_version(namespace, name) \
+            if kind == "ConfigMap" else None
 
     def job(self, name: str) -> Dict[str, Any]:
         found = self.get("batch/v1", "Job", name)

@@ -65,7 +65,8 @@ def test_the_webhook_sizes_a_job_at_once_from_an_estimate_the_controller_recorde
     store = KubeStore(harness.kube()).start()
     try:
         store.put(_record(harness.namespace, fp, total=6 << 30))
-        webhook = Webhook(StaticPolicySource(harness.policy), store)
+        # with the ConfigMap versions the fingerprint reads, as xmem serve's watch gives them
+        webhook = Webhook(StaticPolicySource(harness.policy), store, versions=harness.versions)
         review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
             "uid": "u", "kind": {"group": "batch", "version": "v1", "kind": "Job"},
             "resource": {"group": "batch", "version": "v1", "resource": "jobs"},

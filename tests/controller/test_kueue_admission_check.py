@@ -154,7 +154,8 @@ def test_a_job_an_admin_broke_the_glass_for_is_ready_at_once_unsized_and_not_est
 def _recorded(harness: Harness, name: str, totals: Dict[str, float]) -> None:
     """An estimate already recorded for the Job ``name`` will be (as a finished run leaves it)."""
     obj = training_job(name)
-    fp = fingerprint.of_templates([obj["spec"]["template"]], ("A100-80GB", "H100-80GB"))
+    fp = fingerprint.of_templates([obj["spec"]["template"]], ("A100-80GB", "H100-80GB"),
+                                  harness.versions(harness.namespace))
     data = record_dict(fp, totals)
     data["workload"] = {"namespace": harness.namespace, "kind": "Job", "name": name}
     KubeStore(harness.kube()).put(EstimateRecord.from_dict(data))

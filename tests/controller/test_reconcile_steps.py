@@ -59,14 +59,16 @@ def _reconcile_job(harness: Harness, controller: Controller, name: str) -> None:
     raise AssertionError(f"job {name}: 20 conflicts in a row")
 
 
-def test_a_held_workload_gets_an_estimate_object_it_owns_and_is_marked_estimating(harness, caches):
+def test_a_held_workload_gets_an_estimate_object_no_workload_owns_and_is_marked_estimating(
+        harness, caches):
     job = harness.submit(training_job("train"))
     _reconcile_job(harness, caches, "train")
     [gme] = harness.gmes()
     fp = job["metadata"]["annotations"][labels.FINGERPRINT]
     assert gme["metadata"]["name"] == records.name_for(fp)
     assert gme["spec"]["fingerprint"] == fp and gme["spec"]["gpus"] == ["A100-80GB", "H100-80GB"]
-    assert [r["uid"] for r in gme["metadata"]["ownerReferences"]] == [job["metadata"]["uid"]]
+    assert "ownerReferences" not in gme["metadata"]  # it outlives the job (estimate_cache)
+    assert gme["spec"]["workload"]["name"] == "train"
     held = harness.job("train")
     assert held["metadata"]["annotations"][labels.HELD_REASON] == "Estimating"
     assert held["spec"]["suspend"] is True
@@ -145,8 +147,11 @@ def test_a_second_workload_with_the_same_fingerprint_joins_the_estimate(harness,
     _fresh(caches, harness.namespace, "gme", harness.gmes()[0]["metadata"]["name"], lambda o: True)
     _reconcile_job(harness, caches, "second")
     [gme] = harness.gmes()
-    assert [r["uid"] for r in gme["metadata"]["ownerReferences"]] == [
-        first["metadata"]["uid"], second["metadata"]["uid"]]
+    assert "ownerReferences" not in gme["metadata"]  # joining writes no owner on it
+    assert gme["status"]["lastUsedTime"]
+    waiting = caches.ctx.waiters.of(harness.namespace, gme["metadata"]["name"])
+    assert [uid for _kind, _name, uid in waiting] == [first["metadata"]["uid"],
+                                                       second["metadata"]["uid"]]
 
 
 def test_a_failure_older_than_the_hold_starts_a_new_attempt(harness, caches):

@@ -49,12 +49,14 @@ def test_no_rule_anywhere_uses_a_wildcard() -> None:
 def test_the_webhook_only_reads_its_policy_and_the_recorded_estimates() -> None:
     grants = _grants(_rules_of(render({}), WEBHOOK_SA))
     # and a TrainJob's runtime, whose pod templates are the TrainJob's (docs/trainer.md)
+    # and the ConfigMaps' versions the fingerprint holds, watched (metadata only)
     assert grants == {("", "xmem.io", r, v) for r in ("gpuadmissionpolicies", "gpumemoryestimates")
                       for v in READ} | {("", "trainer.kubeflow.org", r, "get")
-                                        for r in ("trainingruntimes", "clustertrainingruntimes")}
+                                        for r in ("trainingruntimes", "clustertrainingruntimes")} \
+        | {("", "", "configmaps", v) for v in ("list", "watch")}
     without = _grants(_rules_of(render({"webhook": {"workloads": {"trainJobs": False}}}),
                                 WEBHOOK_SA))
-    assert {g for _, g, _, _ in without} == {"xmem.io"}
+    assert {g for _, g, _, _ in without} == {"xmem.io", ""}
 
 
 def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
@@ -67,6 +69,8 @@ def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
         ("", "", "pods", "create"), ("", "", "pods", "delete"), ("", "", "events", "create"),
         ("", "xmem.io", "gpumemoryestimates", "create"),
         ("", "xmem.io", "gpumemoryestimates", "update"),
+        # estimates unused past the policy's estimation.cacheTTLSeconds (no workload owns one)
+        ("", "xmem.io", "gpumemoryestimates", "delete"),
         ("", "xmem.io", "gpumemoryestimates/status", "update"),
         # the memory outside the allocator it learned, on the policy's status (issue 38)
         ("", "xmem.io", "gpuadmissionpolicies/status", "update"),
@@ -78,8 +82,10 @@ def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
         (NAMESPACE, "coordination.k8s.io", "leases", "create"),
         (NAMESPACE, "coordination.k8s.io", "leases", "update"),
     }
-    assert not any(r in ("secrets", "configmaps", "serviceaccounts", "nodes", "pods/log")
+    assert not any(r in ("secrets", "serviceaccounts", "nodes", "pods/log")
                    for _, _, r, _ in grants)  # no pod's logs: failures come as messages
+    # ConfigMaps are read for the fingerprint's versions, never written
+    assert {v for _, _, r, v in grants if r == "configmaps"} == {"get", "list", "watch"}
 
 
 def test_the_lease_and_the_certgen_secrets_are_limited_by_name() -> None:

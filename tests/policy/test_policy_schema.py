@@ -64,6 +64,7 @@ def test_the_crd_defaults_are_the_parser_defaults() -> None:
     assert estimation["mode"]["default"] == Estimation().mode
     assert estimation["activeDeadlineSeconds"]["default"] == Estimation().active_deadline_seconds
     assert estimation["maxHoldSeconds"]["default"] == Estimation().max_hold_seconds
+    assert estimation["cacheTTLSeconds"]["default"] == Estimation().cache_ttl_seconds == 2592000
 
 
 def test_every_field_an_override_may_set_is_a_spec_field() -> None:
@@ -198,3 +199,18 @@ def test_kubectl_get_gap_shows_every_target_not_only_the_first() -> None:
         assert "[" not in part, column["jsonPath"]
         node = node[part]
     assert [t["gpu"] for t in node] == ["A100-80GB", "H100-80GB"]
+
+
+def test_the_estimate_cache_ttl_is_read_per_namespace_and_a_bad_one_is_named() -> None:
+    spec = {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+            "estimation": {"cacheTTLSeconds": 86400},
+            "overrides": [{"namespaces": ["scratch-*"], "estimation": {"cacheTTLSeconds": 600}}]}
+    policy = Policy.from_spec(spec)
+    assert policy.for_namespace("team-a").estimation.cache_ttl_seconds == 86400
+    assert policy.for_namespace("scratch-1").estimation.cache_ttl_seconds == 600
+    assert Policy.from_spec({"targets": spec["targets"]}).for_namespace("x").estimation \
+        .cache_ttl_seconds == 30 * 24 * 3600
+    with pytest.raises(PolicyError, match=r"spec.estimation.cacheTTLSeconds.*integer >= 1"):
+        Policy.from_spec(dict(spec, estimation={"cacheTTLSeconds": 0}))
+    with pytest.raises(PolicyError, match=r"cacheTTLSeconds.*integer >= 1.*'30d'"):
+        Policy.from_spec(dict(spec, estimation={"cacheTTLSeconds": "30d"}))

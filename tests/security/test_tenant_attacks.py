@@ -76,7 +76,12 @@ def test_a_pod_squatting_the_estimation_pods_name_is_never_adopted(tenants):
     estimation labels and a forged result, before her Job: the controller does not read it."""
     alice = tenants.tenants["alice"]
     squatted = job("squatted", "team-a", 2.0)
-    fp = fingerprint.of_templates([squatted["spec"]["template"]], GPUS)
+    code = tenants.get("v1", "ConfigMap", "code", "team-a")["metadata"]  # her own: she may read
+
+    def versions(kind: str, name: str) -> Any:
+        return (code["uid"], code["resourceVersion"]) if (kind, name) == ("ConfigMap", "code") \
+            else None
+    fp = fingerprint.of_templates([squatted["spec"]["template"]], GPUS, versions)
     gme_name = records.name_for(fp)
     squatter = make_pod(f"{gme_name}-1", "team-a").obj()
     squatter["metadata"]["labels"] = {records.FINGERPRINT_LABEL: fp,

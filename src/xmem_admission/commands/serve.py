@@ -140,6 +140,19 @@ def _cluster_store(api: Any) -> Any:
     return store
 
 
+def _config_maps(api: Any) -> Any:
+    """In a cluster: every ConfigMap's name, uid and resourceVersion (a metadata-only watch, no
+    data), which the fingerprint reads (``policy.fingerprint``); None stand-alone."""
+    if api is None:
+        return None
+    from xmem_admission.cluster.kube.client import CONFIG_MAP, Kube
+    from xmem_admission.cluster.kube.informer import Informer
+
+    informer = Informer(Kube(api), CONFIG_MAP, metadata_only=True).start()
+    informer.synced.wait(30)  # a review before it has synced reads ConfigMaps by name only
+    return informer
+
+
 def _reader(api: Any) -> Any:
     """The API reads the webhook makes (a TrainJob's runtime), None without cluster access."""
     if api is None:
@@ -189,8 +202,10 @@ def run(args: argparse.Namespace) -> int:
     if args.hold and not trust.controller_users:
         raise ServeError("--controller-user is empty: nothing could release a held workload; "
                          "name the controller's service account or pass --no-hold")
+    config_maps = _config_maps(api)
     server = AdmissionServer(
-        Webhook(policy, store, metrics, trust=trust, hold=args.hold, reader=_reader(api)),
+        Webhook(policy, store, metrics, trust=trust, hold=args.hold, reader=_reader(api),
+                versions=config_maps.versions if config_maps is not None else None),
         policy,
         ServeConfig(
             cert_file=args.cert_file, key_file=args.key_file, host=args.host, port=args.port,

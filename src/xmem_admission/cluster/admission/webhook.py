@@ -70,6 +70,7 @@ from xmem_admission.cluster.integrations.base import (
 )
 from xmem_admission.cluster.kube.jsonpatch import diff
 from xmem_admission.cluster.kube.resources import gpu_containers
+from xmem_admission.cluster.policy.fingerprint import Versions
 from xmem_admission.cluster.policy.model import Policy, Settings
 from xmem_admission.cluster.policy.sizing import covered
 from xmem_admission.cluster.policy.sources import PolicySource
@@ -125,6 +126,7 @@ class Webhook:
         trust: Optional[Trust] = None,
         hold: bool = True,
         reader: Optional[Reader] = None,
+        versions: Optional[Callable[[str], Versions]] = None,
     ):
         self.policy = policy
         self.store = store
@@ -134,6 +136,9 @@ class Webhook:
         self.trust = trust if trust is not None else Trust()
         self.hold = hold  # False: no controller runs, so nothing would release a held workload
         self.reader = reader  # the API, for kinds whose templates are resolved (a TrainJob's)
+        # namespace -> the lookup of ConfigMap versions the fingerprint reads: a metadata-only
+        # cache (``Informer.versions``), never a request per review; None: names only.
+        self.versions = versions
 
     def review(self, body: bytes, endpoint: Endpoint, scope: Scope = Scope.OBJECT) -> bytes:
         """Answer one AdmissionReview (the HTTP body); always returns a review to send back."""
@@ -244,10 +249,11 @@ class Webhook:
         templates = [(ref, group) for ref, group in zip(refs, groups) if group]
         if not templates and req.operation == "CREATE":
             return Verdict(Decision.ALLOWED)
-        fp = fingerprint_of(integration, obj, settings.gpu_keys, groups)
+        versions = self.versions(req.namespace) if self.versions is not None else None
+        fp = fingerprint_of(integration, obj, settings.gpu_keys, groups, versions)
         shared = policy.shares_with(req.namespace)
         owned, trusted = self._provenance(req, integration, obj)
-        units = estimation_units(integration, obj, settings.gpu_keys) \
+        units = estimation_units(integration, obj, settings.gpu_keys, versions) \
             if len(templates) > 1 else []
         by_path: Dict[Tuple[Any, ...], EstimateRecord] = {}
         if len(units) > 1:  # GPU templates that run different programs: each its own estimate

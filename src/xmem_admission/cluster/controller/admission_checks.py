@@ -47,7 +47,7 @@ import logging
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from xmem_admission.cluster import labels
-from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.controller import estimate_cache, records
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.controller.workloads import (
     ensure_estimate,
@@ -256,7 +256,8 @@ def reconcile(ctx: Context, workloads: Informer, checks: Informer, controller_na
         return answer.failed("InvalidWorkload", str(exc), timed_out=True)
     try:
         templates = gpu_templates(workload.integration, obj)
-        fp = fingerprint_of(workload.integration, obj, settings.gpu_keys)
+        fp = fingerprint_of(workload.integration, obj, settings.gpu_keys,
+                            versions=ctx.versions(namespace))
     except InvalidObjectError as exc:
         return answer.failed("InvalidWorkload", str(exc), timed_out=True)
     if not templates:
@@ -264,14 +265,15 @@ def reconcile(ctx: Context, workloads: Informer, checks: Informer, controller_na
     if all(labels.BREAK_GLASS in ((ref.template.get("metadata") or {}).get("annotations") or {})
            for ref, _ in templates):  # only the webhook writes it there, for an admin
         return answer.ready("xmem: break-glass (xmem.io/break-glass); admitted unchanged")
-    units = estimation_units(workload.integration, obj, settings.gpu_keys)
+    units = estimation_units(workload.integration, obj, settings.gpu_keys,
+                             ctx.versions(namespace))
     gmes = [ctx.estimates.get(namespace, records.name_for(u.fingerprint)) for u in units]
     failed = failed_since(gmes, since)
     if failed is not None:
         status = failed.get("status") or {}
         return answer.failed(status.get("reason") or "Error", status.get("message") or "",
                              workload=workload, obj=obj)
-    done = [g for g in gmes if g is not None and records.phase(g) == records.SUCCEEDED]
+    done = [g for g in gmes if g is not None and records.usable(g)]
     if len(done) == len(units):
         return answer.estimated(workload, obj, done, units)
     if now >= deadline:
@@ -279,7 +281,7 @@ def reconcile(ctx: Context, workloads: Informer, checks: Informer, controller_na
                              f"{estimation.max_hold_seconds}", timed_out=True,
                              workload=workload, obj=obj)
     for unit, gme in zip(units, gmes):
-        if gme is None or records.phase(gme) != records.SUCCEEDED:
+        if gme is None or not records.usable(gme):
             ensure_estimate(ctx, obj, unit.fingerprint, settings,
                             [templates[i] for i in unit.templates], gme)
     message = f"xmem: estimating GPU memory (fingerprint {fp[:12]})"
@@ -320,6 +322,7 @@ class _Answer:
             return self.failed("FitsNoGPU", misfit, workload=workload, obj=obj)
         values = {i: p.annotations() for i, p in enumerate(plans) if p is not None}
         updates = pod_set_updates(workload, obj, self.wl, values)
+        estimate_cache.used(self.ctx, gmes)
         chosen: Optional[Plan] = next((p for p in plans if p is not None), None)
         if chosen is not None:
             message = (f"xmem: estimated {gib(chosen.estimate_bytes)} GiB peak on "

@@ -13,6 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Set, Tuple
 
+from xmem_admission.cluster.controller.estimate_cache import Waiters
 from xmem_admission.cluster.controller.metrics import ControllerMetrics
 from xmem_admission.cluster.integrations.base import Integration
 from xmem_admission.cluster.kube.client import EVENT, Kind, Kube, Obj
@@ -66,6 +67,11 @@ class Context:
     # Finished workloads (uids) looked at with nothing to record: no sized pod, or Prometheus
     # failed (a warning and a metric; never retried, never a write): ``observed_peaks``.
     looked: Set[str] = field(default_factory=set)
+    # Which held workloads wait on which estimate (``estimate_cache``): no owner references.
+    waiters: Waiters = field(default_factory=Waiters)
+    # Every ConfigMap's name, uid and resourceVersion (metadata only): the fingerprint reads
+    # the versions of those a GPU container mounts or reads (``policy.fingerprint``).
+    config_maps: Optional[Informer] = None
     _readers: Dict[Any, PeakReader] = field(default_factory=dict)
 
     def peak_reader(self, prometheus: Any) -> PeakReader:
@@ -80,6 +86,26 @@ class Context:
             reader = PeakReader(source, metrics=self.metrics.peaks)
             self._readers = {prometheus: reader}  # the previous setting's reader is dropped
         return reader
+
+    def versions(self, namespace: str) -> Optional[Callable[[str, str], Optional[Tuple[str, str]]]]:
+        """The ConfigMap versions the fingerprint reads in ``namespace`` (None: names only)."""
+        return self.config_maps.versions(namespace) if self.config_maps is not None else None
+
+    def fresh_versions(self, namespace: str) -> Optional[Callable[[str, str],
+                                                                 Optional[Tuple[str, str]]]]:
+        """The same lookup from the API, now (each ConfigMap's metadata read once): for when
+        the cache may lag an edit the webhook already saw."""
+        if self.config_maps is None:
+            return None
+        seen: Dict[str, Optional[Tuple[str, str]]] = {}
+
+        def lookup(kind: str, name: str) -> Optional[Tuple[str, str]]:
+            if kind != "ConfigMap":
+                return None
+            if name not in seen:
+                seen[name] = self.kube.config_map_version(namespace, name)
+            return seen[name]
+        return lookup
 
     def settings(self, namespace: str) -> Optional[Any]:
         """The policy's settings for a namespace, or None while no policy is loaded."""

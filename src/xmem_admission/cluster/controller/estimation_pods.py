@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from xmem_admission.cluster.backends import dra
-from xmem_admission.cluster.controller import podspec, records
+from xmem_admission.cluster.controller import estimate_cache, podspec, records
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.integrations import (
     GpuTemplate,
@@ -74,16 +74,8 @@ class Outcome:
 
 
 def owner(ctx: Context, gme: Obj) -> Optional[Tuple[Workload, Obj]]:
-    """The first live workload among the GME's owners (the pod is built from it)."""
-    ns = gme["metadata"]["namespace"]
-    for ref in gme["metadata"].get("ownerReferences") or []:
-        workload = ctx.workloads.get(ref.get("kind", ""))
-        if workload is None:
-            continue
-        obj = workload.informer.get(ns, ref.get("name", ""))
-        if obj is not None and obj["metadata"].get("uid") == ref.get("uid"):
-            return workload, obj
-    return None
+    """The live workload the pod is built from: one waiting on the GME (``estimate_cache``)."""
+    return estimate_cache.waiter(ctx, gme)
 
 
 def owns(gme: Obj, pod: Obj) -> bool:
@@ -265,10 +257,7 @@ def _write_status(ctx: Context, gme: Obj, status: Dict[str, Any]) -> Obj:
 
 def _enqueue_workloads(ctx: Context, gme: Obj) -> None:
     """Wake the held workloads waiting on this estimate."""
-    ns = gme["metadata"]["namespace"]
-    for ref in gme["metadata"].get("ownerReferences") or []:
-        if ref.get("kind") in ctx.workloads:
-            ctx.queue.add(("workload", ref["kind"], ns, ref.get("name", "")))
+    estimate_cache.wake(ctx, gme)
 
 
 def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
@@ -297,7 +286,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
         return None
     found = owner(ctx, gme)
     if found is None:
-        return None  # every workload is gone: the garbage collector removes the GME
+        return None  # no workload waits: the next one to join queues it again
     workload, obj = found
     settings = ctx.settings(namespace)
     if settings is None:
@@ -342,7 +331,8 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
         _write_status(ctx, gme, status)
         _enqueue_workloads(ctx, gme)
         return None
-    ref, containers, world = _unit_template(workload, obj, templates, gme, settings)
+    ref, containers, world = _unit_template(workload, obj, templates, gme, settings,
+                                            ctx.versions(gme["metadata"]["namespace"]))
     body = podspec.build(gme, obj, ref.template, containers[0][1], settings, ctx.probe_image,
                          world)
     try:
@@ -370,13 +360,14 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
 
 
 def _unit_template(workload: Workload, obj: Obj, templates: List[GpuTemplate], gme: Obj,
-                   settings: Any) -> Tuple[TemplateRef, List[Any], Optional[Dict[str, str]]]:
+                   settings: Any, versions: Any = None,
+                   ) -> Tuple[TemplateRef, List[Any], Optional[Dict[str, str]]]:
     """The GPU template the GME's program runs in, and the world to trace it in: the first
     GPU template for a workload estimated as one unit; for one whose templates run different
     programs, the first template of the unit the GME is recorded under, in that unit's world
     (``integrations.estimation_units``)."""
     wanted = (gme.get("spec") or {}).get("fingerprint")
-    units = estimation_units(workload.integration, obj, settings.gpu_keys)
+    units = estimation_units(workload.integration, obj, settings.gpu_keys, versions)
     unit = next((u for u in units if u.fingerprint == wanted), None)
     if len(units) < 2 or unit is None:
         ref, containers = templates[0]
@@ -423,6 +414,7 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
             status["peak"] = peak
         if pod is not None:
             status["reproduce"] = records.reproduce(gme, pod, result.steps, _probe_mode(pod))
+            status["imageID"] = estimate_cache.ran_image(pod)
         _summary(ctx, gme, status)
     else:
         status.update(phase=records.FAILED, reason=outcome.reason,

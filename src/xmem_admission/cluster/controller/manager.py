@@ -24,6 +24,7 @@ from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import (
     admission_checks,
     dra_claims,
+    estimate_cache,
     estimation_pods,
     learned_overhead,
     observed_peaks,
@@ -35,7 +36,7 @@ from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.controller.metrics import ControllerMetrics
 from xmem_admission.cluster.integrations import ALL as INTEGRATIONS
 from xmem_admission.cluster.integrations import Integration
-from xmem_admission.cluster.kube.client import GME, POD, Kube, Obj
+from xmem_admission.cluster.kube.client import CONFIG_MAP, GME, POD, Kube, Obj
 from xmem_admission.cluster.kube.informer import Informer, WorkQueue
 from xmem_admission.cluster.kube.leader import LeaderElector
 from xmem_admission.contract.errors import KubeApiError, KubeUnavailable
@@ -48,7 +49,10 @@ KINDS: Dict[str, Integration] = {i.kind: i for i in INTEGRATIONS if i.can_hold}
 # for a sized workload's pod that ran out of GPU memory, ("ended", kind, namespace, name) for a
 # sized workload that finished (``observed_peaks``), and with Kueue ("kueue", namespace,
 # name) for a Kueue Workload, ("check", name) for an AdmissionCheck; ("overhead",) learns the
-# memory outside the allocator from every namespace's finished runs (``learned_overhead``).
+# memory outside the allocator from every namespace's finished runs (``learned_overhead``);
+# ("collect",) deletes estimates unused past their TTL, ("used", kind, namespace, name) records
+# the use of a workload sized at CREATE, ("image", namespace, pod) compares a sized pod's image
+# digest with its estimate's (``estimate_cache``).
 QueueKey = Tuple[Any, ...]
 POD_SELECTOR = f"{records.MANAGED_BY[0]}={records.MANAGED_BY[1]},{records.COMPONENT[0]}={records.COMPONENT[1]}"
 # The pods of workloads xmem sizes: the webhook copies the opt-in label into their templates.
@@ -90,6 +94,7 @@ class Controller:
             sized_pods=Informer(kube, POD, self._on_sized_pod,
                                 label_selector=SIZED_POD_SELECTOR),
             devices=dra_claims.DeviceView.of(kube),
+            config_maps=Informer(kube, CONFIG_MAP, metadata_only=True),
         )
         # Kueue's AdmissionCheck (admission_checks), served under this controllerName when set.
         self.kueue_check = kueue_check
@@ -112,14 +117,14 @@ class Controller:
                 self.queue.add(("claims", kind, m.get("namespace", ""), m["name"]))
             if type_ != "DELETED" and observed_peaks.wants(self.ctx, kind, obj):
                 self.queue.add(("ended", kind, m.get("namespace", ""), m["name"]))
+            if type_ == "ADDED" and estimate_cache.sized_at_create(obj):
+                self.queue.add(("used", kind, m.get("namespace", ""), m["name"]))
         return handler
 
     def _on_estimate(self, _type: str, gme: Obj) -> None:
         m = gme["metadata"]
         self.queue.add(("estimate", m.get("namespace", ""), m["name"]))
-        for ref in m.get("ownerReferences") or []:
-            if ref.get("kind") in self.ctx.workloads:
-                self.queue.add(("workload", ref["kind"], m.get("namespace", ""), ref.get("name")))
+        estimate_cache.wake(self.ctx, gme)
         self._wake_kueue(gme)
 
     def _on_kueue(self, _type: str, wl: Obj) -> None:
@@ -136,7 +141,7 @@ class Controller:
         """Queue the Kueue Workloads whose job waits on this estimate."""
         if self.kueue_workloads is None:
             return
-        uids = {ref.get("uid") for ref in gme["metadata"].get("ownerReferences") or []}
+        uids = {uid for _kind, _name, uid in estimate_cache.waiting(self.ctx, gme)}
         for wl in self.kueue_workloads.items():
             if any(ref.get("uid") in uids for ref in wl["metadata"].get("ownerReferences") or []):
                 self._on_kueue("MODIFIED", wl)
@@ -151,6 +156,9 @@ class Controller:
         if type_ != "DELETED" and oom_retries.failure(pod) is not None:
             m = pod["metadata"]
             self.queue.add(("oom", m.get("namespace", ""), m["name"]))
+        if type_ != "DELETED" and estimate_cache.runs_image(pod):
+            m = pod["metadata"]
+            self.queue.add(("image", m.get("namespace", ""), m["name"]))
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -158,6 +166,7 @@ class Controller:
         kueue: List[Informer] = [i for i in (self.admission_checks, self.kueue_workloads)
                                  if i is not None]
         sized = [self.ctx.sized_pods] if self.ctx.sized_pods is not None else []
+        sized += [self.ctx.config_maps] if self.ctx.config_maps is not None else []
         # ResourceSlices and DeviceClasses: not waited for (a cluster without resource.k8s.io/v1
         # or without any DRA driver is no stop; the dra backend then writes unrounded claims).
         devices = self.ctx.devices.informers() if self.ctx.devices is not None else []
@@ -172,7 +181,8 @@ class Controller:
         for informer in self.informers():
             informer.start()
         needed = [self.ctx.estimates, self.ctx.pods] + (
-            [self.ctx.sized_pods] if self.ctx.sized_pods is not None else [])
+            [self.ctx.sized_pods] if self.ctx.sized_pods is not None else []) + (
+            [self.ctx.config_maps] if self.ctx.config_maps is not None else [])
         for informer in needed:
             if not informer.synced.wait(self.sync_timeout):
                 raise KubeUnavailable(f"could not list {informer.kind.plural}: {informer.error}")
@@ -250,7 +260,9 @@ class Controller:
             if not self.ctx.estimates.synced.is_set():
                 return 5.0
             return learned_overhead.reconcile(self.ctx)
-        if key[0] in ("workload", "ended", "claims"):
+        if key[0] == "collect":
+            return estimate_cache.collect(self.ctx)
+        if key[0] in ("workload", "ended", "claims", "used"):
             _, kind, namespace, name = key
             if not self.ctx.workloads[kind].informer.synced.is_set():
                 return 5.0
@@ -258,6 +270,8 @@ class Controller:
                 return dra_claims.reconcile(self.ctx, kind, namespace, name)
             if key[0] == "ended":
                 return observed_peaks.reconcile(self.ctx, kind, namespace, name)
+            if key[0] == "used":
+                return estimate_cache.reconcile_used(self.ctx, kind, namespace, name)
             return workloads.reconcile(self.ctx, kind, namespace, name)
         if key[0] in ("kueue", "check"):
             checks, queued = self.admission_checks, self.kueue_workloads
@@ -272,6 +286,8 @@ class Controller:
         _, namespace, name = key
         if key[0] == "oom":
             return oom_retries.reconcile(self.ctx, namespace, name)
+        if key[0] == "image":
+            return estimate_cache.check_image(self.ctx, namespace, name)
         return estimation_pods.reconcile(self.ctx, namespace, name)
 
     def _refresh_policy(self) -> None:
@@ -321,6 +337,7 @@ class Controller:
                 counts[estimate.get("gpu", "")] = counts.get(estimate.get("gpu", ""), 0) + 1
         self.metrics.set_estimates(counts)
         self.queue.add(("overhead",))
+        self.queue.add(("collect",))
 
     # --- leadership -------------------------------------------------------------------------
 

@@ -1,9 +1,11 @@
 """``GPUMemoryEstimate`` objects: the recorded estimate of one workload fingerprint.
 
 One object per (namespace, fingerprint), named after the fingerprint so that two controllers,
-or one restarted halfway, can never make two: the second create is a 409 AlreadyExists. It is
-owned by every workload that uses it (non-controller owner references), so it goes when the
-last of them goes; its estimation pods are owned by it and go with it.
+or one restarted halfway, can never make two: the second create is a 409 AlreadyExists. No
+workload owns it: it outlives the workloads that used it, and the controller deletes it once it
+has been unused for the policy's ``estimation.cacheTTLSeconds`` (``estimate_cache``). Its
+estimation pods are owned by it and go with it. A GME an older release made carries its
+workloads as owner references; the controller drops them on its next pass over it.
 
 ``spec`` says what is estimated (fingerprint, first workload, target GPUs); ``status`` carries
 the estimation's state and result::
@@ -11,6 +13,10 @@ the estimation's state and result::
     phase: Pending | Running | Succeeded | Failed
     attempt, podName, startTime, completionTime, reason, message
     mode, steps, seconds, fallbackReason                  # from the probe
+    lastUsedTime                  # when a workload last joined it or was sized from it
+    imageID                       # the digest the estimation pod ran (containerStatuses imageID)
+    stale: {reason, message, imageID, pod, time}  # a workload's pods ran another digest: the
+                                  # next workload is estimated again (``estimate_cache``)
     peak: {gpu, largest, groups: [{module, category, op, bytes, size}],
            cachedBytes, fragmentationBytes}               # what holds the memory at the peak
     reproduce                                             # the `xmem estimate` command line
@@ -109,21 +115,15 @@ def parse_time(value: Any) -> Optional[datetime.datetime]:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.timezone.utc)
 
 
-def owner_ref(workload: Obj) -> Dict[str, Any]:
-    m = workload["metadata"]
-    return {"apiVersion": workload["apiVersion"], "kind": workload["kind"], "name": m["name"],
-            "uid": m["uid"]}
-
-
 def new(workload: Obj, fingerprint: str, gpu_keys: List[str], image: str) -> Obj:
-    """A fresh GME for a workload (status is written separately: it is a subresource)."""
+    """A fresh GME for a workload (status is written separately: it is a subresource). No owner
+    reference: the estimate outlives the workload, and sharing it asks no permission on it."""
     m = workload["metadata"]
     return {
         "apiVersion": GME.api_version, "kind": GME.kind,
         "metadata": {
             "name": name_for(fingerprint), "namespace": m["namespace"],
             "labels": {FINGERPRINT_LABEL: fingerprint, MANAGED_BY[0]: MANAGED_BY[1]},
-            "ownerReferences": [owner_ref(workload)],
         },
         "spec": {
             "fingerprint": fingerprint,
@@ -135,13 +135,34 @@ def new(workload: Obj, fingerprint: str, gpu_keys: List[str], image: str) -> Obj
     }
 
 
-def with_owner(gme: Obj, workload: Obj) -> Optional[Obj]:
-    """The GME with the workload added to its owners, or None when it is already one."""
-    refs = list(gme["metadata"].get("ownerReferences") or [])
-    if any(r.get("uid") == workload["metadata"]["uid"] for r in refs):
+def legacy_owners(gme: Obj) -> List[Dict[str, Any]]:
+    """The owner references an older release wrote (one per workload that used the GME)."""
+    refs = gme["metadata"].get("ownerReferences") or []
+    return [r for r in refs if isinstance(r, dict) and r.get("kind") != GME.kind]
+
+
+def without_owners(gme: Obj) -> Optional[Obj]:
+    """The GME without the workloads' owner references, or None when it has none."""
+    refs = gme["metadata"].get("ownerReferences") or []
+    kept = [r for r in refs if not (isinstance(r, dict) and r.get("kind") != GME.kind)]
+    if len(kept) == len(refs):
         return None
-    out = dict(gme, metadata=dict(gme["metadata"], ownerReferences=refs + [owner_ref(workload)]))
-    return out
+    metadata = dict(gme["metadata"])
+    if kept:
+        metadata["ownerReferences"] = kept
+    else:
+        metadata.pop("ownerReferences", None)
+    return dict(gme, metadata=metadata)
+
+
+def is_stale(gme: Optional[Obj]) -> bool:
+    """Whether a workload's pods ran another image digest than the estimation pod did."""
+    return bool(((gme or {}).get("status") or {}).get("stale"))
+
+
+def usable(gme: Optional[Obj]) -> bool:
+    """A succeeded estimate that is not stale: what a workload may be sized from."""
+    return phase(gme) == SUCCEEDED and not is_stale(gme)
 
 
 def estimates_from(gpus: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -185,9 +206,10 @@ def reproduce(gme: Obj, pod: Obj, steps: int, mode: str) -> str:
 
 
 def record(gme: Obj) -> Optional[EstimateRecord]:
-    """The store's record for a succeeded GME (None for any other phase or a malformed one)."""
+    """The store's record for a succeeded GME (None for any other phase, a stale or a malformed
+    one)."""
     status = gme.get("status") or {}
-    if status.get("phase") != SUCCEEDED:
+    if status.get("phase") != SUCCEEDED or status.get("stale"):
         return None
     spec = gme.get("spec") or {}
     raw = {

@@ -8,8 +8,8 @@ A workload is ours while it carries ``xmem.io/held-reason`` (the webhook's hold)
 3. the fingerprint is recomputed from the workload as it is now (an edit while held, or a
    policy whose target GPUs changed, means a different program to estimate): a changed one is
    written back and estimation follows the new one;
-4. a ``GPUMemoryEstimate`` for the fingerprint is created (owned by the workload) or joined
-   (the workload is added to its owners);
+4. a ``GPUMemoryEstimate`` for the fingerprint is created or joined (owned by no workload:
+   ``estimate_cache``); a stale one is estimated again;
 5. succeeded: every GPU pod template gets the sizing annotations (``xmem.io/request-bytes`` and
    friends, allowed while a Job is suspended), the hold annotations go, the workload is
    unsuspended (unless its owner had suspended it), in one update with the resourceVersion read,
@@ -36,7 +36,7 @@ import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 from xmem_admission.cluster import backends, labels
-from xmem_admission.cluster.controller import dra_claims, records
+from xmem_admission.cluster.controller import dra_claims, estimate_cache, records
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.integrations import (
     GpuTemplate,
@@ -161,7 +161,12 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
                      timed_out=True)
     try:
         templates = gpu_templates(workload.integration, obj)
-        fp = fingerprint_of(workload.integration, obj, settings.gpu_keys)
+        versions = ctx.versions(namespace)
+        fp = fingerprint_of(workload.integration, obj, settings.gpu_keys, versions=versions)
+        if fp != annotations_of(obj).get(labels.FINGERPRINT) and versions is not None:
+            # The cache of ConfigMaps may lag an edit the webhook saw: ask the API.
+            versions = ctx.fresh_versions(namespace)
+            fp = fingerprint_of(workload.integration, obj, settings.gpu_keys, versions=versions)
     except InvalidObjectError as exc:
         return _fail(ctx, workload, obj, settings, "InvalidWorkload", str(exc), deadline,
                      timed_out=True)
@@ -177,21 +182,21 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
             ctx.emit(obj, "Normal", "WorkloadChanged", f"xmem: the workload changed while held "
                      f"(fingerprint {old_fp[:12]} -> {fp[:12]}); estimating the new version")
         return 0.05
-    units = estimation_units(workload.integration, obj, settings.gpu_keys)
+    units = estimation_units(workload.integration, obj, settings.gpu_keys, versions)
     gmes = [ctx.estimates.get(namespace, records.name_for(u.fingerprint)) for u in units]
     failed = failed_since(gmes, since)
     if failed is not None:
         status = failed.get("status") or {}
         return _fail(ctx, workload, obj, settings, status.get("reason") or "Error",
                      status.get("message") or "", deadline)
-    done = [g for g in gmes if g is not None and records.phase(g) == records.SUCCEEDED]
+    done = [g for g in gmes if g is not None and records.usable(g)]
     if len(done) == len(units):
         return _release_estimated(ctx, workload, obj, settings, done, units, deadline)
     if now >= deadline:
         return _fail(ctx, workload, obj, settings, "HoldTimeout", f"no estimate within "
                      f"maxHoldSeconds={estimation.max_hold_seconds}", deadline, timed_out=True)
     for unit, gme in zip(units, gmes):
-        if gme is None or records.phase(gme) != records.SUCCEEDED:
+        if gme is None or not records.usable(gme):
             ensure_estimate(ctx, obj, unit.fingerprint, settings,
                             [templates[i] for i in unit.templates], gme)
     if annotations_of(obj).get(labels.HELD_REASON) == labels.HeldReason.AWAITING_ESTIMATE.value:
@@ -227,22 +232,21 @@ def unit_records(gmes: List[Obj], units: List[Unit]) -> Tuple[List[Any], str]:
 
 def ensure_estimate(ctx: Context, obj: Obj, fp: str, settings: Settings,
                     templates: List[GpuTemplate], gme: Optional[Obj]) -> None:
-    """See the workload estimated: create the ``GPUMemoryEstimate`` for its fingerprint (owned
-    by it), or join the existing one (add it to the owners); one that failed before this hold
-    (or this AdmissionCheck round) gets a new attempt."""
+    """See the workload estimated: create the ``GPUMemoryEstimate`` for its fingerprint, or
+    join the existing one (``estimate_cache.join``: no owner reference, no write but its last
+    use); one that failed before this hold (or this AdmissionCheck round), or a stale one, gets
+    a new attempt."""
     namespace = obj["metadata"]["namespace"]
     if gme is None:
         image = templates[0][1][0][1].get("image", "")
         gme = ctx.kube.create(GME, namespace, records.new(obj, fp, list(settings.gpu_keys), image))
         ctx.estimates.put(gme)
+        estimate_cache.wait_on(ctx, gme, obj)
         ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))
         return
-    joined = records.with_owner(gme, obj)
-    if joined is not None:
-        gme = ctx.kube.replace(GME, joined)
-        ctx.estimates.put(gme)
-    if records.phase(gme) == records.FAILED:  # an older failure: this hold gets a new attempt
-        status = {"phase": records.PENDING, "attempt": records.attempt(gme) + 1}
+    gme = estimate_cache.join(ctx, gme, obj)
+    if records.phase(gme) == records.FAILED or records.is_stale(gme):  # a new attempt
+        status = estimate_cache.new_attempt(gme)
         gme = ctx.kube.replace_status(GME, dict(gme, status=status))
         ctx.estimates.put(gme)
         ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))
@@ -312,6 +316,7 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
     _write(ctx, workload, new)
     # Counted at the write, which is the release; the Event after it is best effort.
     ctx.metrics.released.labels(workload.kind.kind, "estimated").inc()
+    estimate_cache.used(ctx, gmes)
     chosen = next((p for p in plans if p is not None), None)
     if chosen is not None:
         message = (f"estimated {gib(chosen.estimate_bytes)} GiB peak on {chosen.target.gpu.key}; "

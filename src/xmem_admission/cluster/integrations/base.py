@@ -221,15 +221,19 @@ def part_of_held_workload(obj: Mapping[str, Any]) -> Optional[str]:
 
 
 def fingerprint_of(integration: Integration, obj: Mapping[str, Any], gpu_keys: Iterable[str],
-                   groups: Optional[Sequence[Sequence[Any]]] = None) -> str:
+                   groups: Optional[Sequence[Sequence[Any]]] = None,
+                   versions: Optional[fingerprint.Versions] = None) -> str:
     """The workload's fingerprint (``policy.fingerprint``), the one key the webhook looks
     estimates up by and the controller records them under: its pod templates' GPU containers
-    (``groups`` when the caller has them, one list per template) and, for a kind that asks,
-    rank 0's world."""
+    (``groups`` when the caller has them, one list per template), the versions of the
+    ConfigMaps they read (``versions``: a lookup in the workload's namespace) and, for a kind
+    that asks, rank 0's world."""
+    refs = integration.pod_templates(obj)
     if groups is None:
-        groups = [list(gpu_containers(ref.template)) for ref in integration.pod_templates(obj)]
+        groups = [list(gpu_containers(ref.template)) for ref in refs]
     world = integration.rank0_environment(obj) if integration.world_in_fingerprint else None
-    return fingerprint.of_containers(groups, gpu_keys, world)
+    inputs = fingerprint.inputs_of([ref.template for ref in refs], versions)
+    return fingerprint.of_containers(groups, gpu_keys, world, inputs)
 
 
 @dataclass(frozen=True)
@@ -242,7 +246,8 @@ class Unit:
 
 
 def estimation_units(integration: Integration, obj: Mapping[str, Any],
-                     gpu_keys: Iterable[str]) -> List[Unit]:
+                     gpu_keys: Iterable[str],
+                     versions: Optional[fingerprint.Versions] = None) -> List[Unit]:
     """What to estimate for a workload: one unit, under the workload's own fingerprint, when
     every GPU template runs the same program (a Job; a PyTorchJob's master and workers; a
     JobSet's identical replicated Jobs), which is how every workload was always estimated;
@@ -251,16 +256,20 @@ def estimation_units(integration: Integration, obj: Mapping[str, Any],
     programs first appear. Each template is then sized from its own unit's estimate."""
     keys = sorted(set(gpu_keys))
     templates = gpu_templates(integration, obj)
-    programs = [fingerprint.of_containers([containers], keys) for _, containers in templates]
+    inputs = [fingerprint.inputs_of([ref.template], versions) for ref, _ in templates]
+    programs = [fingerprint.of_containers([containers], keys, inputs=used)
+                for (_, containers), used in zip(templates, inputs)]
     if len(set(programs)) <= 1:
-        return [Unit(fingerprint_of(integration, obj, keys), tuple(range(len(templates))))]
+        return [Unit(fingerprint_of(integration, obj, keys, versions=versions),
+                     tuple(range(len(templates))))]
     out: List[Unit] = []
     for program in dict.fromkeys(programs):
         indices = tuple(i for i, p in enumerate(programs) if p == program)
         roles = [templates[i][0].role for i in indices]
         world = integration.unit_environment(obj, roles) \
             if integration.world_in_fingerprint else None
-        fp = fingerprint.of_containers([templates[indices[0]][1]], keys, world)
+        fp = fingerprint.of_containers([templates[indices[0]][1]], keys, world,
+                                       inputs[indices[0]])
         out.append(Unit(fp, indices))
     return out
 

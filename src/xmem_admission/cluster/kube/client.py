@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from xmem_admission.contract.errors import KubeApiError as ApiError
 from xmem_admission.contract.errors import KubeUnavailable as Unavailable
@@ -53,6 +54,11 @@ POD = Kind("", "v1", "pods", "Pod")
 EVENT = Kind("", "v1", "events", "Event")
 LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease")
 POLICY = Kind("xmem.io", "v1alpha1", "gpuadmissionpolicies", "GPUAdmissionPolicy")
+CONFIG_MAP = Kind("", "v1", "configmaps", "ConfigMap")
+# What a metadata-only list and watch ask for (client-go's metadata informers): every object as
+# a PartialObjectMetadata, its name, uid and resourceVersion without its data.
+METADATA_LIST = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
+METADATA_WATCH = {"Accept": "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"}
 
 # Built-in API groups, served by the client's typed APIs (attribute of ``Kube``); every other
 # group is a custom resource, reached through ``CustomObjectsApi``.
@@ -135,12 +141,17 @@ class Kube:
         api = _TYPED_APIS.get((kind.group, kind.version))
         if api is None:
             return None
-        fn: Callable[..., Any] = getattr(getattr(self, api), method.format(kind.kind.lower()))
+        snake = re.sub(r"(?<!^)(?=[A-Z])", "_", kind.kind).lower()  # ConfigMap: config_map
+        fn: Callable[..., Any] = getattr(getattr(self, api), method.format(snake))
         return fn
 
-    def list_all(self, kind: Kind, label_selector: str = "") -> Obj:
-        """A cluster-wide list (the informers' first step)."""
-        extra = {"label_selector": label_selector} if label_selector else {}
+    def list_all(self, kind: Kind, label_selector: str = "",
+                 headers: Optional[Dict[str, str]] = None) -> Obj:
+        """A cluster-wide list (the informers' first step); ``headers``: a metadata-only list
+        (``METADATA_LIST``)."""
+        extra: Dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
+        if headers:
+            extra["_headers"] = headers
         return self.request(self.list_function(kind), **extra)
 
     def list_function(self, kind: Kind) -> Callable[..., Any]:
@@ -193,6 +204,18 @@ class Kube:
         """PUT a cluster-scoped custom resource's status, with its resourceVersion."""
         return self.request(self.custom.replace_cluster_custom_object_status, kind.group,
                             kind.version, kind.plural, obj["metadata"]["name"], obj)
+
+    def config_map_version(self, namespace: str, name: str) -> Optional[Tuple[str, str]]:
+        """A ConfigMap's (uid, resourceVersion) read now, its metadata only; None when absent."""
+        try:
+            found = self.request(self.core.read_namespaced_config_map, name, namespace,
+                                 _headers=METADATA_WATCH)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+        m = found.get("metadata") or {}
+        return str(m.get("uid") or ""), str(m.get("resourceVersion") or "")
 
     def delete_pod(self, namespace: str, name: str, uid: Optional[str] = None) -> None:
         body = {"preconditions": {"uid": uid}} if uid else None

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Generic, Hashable, List, Optional, Set, Tuple, TypeVar
 
-from xmem_admission.cluster.kube.client import Kind, Kube, Obj
+from xmem_admission.cluster.kube.client import METADATA_LIST, METADATA_WATCH, Kind, Kube, Obj
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +40,10 @@ class Informer:
 
     def __init__(self, kube: Kube, kind: Kind, handler: Optional[Handler] = None,
                  label_selector: str = "", watch_timeout: int = 60,
-                 retry_seconds: float = 1.0) -> None:
+                 retry_seconds: float = 1.0, metadata_only: bool = False) -> None:
         self.kube = kube
         self.kind = kind
+        self.metadata_only = metadata_only  # PartialObjectMetadata: no data held or sent
         self.handler = handler
         self.label_selector = label_selector
         self.watch_timeout = watch_timeout
@@ -68,6 +69,17 @@ class Informer:
     def find(self, predicate: Callable[[Obj], bool]) -> List[Obj]:
         with self._lock:
             return [o for o in self._objects.values() if predicate(o)]
+
+    def versions(self, namespace: str) -> Callable[[str, str], Optional[Tuple[str, str]]]:
+        """A lookup of (kind, name) in ``namespace`` to the cached object's (uid,
+        resourceVersion), None when it is not there: what ``policy.fingerprint`` reads."""
+        def lookup(kind: str, name: str) -> Optional[Tuple[str, str]]:
+            found = self.get(namespace, name) if kind == self.kind.kind else None
+            if found is None:
+                return None
+            m = found.get("metadata") or {}
+            return str(m.get("uid") or ""), str(m.get("resourceVersion") or "")
+        return lookup
 
     def put(self, obj: Obj) -> None:
         """Record what a write of ours returned, so the next reconcile sees it at once."""
@@ -122,8 +134,9 @@ class Informer:
                 self._stop.wait(self.retry_seconds)
 
     def _relist(self) -> str:
-        listing = self.kube.list_all(self.kind, self.label_selector)
-        fresh = {key_of(o): _with_kind(o, self.kind) for o in listing.get("items") or []}
+        listing = self.kube.list_all(self.kind, self.label_selector,
+                                     METADATA_LIST if self.metadata_only else None)
+        fresh = {key_of(o): self._kept(o) for o in listing.get("items") or []}
         with self._lock:
             gone = [o for k, o in self._objects.items() if k not in fresh]
             changed = [o for k, o in fresh.items() if self._objects.get(k) != o]
@@ -145,6 +158,8 @@ class Informer:
                                   "allow_watch_bookmarks": True, "deserialize": False}
         if self.label_selector:
             kwargs["label_selector"] = self.label_selector
+        if self.metadata_only:
+            kwargs["_headers"] = METADATA_WATCH
         for event in self._watch.stream(self.kube.list_function(self.kind), **kwargs):
             if self._stop.is_set():
                 return version
@@ -154,7 +169,7 @@ class Informer:
             version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
             if kind == "BOOKMARK":
                 continue
-            obj = _with_kind(obj, self.kind)
+            obj = self._kept(obj)
             with self._lock:
                 if kind == "DELETED":
                     self._objects.pop(key_of(obj), None)
@@ -162,6 +177,16 @@ class Informer:
                     self._objects[key_of(obj)] = obj
             self._tell(kind, obj)
         return version
+
+    def _kept(self, obj: Obj) -> Obj:
+        """What the cache keeps of an object: all of it, or with ``metadata_only`` its name,
+        namespace, uid and resourceVersion (not its labels, annotations or managedFields, where
+        ``kubectl apply`` keeps a copy of the data)."""
+        if self.metadata_only:
+            m = obj.get("metadata") or {}
+            obj = {"metadata": {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion")
+                                if k in m}}
+        return _with_kind(obj, self.kind)
 
     def _tell(self, kind: str, obj: Obj) -> None:
         if self.handler is None:

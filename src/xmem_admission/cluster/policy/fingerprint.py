@@ -18,21 +18,34 @@ sorted by an ``itemgetter`` key and serialised by orjson, never rebuilt entry by
 (a 1.5 MiB object with tens of thousands of variables is fingerprinted in milliseconds).
 Then the target GPU models of the policy, sorted, because an estimate covers exactly those.
 
-What it cannot see: code or data mounted from volumes. A changed script in a config map with
-the same name gives the same fingerprint; put a version in the image tag or an env var.
+The ConfigMaps a GPU container mounts or reads (volumes it mounts, ``projected`` sources among
+them; ``envFrom``; ``valueFrom.configMapKeyRef``) go in by their ``uid`` and
+``resourceVersion`` when the caller gives a lookup (``versions``: the webhook's and the
+controller's metadata-only caches of ConfigMaps), so a script edited in its ConfigMap and
+submitted again is estimated again; a ConfigMap not (yet) in the cache goes in by its name
+alone. Without a lookup (``xmem serve`` stand-alone) they go in by name only, as the references
+written. Secrets go in by reference only (``envFrom``/``valueFrom`` as written): reading their
+versions would take list and watch on every Secret in the cluster, which RBAC cannot narrow to
+metadata.
+
+What it cannot see: code or data fetched at run time (a PVC, object storage, a git clone); put
+a version in the image tag, an env var or the ConfigMap.
 """
 
 from __future__ import annotations
 
 import hashlib
 import operator
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import orjson
 
 from xmem_admission.cluster.kube.resources import Slot, gpu_containers
 
 VERSION = 2  # 2: environment entries as written, sorted by name (1 rebuilt them as triples)
+# (kind, name) in the workload's namespace -> (uid, resourceVersion), None when not known.
+Versions = Callable[[str, str], Optional[Tuple[str, str]]]
+VERSIONED = "ConfigMap"  # the kind whose versions are read (see the module docstring)
 DIGEST_CHARS = 32  # 128 bits; short enough to be a label value (63 characters at most)
 
 # Set per pod by Kubernetes or by training operators; they name the pod, not the program.
@@ -102,22 +115,89 @@ def _container(container: Mapping[str, Any], gpus: int) -> Dict[str, Any]:
     }
 
 
-def of_templates(templates: Sequence[Mapping[str, Any]], gpu_models: Iterable[str]) -> str:
+def of_templates(templates: Sequence[Mapping[str, Any]], gpu_models: Iterable[str],
+                 versions: Optional[Versions] = None) -> str:
     """The fingerprint of a workload given its pod templates and the policy's target GPU keys.
 
     A bare Pod is its own single template (it has ``metadata`` and ``spec`` too).
     """
-    return of_containers([list(gpu_containers(t)) for t in templates], gpu_models)
+    return of_containers([list(gpu_containers(t)) for t in templates], gpu_models,
+                         inputs=inputs_of(templates, versions))
+
+
+def _name(ref: Any) -> Optional[str]:
+    name = ref.get("name") if isinstance(ref, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _volume_maps(volume: Any) -> List[str]:
+    """The ConfigMaps a volume shows (a ``configMap`` volume, ``projected`` sources)."""
+    if not isinstance(volume, dict):
+        return []
+    out = [_name(volume.get("configMap"))]
+    projected = volume.get("projected")
+    sources = projected.get("sources") if isinstance(projected, dict) else None
+    for source in sources if isinstance(sources, list) else []:
+        if isinstance(source, dict):
+            out.append(_name(source.get("configMap")))
+    return [n for n in out if n is not None]
+
+
+def config_maps(template: Mapping[str, Any]) -> Set[str]:
+    """The ConfigMaps the template's GPU containers mount or read, by name."""
+    spec = template.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    volumes = spec.get("volumes")
+    by_name = {v.get("name"): v for v in volumes if isinstance(v, dict)} \
+        if isinstance(volumes, list) else {}
+    found: Set[str] = set()
+    for _slot, container, _count in gpu_containers(template):
+        mounts = container.get("volumeMounts")
+        for mount in mounts if isinstance(mounts, list) else []:
+            if isinstance(mount, dict) and isinstance(mount.get("name"), str):
+                found.update(_volume_maps(by_name.get(mount["name"])))
+        sources = container.get("envFrom")
+        for source in sources if isinstance(sources, list) else []:
+            name = _name(source.get("configMapRef")) if isinstance(source, dict) else None
+            if name is not None:
+                found.add(name)
+        env = container.get("env")
+        for item in env if isinstance(env, list) else []:
+            value_from = item.get("valueFrom") if isinstance(item, dict) else None
+            name = _name(value_from.get("configMapKeyRef")) \
+                if isinstance(value_from, dict) else None
+            if name is not None:
+                found.add(name)
+    return found
+
+
+def inputs_of(templates: Sequence[Mapping[str, Any]],
+              versions: Optional[Versions]) -> List[List[Optional[str]]]:
+    """The versions of the ConfigMaps the templates' GPU containers mount or read, sorted:
+    ``[kind, name, uid, resourceVersion]`` each (uid and version None when the lookup does not
+    know it); [] without a lookup."""
+    if versions is None:
+        return []
+    names: Set[str] = set()
+    for template in templates:
+        names |= config_maps(template)
+    out: List[List[Optional[str]]] = []
+    for name in sorted(names):
+        found = versions(VERSIONED, name)
+        out.append([VERSIONED, name, found[0] if found else None, found[1] if found else None])
+    return out
 
 
 def of_containers(
     templates: Sequence[Sequence[Tuple[Slot, Mapping[str, Any], int]]], gpu_models: Iterable[str],
     world: Optional[Mapping[str, str]] = None,
+    inputs: Optional[Sequence[Sequence[Optional[str]]]] = None,
 ) -> str:
     """The same digest from each template's GPU containers as ``resources.gpu_containers`` gives
     them (the webhook has them at hand already). ``world``: the distributed environment rank 0
-    is traced in, for a kind whose world is not in its templates (a JobSet's replicas); left
-    out when empty, so every other digest is what it always was."""
+    is traced in, for a kind whose world is not in its templates (a JobSet's replicas);
+    ``inputs``: the versions of the ConfigMaps they read (``inputs_of``); each left out when
+    empty, so every other digest is what it always was."""
     document: Dict[str, Any] = {
         "v": VERSION,
         "gpus": sorted(set(gpu_models)),
@@ -125,6 +205,8 @@ def of_containers(
     }
     if world:
         document["world"] = {str(k): str(v) for k, v in world.items()}
+    if inputs:
+        document["inputs"] = [list(i) for i in inputs]
     try:
         text = orjson.dumps(document, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # an integer beyond 64 bits somewhere (a client that reads them exactly)

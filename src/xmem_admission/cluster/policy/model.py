@@ -138,6 +138,9 @@ class Estimation:
     memory: str = "8Gi"
     max_concurrent_per_namespace: int = 4  # estimation pods running at once in one namespace
     max_concurrent: int = 32  # ... in the whole cluster (spec.estimation only, not overrides)
+    # A recorded estimate no workload joined or was sized from for this long is deleted
+    # (``controller.estimate_cache``): 30 days.
+    cache_ttl_seconds: int = 30 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -367,7 +370,7 @@ def _estimation(raw: Any, where: str) -> Estimation:
     if not isinstance(raw, dict):
         raise _fail(where, "must be an object")
     keys = ("steps", "mode", "activeDeadlineSeconds", "maxHoldSeconds", "resources",
-            "maxConcurrentPerNamespace", "maxConcurrent")
+            "maxConcurrentPerNamespace", "maxConcurrent", "cacheTTLSeconds")
     _check_keys(raw, keys, where)
     base = Estimation()
     resources = raw.get("resources", {})
@@ -398,6 +401,8 @@ def _estimation(raw: Any, where: str) -> Estimation:
         ),
         max_concurrent=_int(raw.get("maxConcurrent", base.max_concurrent),
                             f"{where}.maxConcurrent", 1),
+        cache_ttl_seconds=_int(raw.get("cacheTTLSeconds", base.cache_ttl_seconds),
+                               f"{where}.cacheTTLSeconds", 1),
     )
 
 
