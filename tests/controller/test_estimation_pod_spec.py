@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any, Dict
 
 import kubernetes_validate
@@ -162,17 +163,47 @@ def test_a_pythonpath_from_a_reference_is_kept_by_expansion():
     assert env[podspec.USER_PYTHONPATH] == {"configMapKeyRef": {"name": "paths", "key": "pp"}}
 
 
-def test_the_pod_is_named_by_attempt_and_owned_by_its_estimate():
+def test_the_pod_is_named_after_its_workload_per_attempt_and_owned_by_its_estimate():
     job = training_job("train")
     gme = _gme(job)
-    gme["status"] = {"attempt": 3}
     template = job["spec"]["template"]
-    pod = podspec.build(gme, dict(job, metadata=dict(job["metadata"], uid="u-1")), template,
-                        template["spec"]["containers"][0], make_policy().defaults, "img")
-    assert pod["metadata"]["name"] == f"{gme['metadata']['name']}-3"
+    names = []
+    for attempt in (1, 2, 3):
+        gme["status"] = {"attempt": attempt}
+        pod = podspec.build(gme, dict(job, metadata=dict(job["metadata"], uid="u-1")), template,
+                            template["spec"]["containers"][0], make_policy().defaults, "img")
+        names.append(pod["metadata"]["name"])
+    assert all(re.fullmatch(r"train-xmem-[0-9a-f]{8}", name) for name in names), names
+    assert len(set(names)) == 3  # each attempt its own
+    other = dict(gme, metadata=dict(gme["metadata"], uid="another-unit"))
+    assert podspec.pod_name(other) != names[-1]  # and each estimation unit
     [owner] = pod["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["uid"], owner["controller"]) == ("GPUMemoryEstimate", "gme-uid", True)
     assert copy.deepcopy(pod["metadata"]["labels"])["app.kubernetes.io/component"] == "estimation"
+
+
+def test_a_long_workload_name_is_cut_to_a_63_character_pod_name():
+    job = training_job("a-very-long-training-job-name-that-keeps-going.and-going-and-going")
+    name = podspec.pod_name(_gme(job))
+    assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
+    assert len(name) == 63
+    assert re.fullmatch(r"a-very-long-training-job-name-that-keeps-going-an-xmem-[0-9a-f]{8}",
+                        name), name
+
+
+def test_the_policys_placement_is_the_estimation_pods_and_the_workloads_is_not():
+    placement = {"nodeSelector": {"xmem.io/pool": "cpu"},
+                 "tolerations": [{"key": "xmem.io/estimation", "operator": "Exists",
+                                  "effect": "NoSchedule"}],
+                 "priorityClassName": "batch-low"}
+    pod = _build(_rich_job(), estimation={"placement": placement})
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"xmem.io/pool": "cpu"}  # not the GPU product the job asks
+    assert spec["tolerations"] == [{"key": "xmem.io/estimation", "operator": "Exists",
+                                    "effect": "NoSchedule"}]
+    assert spec["priorityClassName"] == "batch-low"
+    for version in VERSIONS[-1:]:
+        kubernetes_validate.validate(pod, version, strict=True)
 
 
 def _hostile_job() -> Dict[str, Any]:

@@ -7,6 +7,7 @@ the example GPT script), and every assertion reads the API.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 
 from tests.controller.support import TINY_GPT, Harness, template_annotations, training_job, wait
 from xmem_admission.cluster import labels
-from xmem_admission.cluster.controller import estimation_pods, records, workloads
+from xmem_admission.cluster.controller import estimation_line, estimation_pods, records, workloads
 from xmem_admission.cluster.controller.manager import Controller
 from xmem_admission.contract.errors import KubeApiError
 
@@ -74,19 +75,30 @@ def test_a_held_workload_gets_an_estimate_object_no_workload_owns_and_is_marked_
     assert held["spec"]["suspend"] is True
 
 
-def test_the_estimate_step_creates_one_pod_and_records_it_running(harness, caches):
+def _start_step(caches: Controller, namespace: str, name: str) -> None:
+    """The estimate's turn (the line's dispatch grants it a slot), then its reconcile."""
+    estimation_line.dispatch(caches.ctx)
+    assert caches.ctx.line.granted((namespace, name))
+    estimation_pods.reconcile(caches.ctx, namespace, name)
+
+
+def test_the_estimate_step_waits_its_turn_then_creates_one_pod_and_records_it_running(
+        harness, caches):
     harness.submit(training_job("train"))
     _reconcile_job(harness, caches, "train")
     [gme] = harness.gmes()
     name = gme["metadata"]["name"]
     _fresh(caches, harness.namespace, "gme", name, lambda o: True)
-    estimation_pods.reconcile(caches.ctx, harness.namespace, name)
+    estimation_pods.reconcile(caches.ctx, harness.namespace, name)  # no slot granted yet
+    assert harness.estimation_pods() == []
+    _start_step(caches, harness.namespace, name)
     estimation_pods.reconcile(caches.ctx, harness.namespace, name)  # again: no second pod
     [pod] = harness.estimation_pods()
-    assert pod["metadata"]["name"] == f"{name}-1"
+    assert re.fullmatch(r"train-xmem-[0-9a-f]{8}", pod["metadata"]["name"])
     assert pod["metadata"]["ownerReferences"][0]["uid"] == gme["metadata"]["uid"]
     status = harness.gmes()[0]["status"]
-    assert (status["phase"], status["podName"], status["attempt"]) == ("Running", f"{name}-1", 1)
+    assert (status["phase"], status["podName"], status["attempt"]) == \
+        ("Running", pod["metadata"]["name"], 1)
 
 
 def test_a_finished_pod_is_recorded_and_the_release_step_annotates_and_unsuspends(harness, caches):
@@ -94,12 +106,15 @@ def test_a_finished_pod_is_recorded_and_the_release_step_annotates_and_unsuspend
     _reconcile_job(harness, caches, "train")
     name = harness.gmes()[0]["metadata"]["name"]
     _fresh(caches, harness.namespace, "gme", name, lambda o: True)
-    estimation_pods.reconcile(caches.ctx, harness.namespace, name)
-    _fresh(caches, harness.namespace, "pod", f"{name}-1",
+    _start_step(caches, harness.namespace, name)
+    pod = harness.gmes()[0]["status"]["podName"]
+    _fresh(caches, harness.namespace, "pod", pod,
            lambda p: (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
     estimation_pods.reconcile(caches.ctx, harness.namespace, name)
     status = harness.gmes()[0]["status"]
     assert status["phase"] == "Succeeded", status
+    # the result is recorded: the pod is deleted (its estimate holds what it said)
+    wait(lambda: harness.estimation_pods() == [], 30, "the succeeded pod to be deleted")
     assert [e["gpu"] for e in status["estimates"]] == ["A100-80GB", "H100-80GB"]
     assert status["gpu"] == "A100-80GB" and status["estimate"].endswith("Gi")
     assert status["requestBytes"] >= status["estimateBytes"] > 0

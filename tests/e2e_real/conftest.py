@@ -8,6 +8,7 @@ import itertools
 import os
 import re
 import sys
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -61,12 +62,58 @@ class Xmem:
     def estimation_pods(self) -> List[Dict[str, Any]]:
         return self.pods("app.kubernetes.io/component=estimation")
 
+    def record_estimation_pods(self) -> PodRecorder:
+        """Watch this namespace's estimation pods from now on (the controller deletes a
+        succeeded one once its result is recorded): ``seen()`` gives each as last seen."""
+        return PodRecorder(self.cluster, self.namespace)
+
     def gmes(self) -> List[Dict[str, Any]]:
         return self.cluster.list("xmem.io/v1alpha1", "GPUMemoryEstimate", self.namespace)
 
     def events(self, name: str) -> List[Dict[str, Any]]:
         return [e for e in self.cluster.list("v1", "Event", self.namespace)
                 if e["involvedObject"]["name"] == name]
+
+
+class PodRecorder:
+    """Every estimation pod of a namespace as a watch last showed it, deleted ones included
+    (a DELETED event carries the pod's final state)."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        from kubernetes import client, watch
+
+        self._api = client.CoreV1Api(cluster.api)
+        self._watch = watch.Watch()
+        self._pods: Dict[str, Dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._listed = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(namespace,), daemon=True)
+        self._thread.start()
+        assert self._listed.wait(30), "the estimation pod watch did not start"
+
+    def _run(self, namespace: str) -> None:
+        listing = self._api.list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/component=estimation")
+        for pod in listing.items:
+            self._keep(pod)
+        self._listed.set()
+        for event in self._watch.stream(
+                self._api.list_namespaced_pod, namespace,
+                label_selector="app.kubernetes.io/component=estimation",
+                resource_version=listing.metadata.resource_version, timeout_seconds=3600):
+            self._keep(event["object"])
+
+    def _keep(self, pod: Any) -> None:
+        obj = self._api.api_client.sanitize_for_serialization(pod)
+        with self._lock:
+            self._pods[obj["metadata"]["name"]] = obj
+
+    def seen(self) -> List[Dict[str, Any]]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def stop(self) -> None:
+        self._watch.stop()
 
 
 @pytest.fixture(scope="session")

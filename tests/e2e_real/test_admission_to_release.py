@@ -50,11 +50,17 @@ def test_a_job_is_held_estimated_on_the_process_node_released_and_its_pod_sized(
     request = int(sized[labels.REQUEST_BYTES])
     assert sized[labels.GPU_MODEL] == "A100-80GB"
 
-    [probe] = xmem.estimation_pods()
-    assert probe["spec"]["nodeName"] == cluster.node.name  # the real scheduler's choice
-    [main] = probe["status"]["containerStatuses"]
-    assert main["state"]["terminated"]["reason"] == "Completed"
-    assert '"A100-80GB"' in main["state"]["terminated"]["message"]  # the probe's result
+    # The estimation pod, named after the Job, ran on the process node (the real scheduler's
+    # choice, in its Scheduled Event) and was deleted once its result was recorded.
+    [estimate] = xmem.gmes()
+    probe = estimate["status"]["podName"]
+    assert probe.startswith("train-xmem-")
+    scheduled = wait_for(lambda: [e for e in cluster.list("v1", "Event", xmem.namespace)
+                                  if e["involvedObject"]["name"] == probe
+                                  and e["reason"] == "Scheduled"], 30, "the Scheduled event")
+    assert scheduled[0]["message"].endswith(f"to {cluster.node.name}"), scheduled[0]["message"]
+    wait_for(lambda: not xmem.estimation_pods(), 30, "the estimation pod to be deleted")
+    assert [e["gpu"] for e in estimate["status"]["estimates"]][0] == "A100-80GB"  # its result
 
     def training_pod():
         pods = xmem.pods("job-name=train")

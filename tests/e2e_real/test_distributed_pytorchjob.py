@@ -64,6 +64,7 @@ def test_a_two_replica_pytorchjob_is_estimated_as_rank_0_of_8_and_every_gpu_size
                        "data": {"ddp_train.py": handle.read()}})
     xmem.serve()
     xmem.controller()
+    probes = xmem.record_estimation_pods()  # a succeeded one is deleted once recorded
     custom = client.CustomObjectsApi(cluster.api)
     created = custom.create_namespaced_custom_object(
         "kubeflow.org", "v1", xmem.namespace, "pytorchjobs", _pytorchjob("ddp", xmem.namespace))
@@ -77,7 +78,8 @@ def test_a_two_replica_pytorchjob_is_estimated_as_rank_0_of_8_and_every_gpu_size
 
     obj = wait_for(released, 240, "the PyTorchJob to be released", interval=0.3)
     assert obj["spec"]["runPolicy"]["suspend"] is False
-    [probe] = xmem.estimation_pods()
+    [probe] = probes.seen()
+    probes.stop()
     env = {e["name"]: e.get("value") for e in probe["spec"]["containers"][0]["env"]}
     assert (env["WORLD_SIZE"], env["RANK"], env["PET_NNODES"], env["PET_NPROC_PER_NODE"]) == (
         "8", "0", "2", "4")

@@ -194,12 +194,16 @@ def test_a_queued_job_is_estimated_then_admitted_by_kueue_and_its_pod_sized(queu
     assert [e for e in xmem.gmes()]  # recorded, as in suspend mode
 
     # The same job again: its fingerprint is known, so the check is Ready without estimating.
-    pods_before = len(xmem.estimation_pods())
+    [before] = xmem.gmes()
     again = dict(body, metadata=dict(body["metadata"], name="train-again"))
     client.BatchV1Api(cluster.api).create_namespaced_job(xmem.namespace, again)
     wait_for(lambda: our_check(cluster, xmem.namespace, "train-again"), 60,
              "the repeat job's check to be Ready")
-    assert len(xmem.estimation_pods()) == pods_before
+    [after] = xmem.gmes()  # not estimated again: the same estimate, the same attempt
+    assert (after["metadata"]["uid"], after["status"]["attempt"],
+            after["status"]["completionTime"]) == (before["metadata"]["uid"],
+                                                   before["status"]["attempt"],
+                                                   before["status"]["completionTime"])
 
 
 def test_a_queued_pytorchjob_is_admitted_with_the_updates_in_its_replica_template(queued):

@@ -123,6 +123,7 @@ def test_a_two_node_by_four_process_trainjob_is_estimated_as_rank_0_of_8_and_its
     _ddp_map(cluster, xmem.namespace)
     xmem.serve()
     xmem.controller("", *KINDS)
+    probes = xmem.record_estimation_pods()  # a succeeded one is deleted once recorded
     created = _custom(cluster).create_namespaced_custom_object(
         "trainer.kubeflow.org", "v1alpha1", xmem.namespace, "trainjobs",
         _trainjob("ddp", xmem.namespace))
@@ -136,7 +137,7 @@ def test_a_two_node_by_four_process_trainjob_is_estimated_as_rank_0_of_8_and_its
 
     obj = _released(cluster, xmem.namespace, "ddp")
     assert obj["spec"]["suspend"] is False
-    [probe] = xmem.estimation_pods()
+    [probe] = probes.seen()
     env = {e["name"]: e.get("value") for e in probe["spec"]["containers"][0]["env"]}
     assert (env["WORLD_SIZE"], env["RANK"], env["PET_NNODES"], env["PET_NPROC_PER_NODE"],
             env["PET_NODE_RANK"]) == ("8", "0", "2", "4", "0")
@@ -168,7 +169,8 @@ def test_a_two_node_by_four_process_trainjob_is_estimated_as_rank_0_of_8_and_its
         "trainer.kubeflow.org", "v1alpha1", xmem.namespace, "trainjobs",
         _trainjob("ddp-again", xmem.namespace))
     _released(cluster, xmem.namespace, "ddp-again", timeout=60)
-    assert len(xmem.estimation_pods()) == 1
+    assert len(probes.seen()) == 1
+    probes.stop()
     for pod in _pods(cluster, xmem.namespace, "ddp-again"):
         assert _node_container(pod)["resources"]["limits"]["nvidia.com/gpumem"] == \
             str(ceil_div(request, MiB))
@@ -249,6 +251,7 @@ def test_a_jobset_with_two_replicated_jobs_of_different_images_gets_an_estimate_
     cluster = xmem.cluster
     xmem.serve()
     xmem.controller("", *KINDS)
+    recorder = xmem.record_estimation_pods()  # a succeeded one is deleted once recorded
 
     def replicated(name: str, image: str, **sizes: str) -> Dict[str, Any]:
         args = list(TINY_GPT)
@@ -286,7 +289,8 @@ def test_a_jobset_with_two_replicated_jobs_of_different_images_gets_an_estimate_
     for job in obj["spec"]["replicatedJobs"]:
         annotations = job["template"]["spec"]["template"]["metadata"]["annotations"]
         requests[job["name"]] = int(annotations[labels.REQUEST_BYTES])
-    probes = xmem.estimation_pods()
+    probes = recorder.seen()
+    recorder.stop()
     assert {p["spec"]["containers"][0]["image"] for p in probes} == {
         IMAGE, "pytorch/pytorch:2.4.1-cuda12.1-cudnn9-runtime"}
     assert len(xmem.gmes()) == 2

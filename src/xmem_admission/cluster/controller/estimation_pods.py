@@ -4,18 +4,26 @@ Steps, each idempotent and each ending in one write (so a crash between two leav
 next reconcile continues from):
 
 1. a terminal estimate (``Succeeded``/``Failed``) only has leftovers cleaned: a pod that is
-   still pending or running after a failure (stuck pulling an image) is deleted;
-2. no pod for the current attempt: create it, once fewer estimation pods run than the policy's
-   caps allow (``maxConcurrentPerNamespace`` in the namespace, ``maxConcurrent`` in the
-   cluster), then record ``Running``, ``podName`` and ``startTime``; a pod that vanished while
+   still pending or running after a failure (stuck pulling an image) is deleted, and a
+   succeeded one whose delete after the result was lost;
+2. no pod for the current attempt: create it once the line grants it a slot
+   (``estimation_line``: first come, first served in a namespace, round-robin across
+   namespaces, under the policy's ``maxConcurrentPerNamespace`` and ``maxConcurrent``), named
+   after its workload (``podspec.pod_name``), then record ``Running``, ``podName`` and
+   ``startTime``; a pod the API server refuses (a ResourceQuota's 403 ``exceeded quota``, a
+   LimitRange) is a Warning Event on the waiting workloads (``EstimationQuotaExceeded``,
+   ``EstimationPodRefused``, once per run of refusals) and is tried again with back-off; the
+   pods of earlier attempts, kept after their failure, are deleted; a pod that vanished while
    running (evicted, deleted by hand) is replaced by a new attempt, up to ``max_attempts``;
    a pod is ours only when its controlling owner reference carries this GME's uid: one that
    merely has the name (a 409 AlreadyExists included) is someone else's, and the estimation
    fails (``PodNameTaken``) instead of reading a result its author wrote;
 3. a pod that finished, or is stuck (image pull failure, bad config), or outlived
    ``activeDeadlineSeconds`` plus a slack (an unschedulable pod never starts its own clock):
-   classify it and record ``Succeeded`` with the estimates, or ``Failed`` with a reason and a
-   message that quotes the script's last log lines;
+   classify it and record ``Succeeded`` with the estimates, then delete the pod (the estimate
+   holds everything it said), or ``Failed`` with a reason and a message that quotes the
+   script's last log lines, keeping a finished pod for ``kubectl logs`` (it goes with the next
+   attempt or with its estimate);
 4. ``actualBytes`` set by whoever measures the job on a GPU: the ``actual`` and ``error`` columns
    are filled in.
 
@@ -28,12 +36,11 @@ from __future__ import annotations
 
 import datetime
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from xmem_admission.cluster.backends import dra
-from xmem_admission.cluster.controller import estimate_cache, podspec, records
+from xmem_admission.cluster.controller import estimate_cache, estimation_line, podspec, records
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.integrations import (
     GpuTemplate,
@@ -46,13 +53,13 @@ from xmem_admission.cluster.kube.client import GME, POD, Obj
 from xmem_admission.cluster.policy import sizing
 from xmem_admission.cluster.policy.model import BackendName
 from xmem_admission.contract import probe_env, termination
-from xmem_admission.contract.errors import InvalidObjectError, TerminationMessageError
+from xmem_admission.contract.errors import (
+    InvalidObjectError,
+    KubeApiError,
+    TerminationMessageError,
+)
 
 log = logging.getLogger(__name__)
-# The caps are checked against the pod cache and the new pod is put there right after its
-# create: both steps under one lock, so that two workers of this process cannot each see room for
-# one more and start two (another replica is a standby, by leader election).
-_STARTING = threading.Lock()
 
 IMAGE_PULL_FAILURES = ("ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
@@ -87,16 +94,21 @@ def owns(gme: Obj, pod: Obj) -> bool:
         and ref.get("uid") == uid for ref in pod["metadata"].get("ownerReferences") or [])
 
 
-def running(pod: Obj) -> bool:
-    """An estimation pod that still holds a slot: not finished, not being deleted."""
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") and \
-        "deletionTimestamp" not in pod["metadata"]
+running = estimation_line.running
+
+
+def current_pod_name(gme: Obj) -> str:
+    """The pod of the estimate's current attempt: the one recorded once started (an older
+    release's name included), else the one it will be created as."""
+    status = gme.get("status") or {}
+    if records.phase(gme) != records.PENDING and status.get("podName"):
+        return str(status["podName"])
+    return podspec.pod_name(gme)
 
 
 def at_capacity(ctx: Context, namespace: str, settings: Any) -> Optional[str]:
     """Why no estimation pod may start now (the policy's caps), or None."""
-    live = [p for p in ctx.pods.items() if running(p) and any(
-        ref.get("kind") == GME.kind for ref in p["metadata"].get("ownerReferences") or [])]
+    live = [p for p in ctx.pods.items() if running(p) and estimation_line.is_estimation_pod(p)]
     policy = ctx.policy.current()
     cluster_cap = policy.max_concurrent if policy is not None else settings.estimation.max_concurrent
     if len(live) >= cluster_cap:
@@ -267,7 +279,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
         return None
     status = dict(gme.get("status") or {})
     phase = records.phase(gme)
-    pod = ctx.pods.get(namespace, records.pod_name(gme))
+    pod = ctx.pods.get(namespace, current_pod_name(gme))
     if pod is not None and not owns(gme, pod):
         if phase in records.TERMINAL:
             return None  # never delete someone else's pod
@@ -279,9 +291,9 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
             if "gpu" in status:
                 gme = _write_status(ctx, gme, status)
         _fill_error(ctx, gme, status)
-        if pod is not None and phase == records.FAILED and \
-                (pod.get("status") or {}).get("phase") in (None, "Pending", "Running") and \
-                "deletionTimestamp" not in pod["metadata"]:
+        if pod is not None and "deletionTimestamp" not in pod["metadata"] and (
+                phase == records.SUCCEEDED or (pod.get("status") or {}).get("phase") in
+                (None, "Pending", "Running")):
             ctx.kube.delete_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"])
         return None
     found = owner(ctx, gme)
@@ -292,7 +304,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
     if settings is None:
         return 5.0  # no policy yet: limits and deadline unknown
     if pod is None or "deletionTimestamp" in pod["metadata"]:
-        if phase == records.RUNNING and status.get("podName") == records.pod_name(gme):
+        if phase == records.RUNNING and status.get("podName"):
             return _pod_lost(ctx, gme, status)
         if pod is not None:
             return 1.0  # the old pod is still terminating
@@ -317,6 +329,11 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
 
 def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, obj: Obj,
            settings: Any) -> Optional[float]:
+    namespace = gme["metadata"]["namespace"]
+    key = (namespace, gme["metadata"]["name"])
+    if not ctx.line.granted(key):
+        estimation_line.wake(ctx)  # the dispatch queues it when its turn comes
+        return None
     why = "the workload has no GPU container to estimate"
     try:
         obj = workload.integration.resolve(obj, ctx.kube)  # a TrainJob: its runtime's templates
@@ -326,6 +343,7 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
     except InvalidObjectError:
         templates = []
     if not templates:
+        ctx.line.release(key)
         status.update(phase=records.FAILED, reason="Error", completionTime=records.stamp(ctx.now()),
                       message=why)
         _write_status(ctx, gme, status)
@@ -335,28 +353,73 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
                                             ctx.versions(gme["metadata"]["namespace"]))
     body = podspec.build(gme, obj, ref.template, containers[0][1], settings, ctx.probe_image,
                          world)
+    _delete_earlier_attempts(ctx, gme, body["metadata"]["name"])
     try:
-        with _STARTING:
-            full = at_capacity(ctx, gme["metadata"]["namespace"], settings)
-            if full is not None:
+        # The caps are checked against the pod cache and the new pod is put there right after
+        # its create, under the line's lock: a dispatch never counts a slot twice or not at all.
+        with ctx.line.lock:
+            full = at_capacity(ctx, namespace, settings)
+            if full is not None:  # the policy's caps went down since the grant
+                ctx.line.release(key)
                 log.info("estimation %s waits: %s", gme["metadata"]["name"], full)
-                return 5.0
-            created = ctx.kube.create(POD, gme["metadata"]["namespace"], body)
+                estimation_line.wake(ctx)
+                return None
+            created = ctx.kube.create(POD, namespace, body)
             ctx.pods.put(created)
+            ctx.line.started(key)
         ctx.metrics.started.inc()
-    except Exception as exc:
-        if not getattr(exc, "already_exists", False):
+    except KubeApiError as exc:
+        if exc.status == 403:
+            return _refused(ctx, gme, key, exc, settings)
+        if not exc.already_exists:
             raise
-        existing = ctx.kube.get(POD, gme["metadata"]["namespace"], body["metadata"]["name"])
+        existing = ctx.kube.get(POD, namespace, body["metadata"]["name"])
         if not owns(gme, existing):  # a 409 is ours only when the pod that holds the name is
+            ctx.line.release(key)
             _finish(ctx, gme, status, None, _name_taken(existing))
             return None
         ctx.pods.put(existing)
+        ctx.line.started(key)
     status.update(phase=records.RUNNING, attempt=records.attempt(gme),
-                  podName=records.pod_name(gme))
+                  podName=body["metadata"]["name"])
     status.setdefault("startTime", records.stamp(ctx.now()))
     _write_status(ctx, gme, status)
     return float(settings.estimation.active_deadline_seconds) + ctx.deadline_slack
+
+
+def _refused(ctx: Context, gme: Obj, key: Tuple[str, str], exc: KubeApiError,
+             settings: Any) -> float:
+    """The API server refused the pod (403): a ResourceQuota without room, a LimitRange, a
+    missing service account. Said once per run of refusals, as a Warning Event on the workloads
+    waiting, and tried again with back-off (the workloads stay held, up to maxHoldSeconds)."""
+    quota = "quota" in exc.message.lower()
+    delay, first = ctx.line.refused(key, ctx.now(), quota)
+    reason = estimation_line.QUOTA_REFUSED if quota else estimation_line.POD_REFUSED
+    ctx.metrics.refused.labels(reason).inc()
+    log.info("estimation pod of %s/%s refused (%s): %s; again in %.0f s", key[0], key[1], reason,
+             exc.message, delay)
+    if first:
+        estimation = settings.estimation
+        need = (f"; an estimation pod asks for {estimation.cpu} CPU and {estimation.memory} "
+                "(spec.estimation.resources), and a ResourceQuota with room for it lets it "
+                "start" if quota else "")
+        for workload in estimation_line.workloads_waiting(ctx, gme):
+            ctx.emit(workload, "Warning", reason, f"xmem: the estimation pod was refused: "
+                     f"{exc.message}; tried again with back-off, the workload stays held until "
+                     f"it starts or maxHoldSeconds ({estimation.max_hold_seconds}) end{need}")
+    estimation_line.wake(ctx)  # its slot goes to whoever is next
+    return delay
+
+
+def _delete_earlier_attempts(ctx: Context, gme: Obj, current: str) -> None:
+    """The pods of the estimate's earlier attempts (kept after they failed, for their logs):
+    a new attempt replaces them."""
+    namespace = gme["metadata"]["namespace"]
+    for pod in ctx.pods.items():
+        m = pod["metadata"]
+        if m.get("namespace") == namespace and m["name"] != current and owns(gme, pod) and \
+                "deletionTimestamp" not in m:
+            ctx.kube.delete_pod(namespace, m["name"], m.get("uid"))
 
 
 def _unit_template(workload: Workload, obj: Obj, templates: List[GpuTemplate], gme: Obj,
@@ -421,6 +484,8 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
                       message=outcome.message[-4000:])
     _write_status(ctx, gme, status)
     started = records.parse_time(status.get("startTime"))
+    if started is not None:
+        ctx.line.finished((now - started).total_seconds())
     if outcome.result is not None:
         ctx.metrics.succeeded.inc()
         if started is not None:
@@ -428,10 +493,14 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
     else:
         ctx.metrics.failed.labels(outcome.reason).inc()
         log.info("estimation %s failed: %s", gme["metadata"]["name"], outcome.reason)
-    if pod is not None and outcome.result is None and \
-            (pod.get("status") or {}).get("phase") in (None, "Pending", "Running"):
+    # Its result is recorded: a succeeded pod goes (its slot, and a pod per estimate, no
+    # more); a failed one that ended stays for `kubectl logs`; one still pending or running
+    # (stuck, past its deadline) is stopped.
+    if pod is not None and (outcome.result is not None or
+                            (pod.get("status") or {}).get("phase") in (None, "Pending", "Running")):
         ctx.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"],
                             pod["metadata"]["uid"])
+    estimation_line.wake(ctx)
     _enqueue_workloads(ctx, gme)
 
 

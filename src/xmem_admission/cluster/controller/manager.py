@@ -25,6 +25,7 @@ from xmem_admission.cluster.controller import (
     admission_checks,
     dra_claims,
     estimate_cache,
+    estimation_line,
     estimation_pods,
     learned_overhead,
     observed_peaks,
@@ -52,7 +53,8 @@ KINDS: Dict[str, Integration] = {i.kind: i for i in INTEGRATIONS if i.can_hold}
 # memory outside the allocator from every namespace's finished runs (``learned_overhead``);
 # ("collect",) deletes estimates unused past their TTL, ("used", kind, namespace, name) records
 # the use of a workload sized at CREATE, ("image", namespace, pod) compares a sized pod's image
-# digest with its estimate's (``estimate_cache``).
+# digest with its estimate's (``estimate_cache``); ("dispatch",) grants free estimation pod
+# slots to the estimates whose turn it is (``estimation_line``).
 QueueKey = Tuple[Any, ...]
 POD_SELECTOR = f"{records.MANAGED_BY[0]}={records.MANAGED_BY[1]},{records.COMPONENT[0]}={records.COMPONENT[1]}"
 # The pods of workloads xmem sizes: the webhook copies the opt-in label into their templates.
@@ -110,6 +112,10 @@ class Controller:
     def _on_workload(self, kind: str) -> Any:
         def handler(type_: str, obj: Obj) -> None:
             m = obj["metadata"]
+            if type_ == "DELETED":
+                self.ctx.line.forget(obj)
+            else:
+                self.ctx.line.saw(obj)  # the order of arrival, within a creation second
             if workloads.is_held(obj):
                 self.queue.add(("workload", kind, m.get("namespace", ""), m["name"]))
                 return
@@ -124,6 +130,7 @@ class Controller:
     def _on_estimate(self, _type: str, gme: Obj) -> None:
         m = gme["metadata"]
         self.queue.add(("estimate", m.get("namespace", ""), m["name"]))
+        estimation_line.wake(self.ctx)
         estimate_cache.wake(self.ctx, gme)
         self._wake_kueue(gme)
 
@@ -151,6 +158,7 @@ class Controller:
         for ref in m.get("ownerReferences") or []:
             if ref.get("kind") == GME.kind:
                 self.queue.add(("estimate", m.get("namespace", ""), ref.get("name")))
+                estimation_line.wake(self.ctx)  # a slot may have come free
 
     def _on_sized_pod(self, type_: str, pod: Obj) -> None:
         if type_ != "DELETED" and oom_retries.failure(pod) is not None:
@@ -177,6 +185,7 @@ class Controller:
     def start(self) -> Controller:
         self._stop.clear()
         self.queue.reopen()
+        self.ctx.line.reset()  # grants and arrival order start over with the caches
         self.policy.refresh()
         for informer in self.informers():
             informer.start()
@@ -260,6 +269,8 @@ class Controller:
             if not self.ctx.estimates.synced.is_set():
                 return 5.0
             return learned_overhead.reconcile(self.ctx)
+        if key[0] == "dispatch":
+            return estimation_line.dispatch(self.ctx)
         if key[0] == "collect":
             return estimate_cache.collect(self.ctx)
         if key[0] in ("workload", "ended", "claims", "used"):
@@ -338,6 +349,7 @@ class Controller:
         self.metrics.set_estimates(counts)
         self.queue.add(("overhead",))
         self.queue.add(("collect",))
+        self.queue.add(estimation_line.DISPATCH)
 
     # --- leadership -------------------------------------------------------------------------
 

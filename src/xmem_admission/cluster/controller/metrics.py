@@ -11,6 +11,13 @@ Series (all prefixed ``xmem_controller_``):
 - ``estimation_duration_seconds``: from the estimation pod's creation to its result;
 - ``held_workloads{kind}`` and ``held_workload_oldest_age_seconds{kind}``: workloads held now,
   and how long the oldest has waited (an alert fires well before the policy's maxHoldSeconds);
+- ``estimations_waiting{namespace}``, ``estimation_oldest_wait_seconds{namespace}`` and
+  ``estimations_expected_late{namespace}``: estimations waiting for an estimation pod slot, how
+  long the oldest has waited, and how many are expected to end after their workload's
+  ``maxHoldSeconds`` (``controller.estimation_line``; a namespace with none waiting has no
+  series); ``estimation_pods_refused_total{reason}``: estimation pod creations the API server
+  refused (``EstimationQuotaExceeded``: a ResourceQuota; ``EstimationPodRefused``: anything
+  else, a LimitRange, a missing service account), each tried again with back-off;
 - ``released_workloads_total{kind,outcome}``: ``estimated``, ``default``, ``unchanged``;
 - ``estimates{gpu_model}``: recorded estimates that cover each GPU model;
 - ``reconcile_errors_total{kind}``: reconciles that failed and were requeued;
@@ -61,6 +68,20 @@ class ControllerMetrics:
         self.duration = Histogram("xmem_controller_estimation_duration_seconds",
                                   "From estimation pod creation to its result.",
                                   buckets=DURATION_BUCKETS, registry=r)
+        self.waiting = Gauge("xmem_controller_estimations_waiting",
+                             "Estimations waiting for an estimation pod slot, per namespace.",
+                             ("namespace",), registry=r)
+        self.oldest_wait = Gauge("xmem_controller_estimation_oldest_wait_seconds",
+                                 "How long the estimation first in line has waited, per "
+                                 "namespace.", ("namespace",), registry=r)
+        self.expected_late = Gauge("xmem_controller_estimations_expected_late",
+                                   "Waiting estimations expected to end after their "
+                                   "workload's maxHoldSeconds, per namespace.", ("namespace",),
+                                   registry=r)
+        self.refused = Counter("xmem_controller_estimation_pods_refused",
+                               "Estimation pod creations the API server refused, by the Event "
+                               "reason (EstimationQuotaExceeded, EstimationPodRefused).",
+                               ("reason",), registry=r)
         self.held = Gauge("xmem_controller_held_workloads", "Workloads held by xmem now.",
                           ("kind",), registry=r)
         self.oldest = Gauge("xmem_controller_held_workload_oldest_age_seconds",
@@ -114,6 +135,23 @@ class ControllerMetrics:
             ages = list(ages_by_kind.get(kind, ()))
             self.held.labels(kind).set(len(ages))
             self.oldest.labels(kind).set(max(ages) if ages else 0.0)
+
+    def set_line(self, stats: Mapping[str, Tuple[int, float, int]],
+                 published: Set[str]) -> Set[str]:
+        """Publish the line per namespace: (waiting, oldest wait in seconds, expected late);
+        the series of namespaces in ``published`` with none waiting now are removed. Returns
+        the namespaces published."""
+        for namespace, (count, oldest, late) in stats.items():
+            self.waiting.labels(namespace).set(count)
+            self.oldest_wait.labels(namespace).set(oldest)
+            self.expected_late.labels(namespace).set(late)
+        for gone in published - set(stats):
+            for gauge in (self.waiting, self.oldest_wait, self.expected_late):
+                try:
+                    gauge.remove(gone)
+                except KeyError:
+                    pass
+        return set(stats)
 
     def set_overhead(self, figures: Iterable[Tuple[str, str, int, int]]) -> None:
         """Publish the learned figures: (GPU model, driver, bytes, jobs); others are removed."""

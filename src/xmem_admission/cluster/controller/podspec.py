@@ -16,7 +16,11 @@ process; single-process estimation):
   mount it through a PersistentVolumeClaim);
 - no GPU: no GPU resources, no node selector, affinity or tolerations aimed at GPU nodes,
   ``CUDA_VISIBLE_DEVICES=""`` and ``NVIDIA_VISIBLE_DEVICES=void`` so that a node whose default
-  runtime is NVIDIA's does not hand it a device anyway;
+  runtime is NVIDIA's does not hand it a device anyway; the policy's placement instead
+  (``spec.estimation.placement``: node selector, tolerations, PriorityClass);
+- named after its workload: ``<workload>-xmem-<hash>`` (``pod_name``: the workload's name cut to
+  fit 63 characters, and 8 hex digits of the estimate's uid and attempt, so each estimation
+  unit and each attempt has its own);
 - CPU and memory limits and ``activeDeadlineSeconds`` from the policy, ``restartPolicy:
   Never``, ``automountServiceAccountToken: false``, ``enableServiceLinks: false``;
 - an init container from the controller's image that writes the probe bundle into an emptyDir
@@ -40,6 +44,8 @@ process; single-process estimation):
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import re
 from typing import Any, Dict, List, Mapping, Optional
@@ -73,6 +79,40 @@ RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"dro
                         "runAsNonRoot": True}
 OURS = probe_env.ALL + ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", USER_PYTHONPATH) \
     + side_effects.VARIABLES
+
+
+POD_NAME_LIMIT = 63  # a DNS label: the pod's hostname is its name
+POD_INFIX = "-xmem-"
+
+
+def pod_name(gme: Obj) -> str:
+    """The estimation pod's name for the estimate's current attempt: ``<workload>-xmem-<hash>``,
+    at most 63 characters; the hash (8 hex digits of the estimate's uid and attempt) makes it
+    unique per estimation unit and attempt."""
+    m = gme["metadata"]
+    workload = str(((gme.get("spec") or {}).get("workload") or {}).get("name") or "")
+    return _pod_name(workload, str(m.get("uid") or m["name"]), records.attempt(gme))
+
+
+@functools.lru_cache(maxsize=65536)
+def _pod_name(workload: str, unit: str, attempt: int) -> str:
+    digest = hashlib.sha256(f"{unit}/{attempt}".encode())
+    stem = re.sub(r"[^a-z0-9-]+", "-", workload.lower())
+    stem = stem[:POD_NAME_LIMIT - len(POD_INFIX) - 8].strip("-") or "estimate"
+    return f"{stem}{POD_INFIX}{digest.hexdigest()[:8]}"
+
+
+def placement(settings: Settings) -> Dict[str, Any]:
+    """The pod spec fields the policy's ``spec.estimation.placement`` sets."""
+    given = settings.estimation.placement
+    out: Dict[str, Any] = {}
+    if given.node_selector:
+        out["nodeSelector"] = dict(given.node_selector)
+    if given.tolerations:
+        out["tolerations"] = [t.as_dict() for t in given.tolerations]
+    if given.priority_class_name:
+        out["priorityClassName"] = given.priority_class_name
+    return out
 
 
 def _volume(volume: Mapping[str, Any]) -> Any:
@@ -268,10 +308,11 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
     for key in ("serviceAccountName", "imagePullSecrets", "runtimeClassName"):
         if spec.get(key):
             pod_spec[key] = spec[key]
+    pod_spec.update(placement(settings))
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
-            "name": records.pod_name(gme),
+            "name": pod_name(gme),
             "namespace": m["namespace"],
             "labels": {records.FINGERPRINT_LABEL: gme["spec"]["fingerprint"],
                        records.MANAGED_BY[0]: records.MANAGED_BY[1],

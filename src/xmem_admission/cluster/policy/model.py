@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import fnmatch
+import re
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
@@ -127,6 +128,37 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Toleration:
+    """One toleration of the estimation pods (``core/v1`` Toleration, its fields as named)."""
+
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # "" (every effect) | NoSchedule | PreferNoSchedule | NoExecute
+    toleration_seconds: Optional[int] = None  # NoExecute only
+
+    def as_dict(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"operator": self.operator}
+        for name, value in (("key", self.key), ("value", self.value), ("effect", self.effect)):
+            if value:
+                out[name] = value
+        if self.toleration_seconds is not None:
+            out["tolerationSeconds"] = self.toleration_seconds
+        return out
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where estimation pods run (``spec.estimation.placement``): a node selector, tolerations
+    and a PriorityClass, set on every estimation pod as given (the workload's own GPU placement
+    is never copied)."""
+
+    node_selector: Tuple[Tuple[str, str], ...] = ()
+    tolerations: Tuple[Toleration, ...] = ()
+    priority_class_name: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Estimation:
     """How the controller runs estimation pods (read by the controller, carried here)."""
 
@@ -138,6 +170,7 @@ class Estimation:
     memory: str = "8Gi"
     max_concurrent_per_namespace: int = 4  # estimation pods running at once in one namespace
     max_concurrent: int = 32  # ... in the whole cluster (spec.estimation only, not overrides)
+    placement: Placement = field(default_factory=Placement)  # where estimation pods run
     # A recorded estimate no workload joined or was sized from for this long is deleted
     # (``controller.estimate_cache``): 30 days.
     cache_ttl_seconds: int = 30 * 24 * 3600
@@ -366,11 +399,84 @@ def _targets(raw: Any, where: str) -> Tuple[Target, ...]:
     return tuple(out)
 
 
+# Label keys and values, and object names, as the API server checks them
+# (k8s.io/apimachinery/pkg/util/validation: IsQualifiedName, IsValidLabelValue, IsDNS1123Subdomain).
+_NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _label_key(key: Any, where: str) -> str:
+    if not isinstance(key, str) or not key:
+        raise _fail(where, f"must be a label key, got {key!r}")
+    prefix, _, name = key.rpartition("/")
+    if not _NAME_PART.fullmatch(name) or (prefix and (
+            len(prefix) > 253 or not _SUBDOMAIN.fullmatch(prefix))) or key.startswith("/"):
+        raise _fail(where, f"{key!r} is not a label key ([prefix/]name: name up to 63 "
+                    "alphanumerics, '-', '_' or '.', beginning and ending alphanumeric)")
+    return key
+
+
+def _label_value(value: Any, where: str) -> str:
+    if not isinstance(value, str) or (value and not _NAME_PART.fullmatch(value)):
+        raise _fail(where, f"must be a label value (up to 63 alphanumerics, '-', '_' or '.', "
+                    f"beginning and ending alphanumeric), got {value!r}")
+    return value
+
+
+def _placement(raw: Any, where: str) -> Placement:
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be an object with nodeSelector, tolerations, priorityClassName")
+    _check_keys(raw, ("nodeSelector", "tolerations", "priorityClassName"), where)
+    selector = raw.get("nodeSelector") or {}
+    if not isinstance(selector, dict):
+        raise _fail(f"{where}.nodeSelector", "must be a map of node label keys to values")
+    pairs = tuple(sorted((_label_key(k, f"{where}.nodeSelector"),
+                         _label_value(v, f"{where}.nodeSelector[{k!r}]"))
+                        for k, v in selector.items()))
+    items = raw.get("tolerations") or []
+    if not isinstance(items, list):
+        raise _fail(f"{where}.tolerations", "must be a list of tolerations")
+    tolerations: List[Toleration] = []
+    for index, item in enumerate(items):
+        at = f"{where}.tolerations[{index}]"
+        if not isinstance(item, dict):
+            raise _fail(at, "must be an object with key, operator, value, effect")
+        _check_keys(item, ("key", "operator", "value", "effect", "tolerationSeconds"), at)
+        operator = item.get("operator", "Equal")
+        if operator not in TOLERATION_OPERATORS:
+            raise _fail(f"{at}.operator", f"{operator!r} is not one of Equal, Exists")
+        key = _label_key(item["key"], f"{at}.key") if item.get("key") not in (None, "") else ""
+        value = _label_value(item.get("value", ""), f"{at}.value")
+        if operator == "Exists" and value:
+            raise _fail(f"{at}.value", "must be empty when operator is Exists")
+        if not key and operator != "Exists":
+            raise _fail(f"{at}.operator", "must be Exists when key is empty (a toleration of "
+                        "every taint)")
+        effect = item.get("effect", "")
+        if effect not in TAINT_EFFECTS:
+            raise _fail(f"{at}.effect", f"{effect!r} is not one of NoSchedule, "
+                        "PreferNoSchedule, NoExecute (or empty: every effect)")
+        seconds = None
+        if item.get("tolerationSeconds") is not None:
+            if effect != "NoExecute":
+                raise _fail(f"{at}.tolerationSeconds", "is for effect NoExecute only")
+            seconds = _int(item["tolerationSeconds"], f"{at}.tolerationSeconds", 0)
+        tolerations.append(Toleration(key, operator, value, effect, seconds))
+    priority = raw.get("priorityClassName")
+    if priority is not None and (not isinstance(priority, str) or len(priority) > 253
+                                 or not _SUBDOMAIN.fullmatch(priority)):
+        raise _fail(f"{where}.priorityClassName", f"must be a PriorityClass name (a DNS "
+                    f"subdomain), got {priority!r}")
+    return Placement(pairs, tuple(tolerations), priority or None)
+
+
 def _estimation(raw: Any, where: str) -> Estimation:
     if not isinstance(raw, dict):
         raise _fail(where, "must be an object")
     keys = ("steps", "mode", "activeDeadlineSeconds", "maxHoldSeconds", "resources",
-            "maxConcurrentPerNamespace", "maxConcurrent", "cacheTTLSeconds")
+            "maxConcurrentPerNamespace", "maxConcurrent", "cacheTTLSeconds", "placement")
     _check_keys(raw, keys, where)
     base = Estimation()
     resources = raw.get("resources", {})
@@ -403,6 +509,7 @@ def _estimation(raw: Any, where: str) -> Estimation:
                             f"{where}.maxConcurrent", 1),
         cache_ttl_seconds=_int(raw.get("cacheTTLSeconds", base.cache_ttl_seconds),
                                f"{where}.cacheTTLSeconds", 1),
+        placement=_placement(raw.get("placement", {}), f"{where}.placement"),
     )
 
 
