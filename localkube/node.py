@@ -330,17 +330,30 @@ class ProcessNode:
             pass
 
     def _lookup(self, kind: str, namespace: str, name: str) -> Optional[Dict[str, str]]:
-        """A ConfigMap's or Secret's data; None only when the server says it is not there.
-        A refusal right after binding (the Node authorizer lets a node read what its pods
-        refer to once it has seen the binding) or an API server restarting is retried."""
+        """A ConfigMap's or Secret's data as text (for the environment); None only when the
+        server says it is not there."""
+        files = self._files(kind, namespace, name, binary=False)
+        return None if files is None else {k: v.decode() for k, v in files.items()}
+
+    def _files(self, kind: str, namespace: str, name: str,
+               binary: bool = True) -> Optional[Dict[str, bytes]]:
+        """The files a config map or secret volume holds, as the kubelet writes them: a config
+        map's ``data`` (UTF-8) and, with ``binary``, its ``binaryData``; a secret's decoded
+        ``data``. None only when the server says it is not there. A refusal right after binding
+        (the Node authorizer lets a node read what its pods refer to once it has seen the
+        binding) or an API server restarting is retried."""
         deadline = time.monotonic() + 60
         while True:
             try:
                 if kind == "ConfigMap":
                     obj = self.core.read_namespaced_config_map(name, namespace)
-                    return dict(obj.data or {})
+                    files = {k: v.encode() for k, v in (obj.data or {}).items()}
+                    if binary:
+                        files.update({k: base64.b64decode(v)
+                                      for k, v in (obj.binary_data or {}).items()})
+                    return files
                 obj = self.core.read_namespaced_secret(name, namespace)
-                return {k: base64.b64decode(v).decode() for k, v in (obj.data or {}).items()}
+                return {k: base64.b64decode(v) for k, v in (obj.data or {}).items()}
             except Exception as exc:  # noqa: BLE001 - 404: missing, the caller reports it
                 if getattr(exc, "status", None) == 404 or time.monotonic() > deadline \
                         or self._stop.is_set():
@@ -368,7 +381,7 @@ class ProcessNode:
     def _write_source(self, pod: Dict[str, Any], source: Dict[str, Any], host: str) -> None:
         """The files of one volume source (configMap, secret, downwardAPI, serviceAccountToken)."""
         m = pod["metadata"]
-        files: Dict[str, str] = {}
+        files: Dict[str, bytes] = {}
         if "serviceAccountToken" in source:
             spec = source["serviceAccountToken"]
             request: Dict[str, Any] = {"spec": {
@@ -392,28 +405,29 @@ class ProcessNode:
                 # the kubelet's token mount fails, the pod never starts.
                 raise ctr.ConfigError(f'no token for serviceaccount "{account}" to mount in pod '
                                       f'"{m["name"]}": {exc.status} {exc.reason}') from None
-            files[spec["path"]] = answer.status.token
+            files[spec["path"]] = answer.status.token.encode()
         for kind, key in (("ConfigMap", "configMap"), ("Secret", "secret")):
             if key not in source:
                 continue
             ref = source[key]
             ref_name = ref.get("name") or ref.get("secretName", "")
-            data = self._lookup(kind, m["namespace"], ref_name)
+            data = self._files(kind, m["namespace"], ref_name)
             if data is None:
                 if ref.get("optional"):
                     continue
                 raise ctr.ConfigError(f'{kind.lower()} "{ref_name}" not found')
             for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
-                files[item["path"]] = data.get(item["key"], "")
+                files[item["path"]] = data.get(item["key"], b"")
         if "downwardAPI" in source:
             for item in source["downwardAPI"].get("items") or []:
                 if "fieldRef" in item:
-                    files[item["path"]] = ctr.field_ref(pod, item["fieldRef"]["fieldPath"])
-        for path, text in files.items():
+                    files[item["path"]] = ctr.field_ref(
+                        pod, item["fieldRef"]["fieldPath"]).encode()
+        for path, content in files.items():
             target = os.path.join(host, path)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "w", encoding="utf-8") as handle:
-                handle.write(text)
+            with open(target, "wb") as handle:
+                handle.write(content)
 
     def _run_pod(self, pod: Dict[str, Any]) -> None:
         m = pod["metadata"]
