@@ -75,15 +75,19 @@ _TRANSFORMERS_LOADING = _AfterImport("transformers.core_model_loading")
 
 
 def install(patches: Any, tracker: Any, fake: bool) -> None:
-    """Hook safetensors, huggingface_hub and transformers for this run (fake mode only)."""
-    if not fake:
-        return
-    patches.set(RUN, "tracker", tracker)
-    for hook, patch in ((_SAFETENSORS, _patch_safetensors),
-                        (_SAFETENSORS_TORCH, _patch_safetensors_torch),
-                        (_HUB_DOWNLOAD, _patch_hub_download),
-                        (_TRANSFORMERS_HUB, _patch_transformers_hub),
-                        (_TRANSFORMERS_LOADING, _patch_transformers_loading)):
+    """Hook safetensors, huggingface_hub and transformers for this run (the headers: fake mode
+    only; transformers' loader threads run inline in both modes, so that what they copy onto
+    the GPU is traced: in profile mode a copy from a thread of its own reaches the CUDA
+    runtime, which the probe's virtual GPU only answers on the script's thread)."""
+    hooks: Tuple[Tuple[Any, Callable[[Any, Any, bool], None]], ...] = (
+        (_TRANSFORMERS_LOADING, _patch_transformers_loading),)
+    if fake:
+        patches.set(RUN, "tracker", tracker)
+        hooks += ((_SAFETENSORS, _patch_safetensors),
+                  (_SAFETENSORS_TORCH, _patch_safetensors_torch),
+                  (_HUB_DOWNLOAD, _patch_hub_download),
+                  (_TRANSFORMERS_HUB, _patch_transformers_hub))
+    for hook, patch in hooks:
         module = sys.modules.get(hook.name)
         if module is not None:
             patch(patches, module, True)

@@ -51,9 +51,13 @@ class GPUOnlyCall(RuntimeError):
 # (c10/cuda/CUDAException.h C10_CUDA_CHECK: "CUDA error: ..."; CUDAHooks.cpp /
 # CUDAFunctions.cpp device_count_impl: "Found no NVIDIA driver ..."; torch/cuda/__init__.py
 # _lazy_init: "Torch not compiled with CUDA enabled", "No CUDA GPUs are available").
+# Triton's, for a kernel launched on a machine without a GPU (triton/backends/nvidia/driver.py,
+# libcuda_dirs: "libcuda.so cannot found!"; triton/runtime/driver.py, _create_driver: "0 active
+# drivers").
 _RUNTIME_FAILURES = ("CUDA error:", "Found no NVIDIA driver", "No CUDA GPUs are available",
                      "CUDA driver version is insufficient", "Torch not compiled with CUDA",
-                     "CUDA driver initialization failed", "no CUDA-capable device")
+                     "CUDA driver initialization failed", "no CUDA-capable device",
+                     "libcuda.so cannot found", "0 active drivers")
 
 
 def gpu_only_cause(exc: BaseException) -> Optional[GPUOnlyCall]:
@@ -99,9 +103,18 @@ def needs_values_cause(exc: BaseException) -> Optional[str]:
     return None
 
 
+def _installed_module(path: str) -> Optional[str]:
+    """The dotted module of a file of an installed package (torch, triton, transformers...),
+    from the folder Python installs packages in; None for the script's own files."""
+    for folder in ("/site-packages/", "/dist-packages/"):
+        if folder in path:
+            return path[path.rindex(folder) + len(folder):].rsplit(".", 1)[0].replace("/", ".")
+    return None
+
+
 def _innermost_torch_call(exc: BaseException) -> str:
-    """The innermost frame of torch's own Python code on the way to the failure, else the
-    script's line that made the call."""
+    """The innermost frame of an installed package's Python code (torch's, or a library's such
+    as Triton's) on the way to the failure, else the script's line that made the call."""
     import traceback
 
     torch_call = user_call = ""
@@ -109,8 +122,8 @@ def _innermost_torch_call(exc: BaseException) -> str:
         path = frame.filename.replace("\\", "/")
         if "xmem_admission" in path or path.endswith("runpy.py"):
             continue
-        if "/torch/" in path:
-            module = path[path.rindex("/torch/") + 1:].rsplit(".", 1)[0].replace("/", ".")
+        module = _installed_module(path)
+        if module is not None:
             torch_call = f"{module}.{frame.name} ({frame.filename}:{frame.lineno})"
         else:
             user_call = f"the call at {frame.filename}:{frame.lineno} ({(frame.line or '').strip()})"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import os
 import traceback
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
@@ -244,11 +245,16 @@ class DataDependentValue(Exception):
     which value, and where it came from)."""
 
 
+# torch's own Python files (a path under the folder of torch's package, not any path with a
+# "torch" folder in it: a user's environment may be called that).
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
 def where_in_script() -> str:
     """The innermost frame outside torch and xmem: where the script is now."""
     for frame in reversed(traceback.extract_stack()[:-1]):
         name = frame.filename
-        if "/torch/" in name or "xmem_admission" in name or name.startswith("<"):
+        if name.startswith(_TORCH_DIR) or "xmem_admission" in name or name.startswith("<"):
             continue
         return f"{name}:{frame.lineno} ({(frame.line or '').strip()[:80]})"
     return "unknown location"
