@@ -25,7 +25,7 @@ def _released_once(harness: Harness, name: str) -> dict:
     [gme] = harness.gmes()
     # one estimation pod: one attempt, whose pod name is fixed (a second create is a 409),
     # deleted once its result was recorded
-    assert gme["status"]["attempt"] == 1
+    assert gme["status"].get("attempt", 1) == 1  # unset: the first attempt
     wait(lambda: not harness.estimation_pods(), 30, "the succeeded estimation pod to be deleted")
     assert len(_estimated(harness, name)) == 1
     return job
@@ -53,7 +53,10 @@ def test_a_storm_of_409_429_and_5xx_answers_still_gives_one_estimate_one_pod_one
         "create pod 500 after it landed": 1, "status 503 beyond the client's retries": 8,
         "release 409": 2}
     assert controller.kube.retries >= 4 + 8 - 1
-    assert controller.metrics.errors.labels("estimate")._value.get() >= 1
+    # the status write that met the 503s beyond the client's retries was counted, whichever
+    # reconcile made it first (the estimate's, or a waiting workload's lastUsedTime)
+    assert sum(controller.metrics.errors.labels(key)._value.get()
+               for key in ("estimate", "workload")) >= 1
 
 
 def test_a_stale_cache_write_is_a_real_409_and_writes_nothing(harness):
