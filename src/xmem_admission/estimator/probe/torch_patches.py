@@ -132,6 +132,8 @@ def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationT
     checkpoints.install(patches, tracker, fake)
     from xmem_admission.estimator.probe import triton_kernels
     triton_kernels.install(patches, tracker, fake)
+    from xmem_admission.estimator.probe import generation
+    generation.install(patches, tracker, fake)
 
 
 def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,

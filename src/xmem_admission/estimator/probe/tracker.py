@@ -227,6 +227,12 @@ def conv_mark(func: Any, args: Args, out: Any, flags: Optional[ConvFlags] = None
 
 # NaN/Inf checks and the answer they give on values fake mode does not know (see
 # _propagate_shadows); HF Trainer, for one, filters its logged loss this way every step.
+# Ops whose result is zero when either input is zero, whatever the other holds (integers and
+# booleans: no NaN times zero), and boolean ORs, all true when either input is.
+# Ops whose value is a constant of the input's shape (None: the fill is the second argument).
+_CONSTANT_LIKE = {aten.ones_like: 1, aten.zeros_like: 0, aten.full_like: None}
+_OR_PACKETS = {aten.bitwise_or, aten.logical_or}
+_ABSORBING = {aten.bitwise_and, aten.logical_and, aten.mul} | _OR_PACKETS
 _FINITE_CHECKS = {aten.isnan: False, aten.isinf: False, aten.isposinf: False,
                   aten.isneginf: False, aten.isfinite: True}
 
@@ -844,6 +850,14 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             self._forget_mutated(func, args)
             return
         real = self._run_real(func, args, kwargs, inputs, limit)
+        if real is _MISSING and func.overloadpacket in _CONSTANT_LIKE and len(outs) == 1:
+            # its value is its fill, whatever the input's (a mask made with ones_like)
+            fill = _CONSTANT_LIKE[func.overloadpacket]
+            with _disable_current_modes():
+                real = torch.full(tuple(outs[0].shape), args[1] if fill is None else fill,
+                                  dtype=outs[0].dtype)
+        if real is _MISSING and func.overloadpacket in _ABSORBING and len(outs) == 1:
+            real = self._absorbed(inputs, outs[0], func.overloadpacket in _OR_PACKETS)
         if real is _MISSING and func.overloadpacket in _FINITE_CHECKS and len(outs) == 1:
             # Values fake mode does not know are taken to be finite (as the patched GradScaler
             # does): a NaN/Inf check on them answers "no" instead of stopping the trace.
@@ -859,6 +873,26 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         for fake_t, real_t in zip(outs, real_outs):
             if is_fake(fake_t):
                 self._shadows[fake_t] = real_t
+
+    def _absorbed(self, inputs: List[torch.Tensor], out: torch.Tensor, either: bool) -> Any:
+        """An AND (or an integer product) of two tensors, one known to be all zero, is zero
+        whatever the other holds; an OR of booleans, one known all true, is all true (a
+        generation loop's ``is_done | at_max_length`` and ``unfinished & ~is_done`` once every
+        sequence reached its maximum length end the loop on a known value)."""
+        if len(inputs) != 2 or out.dtype.is_floating_point or out.dtype.is_complex:
+            return _MISSING
+        if either and out.dtype != torch.bool:
+            return _MISSING
+        for t in inputs:
+            known = self.shadow(t)
+            if known is None:
+                continue
+            with _disable_current_modes():
+                if either and bool(known.all()):
+                    return torch.ones(tuple(out.shape), dtype=out.dtype)
+                if not either and not bool(known.any()):
+                    return torch.zeros(tuple(out.shape), dtype=out.dtype)
+        return _MISSING
 
     def _run_real(self, func: Any, args: Args, kwargs: Kwargs, inputs: List[torch.Tensor],
                   limit: Optional[int]) -> Any:

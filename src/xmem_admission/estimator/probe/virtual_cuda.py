@@ -73,7 +73,9 @@ class Placeholder(float):
     def _compare(self, *_args: Any) -> NoReturn:
         _decide(self.what)
 
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __bool__ = _compare
+    # an unknown value used as an integer (a token id decoded to text, a count): a decision
+    # on its value, where a float would raise TypeError
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __bool__ = __index__ = _compare
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _same
     __truediv__ = __rtruediv__ = __floordiv__ = __pow__ = __neg__ = __abs__ = _same
     __round__ = _same  # type: ignore[assignment]  # float.__round__ is overloaded
