@@ -94,3 +94,17 @@ def test_auto_traces_a_job_without_a_bound_again_in_profile_mode(script):
     assert data["mode"] == "profile"
     assert "aten.repeat_interleave" in data["fallback_reason"]
     assert data["upper_bound"] is False
+
+
+def test_an_addmm_into_an_fp32_accumulator_writes_the_accumulator(probe_run, script):
+    import torch
+
+    if "dtype_out" not in torch.ops.aten.addmm.overloads():
+        import pytest
+
+        pytest.skip(f"torch {torch.__version__}: addmm has no out_dtype before torch 2.8")
+    result, _ = probe_run([script("addmm_out_dtype.py")])
+    assert result.status == "ok", result.reason + result.traceback
+    made = [e.size for e in result.trace.events if e.op == "alloc" and e.source == "aten.addmm"]
+    # out=acc writes the accumulator (nothing made); without out, one fp32 32 x 512 result
+    assert made.count(32 * 512 * 4) == 3, made

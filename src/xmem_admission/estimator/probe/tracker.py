@@ -229,6 +229,9 @@ def conv_mark(func: Any, args: Args, out: Any, flags: Optional[ConvFlags] = None
 # _propagate_shadows); HF Trainer, for one, filters its logged loss this way every step.
 # Ops whose result is zero when either input is zero, whatever the other holds (integers and
 # booleans: no NaN times zero), and boolean ORs, all true when either input is.
+# addmm's out_dtype overloads (torch >= 2.8: ``addmm.dtype``, ``addmm.dtype_out``).
+_ADDMM_OUT_DTYPE = {getattr(aten.addmm, name) for name in ("dtype", "dtype_out")
+                    if name in aten.addmm.overloads()}
 # Ops whose value is a constant of the input's shape (None: the fill is the second argument).
 _CONSTANT_LIKE = {aten.ones_like: 1, aten.zeros_like: 0, aten.full_like: None}
 _OR_PACKETS = {aten.bitwise_or, aten.logical_or}
@@ -767,6 +770,15 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             DynamicOutputShapeException,
         )
 
+        if func in _ADDMM_OUT_DTYPE:
+            # addmm with an out_dtype (an fp32 accumulator of bf16 products: TRL's fused LM head)
+            # is mm-shaped; torch 2.11's fake kernel for it runs addmm's decomposition, which
+            # takes out_dtype for beta (decompositions.py, addmm: "beta * self" with a dtype)
+            out = kwargs.get("out")
+            if out is not None:
+                return out
+            rows, cols = args[1].shape[0], args[2].shape[1]
+            return args[1].new_empty((rows, cols), dtype=args[3])
         if func is aten._pack_padded_sequence.default:
             # Its size always comes from the lengths: asked first, not after the fake kernel
             # fails (2.2's meta kernel raises a RuntimeError, "'lengths' argument should be a
