@@ -72,8 +72,10 @@ def test_an_estimate_forged_by_team_as_code_never_sizes_or_denies_team_bs_job(te
 
 
 def test_a_pod_squatting_the_estimation_pods_name_is_never_adopted(tenants):
-    """alice creates a pod named as the controller would name the estimation pod, with the
-    estimation labels and a forged result, before her Job: the controller does not read it."""
+    """alice creates a pod with the estimation labels and a forged result, named as an
+    estimation pod of her Job would be (``<workload>-xmem-<hash>``), before her Job: the
+    controller's pod name holds the estimate's uid, which nobody knows before the controller
+    creates the estimate, so it makes its own pod and never reads hers."""
     alice = tenants.tenants["alice"]
     squatted = job("squatted", "team-a", 2.0)
     code = tenants.get("v1", "ConfigMap", "code", "team-a")["metadata"]  # her own: she may read
@@ -83,23 +85,30 @@ def test_a_pod_squatting_the_estimation_pods_name_is_never_adopted(tenants):
             else None
     fp = fingerprint.of_templates([squatted["spec"]["template"]], GPUS, versions)
     gme_name = records.name_for(fp)
-    squatter = make_pod(f"{gme_name}-1", "team-a").obj()
-    squatter["metadata"]["labels"] = {records.FINGERPRINT_LABEL: fp,
-                                      records.MANAGED_BY[0]: records.MANAGED_BY[1],
-                                      records.COMPONENT[0]: records.COMPONENT[1]}
-    squatter["spec"]["containers"][0].update(command=["python", "-c", "pass"], args=[],
-                                             resources={})
-    alice.create_pod(restricted(squatter))
+    guesses = [f"squatted-xmem-{n:08x}" for n in (0, 1)] + [f"{gme_name}-1"]
+    for guess in guesses:
+        squatter = make_pod(guess, "team-a").obj()
+        squatter["metadata"]["labels"] = {records.FINGERPRINT_LABEL: fp,
+                                          records.MANAGED_BY[0]: records.MANAGED_BY[1],
+                                          records.COMPONENT[0]: records.COMPONENT[1]}
+        squatter["spec"]["containers"][0].update(command=["python", "-c", "pass"], args=[],
+                                                 resources={})
+        alice.create_pod(restricted(squatter))
     alice.create_job(squatted)
-    def failed() -> Any:
-        found = [g for g in tenants.gmes("team-a") if g["metadata"]["name"] == gme_name]
-        return found[0] if found and (found[0].get("status") or {}).get("phase") == "Failed" \
-            else None
 
-    gme = wait_for(failed, 60, "the estimate to fail")
-    assert gme["status"]["reason"] == "PodNameTaken"
-    assert tenants.get("v1", "Pod", f"{gme_name}-1", "team-a")  # not deleted either
-    assert _held(tenants.job("squatted", "team-a"))  # policy: Hold
+    def own_pod() -> Any:
+        pods = tenants.cluster.list("v1", "Pod", "team-a",
+                                    f"{records.FINGERPRINT_LABEL}={fp}")
+        return [p for p in pods if p["metadata"]["name"] not in guesses
+                and any(o.get("kind") == "GPUMemoryEstimate"
+                        for o in p["metadata"].get("ownerReferences") or [])] or None
+
+    [pod] = wait_for(own_pod, 60, "the controller's own estimation pod")
+    assert pod["metadata"]["name"].startswith("squatted-xmem-")
+    [gme] = [g for g in tenants.gmes("team-a") if g["metadata"]["name"] == gme_name]
+    assert (gme.get("status") or {}).get("reason") != "PodNameTaken"
+    for guess in guesses:  # hers, untouched
+        assert tenants.get("v1", "Pod", guess, "team-a")
 
 
 def test_a_hand_set_request_bytes_of_one_byte_is_stripped_and_the_job_held(tenants):
