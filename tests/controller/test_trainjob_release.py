@@ -98,7 +98,9 @@ def test_a_held_trainjob_is_released_with_its_sizing_in_the_controllers_runtime_
     assert int(meta["annotations"][labels.REQUEST_BYTES]) > int(11.7 * (1 << 30))
     assert meta["annotations"][labels.GPU_MODEL] == "A100-80GB"
     assert meta["labels"] == {labels.OPT_IN: labels.OPT_IN_VALUE}
-    (event,) = [e for e in stack.events("llm") if e["reason"] == "Estimated"]
+    # the Event is written after the release: waited for, not read at once
+    (event,) = wait(lambda: [e for e in stack.events("llm") if e["reason"] == "Estimated"], 30,
+                    "the Estimated event")
     assert "requesting nvidia.com/gpumem" in event["message"]
 
     # Trainer makes the JobSet with the sizing on the trainer step's pods

@@ -164,10 +164,23 @@ def resident_pages(path: Path) -> List[int]:
 
 
 def data_pages_read(path: Path) -> List[int]:
-    """Pages of ``path``'s data region (past the page the header ends in) in the page cache."""
-    length, _ = header_of(path)  # read by the test itself: that page is allowed
-    last_header_page = (8 + length - 1) // os.sysconf("SC_PAGE_SIZE")
-    return [p for p in resident_pages(path) if p > last_header_page]
+    """Pages of ``path``'s data region (past the page the header ends in) in the page cache,
+    other than the pages of tensors small enough to be read for their values
+    (``checkpoints.SMALL_VALUE_BYTES``: norms, quantization state, never a weight matrix)."""
+    from xmem_admission.estimator.probe.checkpoints import SMALL_VALUE_BYTES
+
+    length, header = header_of(path)  # read by the test itself: that page is allowed
+    page = os.sysconf("SC_PAGE_SIZE")
+    last_header_page = (8 + length - 1) // page
+    base = 8 + length
+    small = set()  # pages a small tensor's bytes lie on (a weight may share them)
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        if 0 < end - begin <= SMALL_VALUE_BYTES:
+            small.update(range((base + begin) // page, (base + end - 1) // page + 1))
+    return [p for p in resident_pages(path) if p > last_header_page and p not in small]
 
 
 # -- running the estimate -----------------------------------------------------------------------

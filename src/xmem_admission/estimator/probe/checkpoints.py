@@ -316,10 +316,14 @@ class HeaderOnlyFile:
 
     def _read(self, begin: int, end: int) -> bytes:
         """The bytes of one small tensor (offsets from the end of the header)."""
-        with open(self._origin, "rb") as fh:
-            length = header_length(fh.read(8), self._header.size, self._origin)
-            fh.seek(8 + length + begin)
-            raw = fh.read(end - begin)
+        fd = os.open(self._origin, os.O_RDONLY)
+        try:  # without readahead, as the header: the weights around it stay unread
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+            length = header_length(os.pread(fd, 8, 0), self._header.size, self._origin)
+            raw = os.pread(fd, end - begin, 8 + length + begin)
+        finally:
+            os.close(fd)
         if len(raw) != end - begin:
             raise _error(f"{self._origin}: the file ends inside a tensor's data")
         return raw
