@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from xmem_admission.estimator.probe.distributed import _AfterImport
 from xmem_admission.estimator.trace import NoteKind
@@ -40,12 +40,7 @@ def install(patches: Any, tracker: Any, fake: bool) -> None:
         if hook.name in sys.modules:
             patch(patches, tracker, sys.modules[hook.name])
         else:
-            hook.arm(patches, functools.partial(_patch_later, patch, patches, tracker))
-
-
-def _patch_later(patch: Callable[[Any, Any, Any], None], patches: Any, tracker: Any,
-                 module: Any) -> None:
-    patch(patches, tracker, module)
+            hook.arm(patches, functools.partial(patch, patches, tracker))
 
 
 def _kernel_name(kernel: Any) -> str:
