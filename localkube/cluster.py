@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Protocol, Sequ
 
 import yaml
 
-from localkube import tools
+from localkube import tools, training_stack
 from localkube.controlplane import ControlPlane, stop_process, wait_for
 from localkube.kwok import TEST_STAGES, Kwok
 from localkube.node import ProcessNode
@@ -64,12 +64,10 @@ def render_chart(values: Optional[Dict[str, Any]] = None,
 
 
 def training_stack_crds() -> List[Dict[str, Any]]:
-    """JobSet's and Kubeflow Trainer's CRDs from their build (``localkube.jobset.home``): the
-    controller watches JobSets and TrainJobs by default, so a cluster the tests share serves
+    """JobSet's and Kubeflow Trainer's CRDs from their build (``localkube.training_stack``):
+    the controller watches JobSets and TrainJobs by default, so a cluster the tests share serves
     them whether or not the test starts those controllers (``localkube.trainer``)."""
-    from localkube.jobset import home  # localkube.jobset builds on this module
-
-    entry = home()
+    entry = training_stack.home()
     paths = sorted((entry / "jobset" / "crds").glob("*.yaml")) + \
         sorted((entry / "trainer" / "crds").glob("*.yaml"))
     return [d for path in paths for d in yaml.safe_load_all(path.read_text()) if d]

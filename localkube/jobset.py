@@ -31,23 +31,12 @@ import yaml
 from localkube import tools
 from localkube.cluster import Cluster
 from localkube.hosted import HostedController, install_crds
+from localkube.training_stack import BUILD, VERSIONS_FILE, home
 
-VERSIONS_FILE = tools.ROOT / "scripts" / "trainer-versions.env"
-BUILD = "`make tools` (scripts/build-trainer.sh)"
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 # The labels JobSet puts on its Jobs and pods (api/jobset/v1alpha2/jobset_types.go).
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
-
-
-def home() -> Path:
-    """The build's cache entry (JobSet and Trainer share it); raises ``tools.ToolsMissing``
-    naming the command that builds it."""
-    v = tools.read_env(VERSIONS_FILE)
-    return tools.cache_entry(
-        "XMEM_TRAINER_CACHE", "trainer",
-        f"{v['JOBSET_VERSION']}_{v['TRAINER_VERSION']}_r{v['TRAINER_BUILD_RECIPE']}",
-        "the training stack (JobSet and Kubeflow Trainer)", BUILD)
 
 
 def version() -> str:

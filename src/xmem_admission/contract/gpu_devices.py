@@ -36,9 +36,7 @@ Standard library only (the contract is part of the probe bundle).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
-
-from xmem_admission.contract.gpus import GPU, all_gpus
+from typing import Dict, Optional, Protocol, Tuple
 
 KiB = 1024  # the guide's "KB" is 1024 bytes (163 KB opt-in = 166912, cudaDevAttrMaxSharedMemoryPerBlockOptin)
 MiB = 1024 * 1024
@@ -276,7 +274,26 @@ class DeviceDescription:
         return bool(self.device_name) and all(n > 0 for n in numbers)
 
 
-def device_description(gpu: GPU) -> DeviceDescription:
+class CatalogueGPU(Protocol):
+    """What a description reads of a catalogue entry (``contract.gpus.GPU``). This module
+    does not import the catalogue: the catalogue's GPU reads ``contract.overhead``, which reads
+    this module's limits and datasheet figures."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def cuda_name(self) -> str: ...
+    @property
+    def compute_capability(self) -> Tuple[int, int]: ...
+    @property
+    def multi_processor_count(self) -> int: ...
+    @property
+    def capacity_bytes(self) -> int: ...
+    @property
+    def capacity_source(self) -> str: ...
+
+
+def device_description(gpu: CatalogueGPU) -> DeviceDescription:
     """The device description of a catalogue GPU.
 
     Raises ``KeyError`` naming the model when it has no product figures or its compute
@@ -302,8 +319,3 @@ def device_description(gpu: GPU) -> DeviceDescription:
         limits=limits,
         source=f"{product.source}; limits: {limits.source}; capacity: {gpu.capacity_source}",
     )
-
-
-def all_device_descriptions() -> Dict[str, DeviceDescription]:
-    """The description of every catalogue GPU, by catalogue key."""
-    return {gpu.key: device_description(gpu) for gpu in all_gpus()}

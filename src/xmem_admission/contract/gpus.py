@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from xmem_admission.contract import overhead
 from xmem_admission.contract.errors import UnknownGPUError
 
 GiB = 1 << 30
@@ -101,26 +102,18 @@ class GPU:
         """Memory a process holds outside the caching allocator, for uses that have no trace (the
         cluster side's OOM retries): ``contract.overhead``'s figures for a job whose CUDA is not
         known and that calls cuDNN; estimates use the job's own (``overhead.for_gpu``)."""
-        from xmem_admission.contract import overhead
-
         return overhead.for_gpu(self.key).total_bytes
 
     @property
     def context_bytes(self) -> int:
-        from xmem_admission.contract import overhead
-
         return overhead.for_gpu(self.key).context.bytes
 
     @property
     def runtime_overhead_bytes(self) -> int:
-        from xmem_admission.contract import overhead
-
         return overhead.for_gpu(self.key).runtime_bytes
 
     @property
     def overhead_source(self) -> str:
-        from xmem_admission.contract import overhead
-
         figures = overhead.for_gpu(self.key)
         return "; ".join(f"{name} ({f.basis.value}): {f.source}" for name, f in (
             ("context", figures.context), ("runtime", figures.runtime), ("cuDNN", figures.cudnn)))

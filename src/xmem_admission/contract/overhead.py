@@ -51,6 +51,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
+from xmem_admission.contract import gpu_devices
+from xmem_admission.contract.errors import UnknownGPUError
+
 MiB = 1 << 20
 
 # The CUDA major version assumed when the job's is unknown (a trace from an older probe, a torch
@@ -181,11 +184,16 @@ STACK_BYTES_PER_THREAD = 1024
 
 
 def local_memory_bytes(gpu: str) -> int:
-    """What the context reserves for thread stacks on ``gpu``: SMs x resident threads per SM
-    (``gpu_devices.ARCHITECTURES``, the CUDA programming guide's table) x the default stack."""
-    from xmem_admission.contract import gpu_devices, gpus
-
-    entry = gpus.lookup(gpu)
+    """What the context reserves for thread stacks on ``gpu`` (a catalogue key): SMs x resident
+    threads per SM (``gpu_devices.ARCHITECTURES``, the CUDA programming guide's table) x the
+    default stack. The SM count and compute capability are the model's datasheet figures
+    (``gpu_devices.PRODUCTS``), which tests/gpus/test_device_descriptions.py holds equal to the
+    catalogue's for every model."""
+    entry = gpu_devices.PRODUCTS.get(gpu)
+    if entry is None:
+        raise UnknownGPUError(f"unknown GPU {gpu!r}: no SM count for it in "
+                              f"contract/gpu_devices.py; known GPUs: "
+                              f"{', '.join(gpu_devices.PRODUCTS)}")
     limits = gpu_devices.ARCHITECTURES.get(entry.compute_capability)
     threads = limits.max_threads_per_sm if limits is not None else max(
         a.max_threads_per_sm for a in gpu_devices.ARCHITECTURES.values())
