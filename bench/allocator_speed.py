@@ -4,7 +4,7 @@ Replays the alloc/free streams of the three real GPU snapshots in ``tests/data/s
 through ``xmem_admission.estimator.allocator.simulate.simulate`` (full PyTorch-style statistics and the
 per-category peak breakdown, as the estimator uses it) over and over until at least
 1,000,000 events have run, on one core, and prints the rate. The last line is
-``events_per_second: N``. Target (issue 2): at least 250,000 events per second.
+``events_per_second: N``. Target: at least 250,000 events per second.
 
     .venv/bin/python bench/allocator_speed.py [--events N]
 """

@@ -1,4 +1,4 @@
-"""Which fields of the device description move cuDNN's deviceless answer (#38 item 5).
+"""Which fields of the device description move cuDNN's deviceless answer.
 
 cuDNN plans without a GPU from a device description (``cudnn_heuristics.description_json``: SM
 count, L2, clocks, memory, shared memory limits, ...). Where the plan a GPU chose differs from

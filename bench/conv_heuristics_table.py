@@ -1,4 +1,4 @@
-"""cuDNN's own first workspace per convolution against the fitted rule, four architectures (#30).
+"""cuDNN's own first workspace per convolution against the fitted rule, four architectures.
 
 For each shape of ``bench/data/conv_shapes.jsonl`` (120 forward convolutions of GPUMemNet's CNN
 jobs, ``bench/conv_workspaces.py --make-shapes``) and each call (forward, data gradient, weight
@@ -10,7 +10,7 @@ sm89 L40S, sm90 H100-80GB. Against it, what the fitted rule (``contract.cudnn.wo
 with ``rule_for``) gives the same call; only compute capability 8.0 has a rule, the others get
 no workspace from it.
 
-The shapes made from traces since issue 30 carry their marks' stride, padding, dilation,
+The shapes made from traces whose marks carry the geometry carry their marks' stride, padding, dilation,
 dtype, layout and flags, used as they are. Older shape files carry x, w, y, groups and element
 size only: stride and padding are then inferred per spatial dimension as the pairs (stride >= 1,
 0 <= padding < kernel, dilation 1) with ``(in + 2 * padding - kernel) // stride + 1 == out``; a

@@ -1,5 +1,5 @@
 """The measured CNN jobs of a GPU run simulated again with the convolution workspaces of a chosen
-cuDNN (#38 item 5): which release plans moves the reserved peak, not the allocated one.
+cuDNN: which release plans moves the reserved peak, not the allocated one.
 
 ``bench/gpu_truth.py --estimate`` traces each job with this environment's torch and plans its
 convolutions with this environment's cuDNN (9.24 in the development venv); the H200 ran torch

@@ -1,4 +1,4 @@
-"""The xMem paper's rows with cuDNN's own convolution workspaces against the fitted rule (#30).
+"""The xMem paper's rows with cuDNN's own convolution workspaces against the fitted rule.
 
     .venv/bin/python bench/conv_paper_rows.py RUNS.jsonl OUT.jsonl.traces [--misses 0.06]
 
@@ -8,7 +8,7 @@ catalogue's runtime overhead added, the OOM decided on the card's capacity): wit
 cuDNN's heuristics give (this environment's cuDNN, planning deviceless for the row's GPU: the
 paper's runs used torch 2.6 with cuDNN 9.1.0, which cannot plan without a GPU, so this cuDNN
 stands in), and with the fitted rule (``contract.cudnn.RULES``: none on the RTX 3060's and RTX
-4060's architectures, so no workspace, as before issue 30). Prints the benchmark's tables for
+4060's architectures, so no workspace). Prints the benchmark's tables for
 both and the convolution rows off by more than ``--misses``, each with both errors and what the
 workspaces add to its simulated peak.
 """

@@ -1,4 +1,4 @@
-"""What asking cuDNN's heuristics costs an estimate (#30): loading libcudnn, then planning every
+"""What asking cuDNN's heuristics costs an estimate: loading libcudnn, then planning every
 convolution of a trace for one GPU, in time and host memory (resident set).
 
     .venv/bin/python bench/conv_planning_cost.py TRACE.json [--gpu A100-40GB]

@@ -1,5 +1,5 @@
 """What cuDNN convolutions really ask the caching allocator for, shape by shape, on a GPU; and how
-the workspace rule of ``contract/cudnn.py`` compares (issue #18).
+the workspace rule of ``contract/cudnn.py`` compares.
 
 The rule for compute capability 8.0 is a fit on whole jobs (bench/README.md, "cuDNN convolution
 workspaces"): what cuDNN's heuristics pick per shape is not documented, and the jobs' residual
@@ -23,7 +23,7 @@ the measured bytes as a multiple of the rule's basis (input + output + weight, o
 input and output) and, where the measured GPU's architecture has a rule, how often the rule's
 size is below the measured one; and, where this machine's cuDNN plans deviceless (9.11 and
 newer), how often the measured bytes are the workspace of the first plan PyTorch would try per
-cuDNN's heuristics for the measured GPU (``compare_heuristics``, issue #30).
+cuDNN's heuristics for the measured GPU (``compare_heuristics``).
 
 **Shapes** (``--make-shapes TRACES``): the distinct convolutions of kept GPUMemNet traces (the
 ``OUT.jsonl.traces`` folder of ``xmem bench gpumemnet``: each trace's ``cudnn:fwd`` marks), a
@@ -65,7 +65,7 @@ def _dims(text: str) -> List[int]:
     return [int(d) for d in text.split(",") if d]
 
 
-# The fields a mark carries since issue 30 (``estimator/conv_marks.py``): stride, padding,
+# The fields a newer probe's mark carries (``estimator/conv_marks.py``): stride, padding,
 # dilation (lists), channels-last, dtype, and torch.backends.cudnn's benchmark, deterministic and
 # allow_tf32 at trace time (1/0).
 _GEOMETRY = ("s", "p", "d")
@@ -74,7 +74,7 @@ _FLAGS = ("cl", "bm", "det", "tf32")
 
 def parse_mark(label: str) -> Optional[Dict[str, Any]]:
     """A probe ``cudnn:`` mark (``tracker.conv_mark``) as a shape, or None for other marks;
-    the geometry, dtype and flags of marks made since issue 30 come with it."""
+    the geometry, dtype and flags of a newer probe's marks come with it."""
     head, _, rest = label.partition(" ")
     if not head.startswith("cudnn:"):
         return None
@@ -332,7 +332,7 @@ def _allocator_rounded(size: int) -> int:
     return -(-size // 512) * 512
 
 
-# --- What the measured bytes are (#38 item 5) ----------------------------------------------------
+# --- What the measured bytes are -----------------------------------------------------------------
 #
 # ``max_memory_allocated() - memory_allocated()`` after a call is the size of the *block* the
 # caching allocator handed the workspace, not the workspace: the allocator counts a block's size
@@ -396,14 +396,14 @@ def held_by_measurement(shape: Dict[str, Any], workspaces: Dict[str, int]) -> Di
 
 def compare_heuristics(measured: Sequence[Dict[str, Any]], library: Any = None
                        ) -> Optional[Tuple[str, Dict[str, Any]]]:
-    """The measured bytes against cuDNN's own answer planned here without a GPU (#30, #38): the
+    """The measured bytes against cuDNN's own answer planned here without a GPU: the
     plans PyTorch tries for the measured GPU's catalogue entry with the run's TF32 setting
     (``cudnn_heuristics.torch_plans``), with this environment's cuDNN or ``library``. Per call:
     how often replaying the measurement with the first plan's workspace gives the measured
     bytes (``held_by_measurement``), how often a later plan's does (the device skipped the first
     ones: ``try_plans`` moves on when building or running a plan fails), and how often no plan
-    PyTorch tries gives them; and, as before #38, how often the first plan rounded to 512 bytes
-    equals the measurement. None where no cuDNN here plans deviceless, the GPU is not in the
+    PyTorch tries gives them; and how often the first plan rounded to 512 bytes equals the
+    measurement (the older comparison). None where no cuDNN here plans deviceless, the GPU is not in the
     catalogue, or the run benchmarked (the fastest plan is a measurement)."""
     from xmem_admission.contract import cudnn
     from xmem_admission.contract.errors import XmemError

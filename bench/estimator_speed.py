@@ -1,12 +1,12 @@
-"""Estimator speed and memory: the issue's three cases, measured end to end.
+"""Estimator speed and memory: three cases, measured end to end.
 
 Runs ``xmem estimate`` (the real CLI, in a subprocess) and prints, per case, the wall time and
 the peak RSS of the largest process involved (the probe subprocess: its ``ru_maxrss``, or the
 CLI's own children figure), then for profile mode the ratio to running the same training steps
-plainly on the CPU. Targets (issue 3): fake GPT 1.3B fp32 <= 20 s and 2 GiB; fake Llama-2-7B
+plainly on the CPU. Targets: fake GPT 1.3B fp32 <= 20 s and 2 GiB; fake Llama-2-7B
 shapes bf16 <= 40 s and 2 GiB; profile ResNet-50 batch 32 at 224 <= 3x plain CPU time.
 Each line also gives the probe's own time and the size of the trace it wrote (``--trace``), the
-figures the attribution of trace format v2 (issue 32: module and op per allocation) must keep
+figures the attribution of trace format v2 (module and op per allocation) must keep
 within 5%. ``--compare-ref REF`` measures that: it checks out git revision REF in a temporary
 worktree and runs every case with REF's ``src`` and with this checkout's (first on
 ``PYTHONPATH``, the same models and interpreter), alternating, ``--repeat`` times, then prints

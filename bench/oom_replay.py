@@ -1,4 +1,4 @@
-"""The OOM retry loop (issue 31) replayed on the two yardsticks' measured jobs.
+"""The OOM retry loop replayed on the two yardsticks' measured jobs.
 
     .venv/bin/python bench/oom_replay.py \\
         --paper-runs ../shared/data/xmem-paper/runs.jsonl --paper-out PAPER.jsonl \\

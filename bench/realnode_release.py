@@ -1,4 +1,4 @@
-"""From `kubectl apply` of a Job to its release, with the estimation pod on a real kubelet (#29).
+"""From `kubectl apply` of a Job to its release, with the estimation pod on a real kubelet.
 
 The project on a real node (``tests/realnode/node_cluster.py``: the real control plane, the
 kubelet of the pinned release with containerd 2.x and runc, a local registry requiring

@@ -276,7 +276,7 @@ class ControlPlane:
             "--client-ca-file", str(ca.cert_file),
             "--authorization-mode", "Node,RBAC",
             # OwnerReferencesPermissionEnforcement: OpenShift's default, where setting
-            # blockOwnerDeletion needs update on the owner's finalizers (#15, item 4).
+            # blockOwnerDeletion needs update on the owner's finalizers.
             "--enable-admission-plugins", "NodeRestriction,OwnerReferencesPermissionEnforcement",
             "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
             "--service-account-key-file", str(self.sa_pub),

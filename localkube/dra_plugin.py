@@ -1,4 +1,4 @@
-"""A DRA kubelet plugin beside the real node's kubelet (#40): the Kubernetes project's example
+"""A DRA kubelet plugin beside the real node's kubelet: the Kubernetes project's example
 driver, ``sigs.k8s.io/dra-example-driver`` (cmd/dra-example-kubeletplugin), built by
 ``scripts/build-dra-driver.sh`` (version in ``scripts/dra-driver-versions.env``).
 

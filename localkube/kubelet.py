@@ -1,5 +1,5 @@
 """A real node for the real control plane: kubelet, containerd and runc, CNI bridge networking and a
-local image registry, each started and stopped by PID (#29, item 3).
+local image registry, each started and stopped by PID.
 
 ``RealNode(plane, root).start()`` starts, all as processes of this one and all under ``root``:
 
@@ -493,7 +493,7 @@ class RealNode:
                  taints: Sequence[Dict[str, str]] = (),
                  labels: Optional[Dict[str, str]] = None, services: bool = False) -> None:
         self.plane = plane
-        # Services for the pods (#29, item 5): kube-proxy (iptables mode) and a route to the
+        # Services for the pods: kube-proxy (iptables mode) and a route to the
         # Service range through the bridge, so a pod reaches the API server through the
         # `kubernetes` Service (the control plane must then serve on the host's address).
         self.services = services
@@ -642,7 +642,7 @@ temp = "{d / 'tmp'}"
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
-  # A pulled image's compressed layers are dropped once unpacked (#29, item 6: a torch image
+  # A pulled image's compressed layers are dropped once unpacked (a torch image
   # otherwise lives in containerd twice, about 3 GB compressed beside 5-6 GB unpacked); the
   # transfer service ignores the setting, so CRI pulls locally (containerd-config.toml(5),
   # containerd discussion 12522).

@@ -1,6 +1,6 @@
 """At Pod CREATE, a sized workload's pod gets FallbackToLogsOnError on its GPU containers, and the
 pod its workload's controller creates after an out-of-memory failure gets the request the xmem
-controller recorded for the retry (issue 31): by the owner's uid, in the pod's own namespace,
+controller recorded for the retry: by the owner's uid, in the pod's own namespace,
 in each backend's form."""
 
 from __future__ import annotations

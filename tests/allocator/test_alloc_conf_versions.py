@@ -1,4 +1,4 @@
-"""The simulator follows the traced torch (#28): what each release from 2.2 to 2.15 accepts in
+"""The simulator follows the traced torch: what each release from 2.2 to 2.15 accepts in
 ``PYTORCH_CUDA_ALLOC_CONF``, what it says otherwise, and what a difference does to placement.
 
 The expected tables below are written out from the release wheels (see torch_releases.py), not

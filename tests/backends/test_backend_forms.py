@@ -125,14 +125,14 @@ def test_mig_single_adds_the_slice_size_to_every_existing_node_selector_term(ser
     ]
 
 
-# A sized pod's GPU container reports its log's tail on failure (FallbackToLogsOnError, #31).
+# A sized pod's GPU container reports its log's tail on failure (FallbackToLogsOnError).
 MESSAGE_POLICY = "/spec/containers/0/terminationMessagePolicy"
 
 
 def test_the_annotation_backend_changes_nothing_but_the_annotations(served: HttpsWebhook) -> None:
     pod = released_pod(8 * GiB).obj()
     answer, patched = mutate(served, "annotation", pod)
-    assert [op["path"] for op in answer.ops] == [MESSAGE_POLICY]  # issue 31: the log's tail
+    assert [op["path"] for op in answer.ops] == [MESSAGE_POLICY]  # the log's tail
     patched["spec"]["containers"][0].pop("terminationMessagePolicy")
     assert patched == pod
 

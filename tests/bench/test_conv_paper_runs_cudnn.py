@@ -1,6 +1,6 @@
 """The paper bench sizes convolution workspaces as the runs' own torch would: their cuDNN 9.1.0
 cannot plan without a GPU, so the fitted rule answers (none on the paper's RTX GPUs), whatever
-cuDNN traced the row here (#38 item 5)."""
+cuDNN traced the row here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The convolution shapes of the benchmarks carry what the probe's marks say (issue 30): stride,
+"""The convolution shapes of the benchmarks carry what the probe's marks say: stride,
 padding, dilation, dtype, layout and cuDNN flags, used as they are instead of inferred."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """bench/oom_replay.py: a made-up stream of jobs under HAMi-style enforcement, with and without
-the OOM retry loop (issue 31). Each job is a small allocator trace, simulated for real."""
+the OOM retry loop. Each job is a small allocator trace, simulated for real."""
 
 from __future__ import annotations
 

@@ -86,7 +86,7 @@ def test_the_webhook_sizes_a_job_at_once_from_an_estimate_the_controller_recorde
 
 def test_an_oom_retry_recorded_on_an_estimate_is_served_by_workload_uid_in_its_namespace(
         harness):
-    """status.oomRetries (issue 31) reaches the webhook's store through the watch, whatever the
+    """status.oomRetries reaches the webhook's store through the watch, whatever the
     estimate's phase, by the workload's uid and only in the estimate's own namespace; it goes
     with the estimate."""
     store = KubeStore(harness.kube()).start()

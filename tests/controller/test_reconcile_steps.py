@@ -131,7 +131,7 @@ def test_a_finished_pod_is_recorded_and_the_release_step_annotates_and_unsuspend
     [event] = harness.events("train")
     assert event["reason"] == "Estimated"
     assert "on A100-80GB; requesting nvidia.com/gpumem" in event["message"]
-    # what holds the memory at the peak (issue 32), from the pod's version-2 result
+    # what holds the memory at the peak, from the pod's version-2 result
     peak = status["peak"]
     assert peak["gpu"] == "A100-80GB" and 1 <= len(peak["groups"]) <= 3
     assert peak["groups"][0]["bytes"] >= peak["groups"][-1]["bytes"] > 0

@@ -1,4 +1,4 @@
-"""Regressions for what a real API server found (issue #15), each named after its item, at the
+"""Regressions for what a real API server found, each named after its item, at the
 controller's level (the harness on the real control plane; items 1-5 and 9 end to end, with the
 chart's RBAC, are tests/e2e_real/test_what_a_real_api_server_found.py)."""
 

@@ -1,4 +1,4 @@
-"""FSDP1 with every Linear its own unit and activation checkpointing (issue 32): allocations name
+"""FSDP1 with every Linear its own unit and activation checkpointing: allocations name
 the model's own modules (wrapper levels left out), FSDP's unshard storage is labelled as the
 all-gather, checkpoint recomputation as such, and the compact result of the job's peak fits a
 termination message with every catalogue GPU as target."""

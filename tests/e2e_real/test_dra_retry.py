@@ -1,6 +1,6 @@
 """A Job out of GPU memory under the ``dra`` backend is retried with a claim for the grown
-request, and the real kube-scheduler allocates it (issue 40 item 4, on issue 31's retry loop), on
-the real control plane (Kubernetes 1.36, DRA gates at their defaults).
+request, and the real kube-scheduler allocates it (the OOM retry loop's
+request), on the real control plane (Kubernetes 1.36, DRA gates at their defaults).
 
 A process node of the project's (``localkube.node``: it runs the pods bound to it as processes,
 as tests/e2e_real/test_oom_retry.py does) carries a ResourceSlice published as HAMi's DRA driver

@@ -1,4 +1,4 @@
-"""A Job that runs out of GPU memory is retried bigger (issue 31, part 1), on the real control
+"""A Job that runs out of GPU memory is retried bigger, on the real control
 plane: the real Job controller makes the pods, the real scheduler binds them to a process node
 that advertises GPUs, the pod's container (tests/e2e_real/scripts/oom_job.py) prints PyTorch's
 traceback for ``torch.OutOfMemoryError`` on stderr and exits 1, the node copies the log's tail

@@ -1,4 +1,4 @@
-"""Right-sizing on the real control plane (issue 31, item 2): what a finished Job's pods used,
+"""Right-sizing on the real control plane: what a finished Job's pods used,
 read from a real Prometheus, lands on its GPUMemoryEstimate, and the next Job of the same
 fingerprint in the namespace is sized from it at CREATE.
 

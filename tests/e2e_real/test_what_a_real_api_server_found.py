@@ -1,4 +1,4 @@
-"""What a real API server found (issue #15), each test named after its item, on the real
+"""What a real API server found, each test named after its item, on the real
 control plane: kube-apiserver v1.36 with ``OwnerReferencesPermissionEnforcement`` on (OpenShift's
 default), the controller-manager's garbage collector, and the webhook and controller running with
 the chart's service accounts and RBAC. The controller-level versions of these regressions are

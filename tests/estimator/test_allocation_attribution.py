@@ -1,4 +1,4 @@
-"""Trace format v2: every allocation names the nn.Module that made it and the op (issue 32)."""
+"""Trace format v2: every allocation names the nn.Module that made it and the op."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ The CUDA autocast wrapper casts every argument inside one call,
 builds PyTorch's Linux wheels, evaluates those arguments right to left. An H200 running GPT 834M
 bf16 (bench/data/H200, snapshot gpt-834m-bf16-b8-adamw-expandable) made each linear's bf16
 weight before its bf16 input; traced the other way round the blocks sat a few MiB apart and the
-expandable segment's mapped peak came out 0.76 GiB (2.4%) low (#38)."""
+expandable segment's mapped peak came out 0.76 GiB (2.4%) low."""
 
 from __future__ import annotations
 

@@ -24,11 +24,11 @@ from xmem_admission.estimator.trace import Trace
 
 MIB = 2**20
 A100 = gpus.lookup("A100-40GB")
-# a ResNet block's 3x3 convolution as the probe marks it since issue 30
+# a ResNet block's 3x3 convolution as the probe marks it, geometry and flags included
 MARK = ("cudnn:fwd x=32,64,56,56 w=64,64,3,3 y=32,64,56,56 g=1 b=4 s=1,1 p=1,1 d=1,1 cl=0"
         " dt=float32 bm=0 det=0 tf32=1")
 BACKWARD = MARK.replace("cudnn:fwd", "cudnn:bwd_data+bwd_filter")
-OLD_MARK = "cudnn:fwd x=32,64,56,56 w=64,64,3,3 y=32,64,56,56 g=1 b=4"  # before issue 30
+OLD_MARK = "cudnn:fwd x=32,64,56,56 w=64,64,3,3 y=32,64,56,56 g=1 b=4"  # an older probe's mark: no geometry
 
 
 def conv_allocs(trace: Trace):

@@ -6,7 +6,7 @@ and 10.x once the runtime cuDNN is newer than 9.15.0 (``check_prefer_cudnn_atten
 ``TORCH_CUDNN_SDPA_DEPRIORITIZED`` is set. The H200 rows of bench/data/H200 (torch 2.11, cuDNN
 9.19) show it: per layer, two 8-byte dropout tensors, a 256-byte workspace in the forward and one
 backward workspace holding the fp32 dQ accumulator (MHA.cpp ``run_cudnn_SDP_bprop``), where the
-flash kernel would have made a ``softmax_d`` and a padded ``dq_accum`` of its own (#38)."""
+flash kernel would have made a ``softmax_d`` and a padded ``dq_accum`` of its own."""
 
 from __future__ import annotations
 

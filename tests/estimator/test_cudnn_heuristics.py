@@ -1,7 +1,7 @@
 """cuDNN's heuristics planned on the CPU: the workspaces of a convolution per GPU, no GPU needed.
 
 Runs against the libcudnn that the development venv's torch brings (cuDNN 9.24 from
-nvidia-cudnn-cu13); the exact sizes are those of that release (issue 30's table, see below).
+nvidia-cudnn-cu13); the exact sizes are those of that release (the table below).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _first_mib(lib, gpu, conv, call) -> float:
     return round(ch.conv_workspaces(lookup(gpu), conv, call, lib)[0] / MiB, 1)
 
 
-# Issue 30's table on the A100, first plan of each call. Two of its fp32 forward figures came
+# The A100's table, first plan of each call. Two of its fp32 forward figures came
 # out 98.1 and 36.8 MiB (and 14.5 for the 256-channel block) because the frontend, asked for an
 # NCHW convolution without output strides, infers a channels-last output: a layout PyTorch never
 # asks for. With an NCHW output (as torch allocates it, and as the oracle test below sets it)

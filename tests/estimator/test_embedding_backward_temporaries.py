@@ -7,7 +7,7 @@ scattering them; the fake kernel makes only the gradient. An H200 running GPT 83
 (bench/data/H200, snapshot gpt-834m-bf16-b8-adamw-expandable; 8 x 1024 tokens taken as a slice
 of 8 x 1025, a 1,536-wide embedding of 50,257 rows) allocated, per step, a contiguous copy of the
 indices and the sort's tensors of 65,536 bytes, 72,088 bytes of partial-segment offsets and
-55,363,584 bytes of per-segment sums around the 308,779,008-byte gradient (#38)."""
+55,363,584 bytes of per-segment sums around the 308,779,008-byte gradient."""
 
 from __future__ import annotations
 

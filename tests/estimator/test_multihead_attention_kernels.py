@@ -8,7 +8,7 @@ product and asks for the cutlass kernel's dQ staging workspace (attention_backwa
 ``_efficient_attention_backward``; kernel_backward.h, ``workspace_size``). An H200 running
 torchvision's ViT-B/16 (bench/data/H200, snapshot cnn-vit_b_16-b32-adamw) allocated, per encoder
 layer and step, a logsumexp of 344,064 bytes, two deltas of 302,592 and a workspace of
-25,190,400; the probe traced the CPU's flash kernel there instead (#38)."""
+25,190,400; the probe traced the CPU's flash kernel there instead."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The peak explained (issue 32): what holds the memory at each GPU's simulated peak, named by
+"""The peak explained: what holds the memory at each GPU's simulated peak, named by
 module, category and op, checked against counts from the models' shapes; and what would change
 it, simulated again."""
 

@@ -95,7 +95,7 @@ RETRY = {"workload": {"kind": "Job", "name": "train", "uid": "u-1"}, "ooms": 1,
     lambda o: o["status"].pop("oomRetries"),  # forget the OOMs
 ])
 def test_only_the_controller_writes_what_sizes_a_retry_after_an_oom(admit, change):
-    """status.oomRetries sizes the workload's next pod (issue 31): a tenant can neither add,
+    """status.oomRetries sizes the workload's next pod: a tenant can neither add,
     grow nor remove it; the controller can."""
     before = _changed(oomRetries=[dict(RETRY, gaveUp="at the cap")])
     forged = copy.deepcopy(before)
@@ -130,7 +130,7 @@ OBSERVED = {"runs": [RUN], "observedPeakBytes": 38 << 30, "observedPeak": "38.0G
     lambda o: o["status"].update(observedRatio="0.10"),
 ])
 def test_only_the_controller_writes_what_finished_runs_used(admit, change):
-    """status.runs sizes the fingerprint's next job (right-sizing, issue 31), and the observed
+    """status.runs sizes the fingerprint's next job (right-sizing), and the observed
     columns go with it: a tenant can neither add, change nor remove them; the controller can."""
     before = _changed(**copy.deepcopy(OBSERVED))
     forged = copy.deepcopy(before)

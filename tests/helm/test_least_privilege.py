@@ -72,12 +72,12 @@ def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
         # estimates unused past the policy's estimation.cacheTTLSeconds (no workload owns one)
         ("", "xmem.io", "gpumemoryestimates", "delete"),
         ("", "xmem.io", "gpumemoryestimates/status", "update"),
-        # the memory outside the allocator it learned, on the policy's status (issue 38)
+        # the memory outside the allocator it learned, on the policy's status
         ("", "xmem.io", "gpuadmissionpolicies/status", "update"),
         # blockOwnerDeletion on the estimation pods' owner reference (OpenShift's
         # OwnerReferencesPermissionEnforcement asks for it)
         ("", "xmem.io", "gpumemoryestimates/finalizers", "update"),
-        # the dra backend's claim template, owned by the released workload (issue 40)
+        # the dra backend's claim template, owned by the released workload
         ("", "resource.k8s.io", "resourceclaimtemplates", "create"),
         (NAMESPACE, "coordination.k8s.io", "leases", "create"),
         (NAMESPACE, "coordination.k8s.io", "leases", "update"),

@@ -1,4 +1,4 @@
-"""The controller reaches the Prometheus that right-sizing reads (issue 31): the chart's
+"""The controller reaches the Prometheus that right-sizing reads: the chart's
 NetworkPolicy opens egress to the port of the policy's spec.rightSizing.prometheus url (or the
 ports given), to the peers given; nothing when no Prometheus is configured; and the token and
 CA bundle the policy names are mounted read-only where the values say."""

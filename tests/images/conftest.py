@@ -1,4 +1,4 @@
-"""The image tests (#29): the project's image built from the Dockerfile and training images
+"""The image tests: the project's image built from the Dockerfile and training images
 standing for users', run under podman the way the chart and an estimation pod run them.
 
 They build images (minutes, several GB), so they are not part of `make test`: `make image-test`

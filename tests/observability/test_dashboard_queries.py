@@ -97,7 +97,7 @@ def test_dashboard_panels_cover_what_sres_asked_for() -> None:
     exprs = " ".join(expr for _, expr in _queries())
     # Actual use comes from the recording rules, which read DCGM or HAMi (tested below).
     assert "xmem:workload_gpu_memory_used_bytes" in exprs
-    # the learned memory outside the allocator, per GPU model and driver (issue 38)
+    # the learned memory outside the allocator, per GPU model and driver
     assert "by (gpu_model, driver_version) (xmem_controller_learned_overhead_bytes)" in exprs
     ids = [p["id"] for p in _panels(_dashboard())]
     assert len(ids) == len(set(ids)), "panel ids must be unique"

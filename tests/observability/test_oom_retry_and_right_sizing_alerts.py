@@ -1,4 +1,4 @@
-"""The chart's alerts on OOM retries and right-sizing (issue 31), unit-tested by the real
+"""The chart's alerts on OOM retries and right-sizing, unit-tested by the real
 promtool: they fire on the situation they name, with the numbers, and stay quiet otherwise."""
 
 from __future__ import annotations

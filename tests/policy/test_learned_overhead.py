@@ -1,4 +1,4 @@
-"""The memory outside the allocator, learned from finished jobs (issue 38, item 3): the rule
+"""The memory outside the allocator, learned from finished jobs: the rule
 (``policy.overhead``), its policy fields and where the sizing applies it."""
 
 from __future__ import annotations
@@ -186,14 +186,14 @@ def test_learned_on_some_h200_rows_the_figure_sizes_the_others_right():
     """The H200 run (bench/data/H200): what lies outside the allocator is NVML's total minus
     max_memory_reserved. Learned on the first half of the jobs and applied to estimates of the
     other half that carry the catalogue's term, every total lands within 1 % of what NVML
-    measured (the catalogue's term alone is 10-15 % low on the small jobs, issue 38)."""
+    measured (the catalogue's term alone is 10-15 % low on the small jobs)."""
     rows = _h200_rows()
     fit, scored = rows[: len(rows) // 2], rows[len(rows) // 2:]
     learned = learn([Sample("H200", r["driver_version"], "bench", r["measured_total_bytes"]
                             - r["max_memory_reserved_bytes"], float(i))
                      for i, r in enumerate(fit)], LearnedOverhead(min_jobs=5))
     settings = settings_with(learned)
-    catalogue = 290 * MiB  # the catalogue's H200 term when the H200 ran (issue 38)
+    catalogue = 290 * MiB  # the catalogue's H200 term when the H200 ran
 
     assert len(learned) == 1 and learned[0].driver == "580.159.04"
     assert 740 * MiB <= learned[0].outside_bytes <= 780 * MiB

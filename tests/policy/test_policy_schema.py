@@ -187,7 +187,7 @@ def test_estimates_are_shared_only_between_namespaces_the_policy_names() -> None
 
 
 def test_kubectl_get_gap_shows_every_target_not_only_the_first() -> None:
-    """A table column's JSONPath with [*] shows only its first match (#15, item 8): the Targets
+    """A table column's JSONPath with [*] shows only its first match: the Targets
     column selects the whole list, which the API server prints whole."""
     import yaml as _yaml
 

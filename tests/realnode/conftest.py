@@ -1,4 +1,4 @@
-"""The real node's tests (#29): a kubelet, containerd, runc, CNI bridge networking and a local
+"""The real node's tests: a kubelet, containerd, runc, CNI bridge networking and a local
 image registry on this machine (``localkube/kubelet.py``), under a control plane of their
 own; and the project on it (``tests/realnode/node_cluster.py``): estimation pods from the
 project's image and training images.

@@ -1,4 +1,4 @@
-"""A DRA claim xmem writes is allocated, prepared and run on a real kubelet (#40, the must-show
+"""A DRA claim xmem writes is allocated, prepared and run on a real kubelet (the must-show
 "where a DRA kubelet plugin can run on the real node").
 
 The real node (``localkube/kubelet.py``: kubelet 1.36.3, containerd 2.4.2) runs the Kubernetes

@@ -1,4 +1,4 @@
-"""A pod runs on a real kubelet (#29, item 3): the real node of ``localkube/kubelet.py``
+"""A pod runs on a real kubelet: the real node of ``localkube/kubelet.py``
 registers with the real control plane, pulls an image by reference from the local registry, runs
 it with containerd and runc in a network namespace on the node's bridge, reports the result through
 the API server (phase, termination message, logs), and leaves nothing behind when it stops, also

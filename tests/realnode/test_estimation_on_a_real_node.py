@@ -1,4 +1,4 @@
-"""Estimation pods on a real kubelet (#29, item 4): the webhook holds a Job (and a PyTorchJob)
+"""Estimation pods on a real kubelet: the webhook holds a Job (and a PyTorchJob)
 whose container uses a training image, the controller's estimation pod is scheduled onto the real
 node (``localkube/kubelet.py``), which pulls the project's image for the init container that
 writes the probe bundle and the workload's image for the training container, from a local
@@ -165,7 +165,7 @@ def test_a_job_and_a_pytorchjob_in_users_images_are_estimated_on_the_real_node_a
     pod = wait_for(bound, 60, "the Job controller's pod to be bound")
     assert pod["spec"]["nodeName"].startswith("real-node-gpu-")
     # Two training images pulled and unpacked: their compressed layers were not kept beside
-    # the snapshots (containerd's discard_unpacked_layers, #29 item 6).
+    # the snapshots (containerd's discard_unpacked_layers).
     disk = node.image_bytes()
     print(f"containerd: content store {disk['content'] / 1e6:.0f} MB, snapshots "
           f"{disk['snapshots'] / 1e6:.0f} MB")

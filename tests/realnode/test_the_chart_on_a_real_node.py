@@ -1,4 +1,4 @@
-"""The chart as a user installs it (#29, item 5): `helm install` with the project's image from the
+"""The chart as a user installs it: `helm install` with the project's image from the
 real node's registry (which requires authentication: the chart's ``imagePullSecrets``). The
 certificate hook Jobs, the webhook and the controller run as pods on the real kubelet
 (``localkube/kubelet.py``); pods reach the API server through the ``kubernetes`` Service

@@ -1,4 +1,4 @@
-"""The README's admin track (#39), followed as written on a real node.
+"""The README's admin track, followed as written on a real node.
 
 The commands are read from README.md itself (the first ``sh`` block under "Install on a cluster
 (admin)"), so editing the README changes what runs here. Each logical line runs in ``bash`` from

@@ -1,5 +1,5 @@
 """What the controller records when a sized workload's pod ran out of GPU memory, and what the
-webhook reads back (issue 31, ``controller.oom_retries``): the OOM is read from the termination
+webhook reads back (``controller.oom_retries``): the OOM is read from the termination
 message of the pod's status (current or last state), never from an exit code or OOMKilled; one
 pod counts once, a pod of an older size adds no OOM in a row, a repeated OOM grows
 geometrically, the ceiling ends the retries with a reason, and oomRetry off records without a

@@ -1,9 +1,8 @@
-"""Under the ``dra`` backend a retry after a GPU OOM is a claim for the grown request (issues 31
-and 40, item 4): a pod's ``resourceClaims`` cannot change after creation, so the retry pod is
-pointed at its CREATE at the workload's ResourceClaimTemplate for the grown request, which the
-controller makes (owned by the workload) before it records the retry; with no device of the
-class that could hold it, the retry ends with that reason instead of a claim that waits forever.
-"""
+"""Under the ``dra`` backend a retry after a GPU OOM is a claim for the grown request: a pod's
+``resourceClaims`` cannot change after creation, so the retry pod is pointed at its CREATE at the
+workload's ResourceClaimTemplate for the grown request, which the controller makes (owned by the
+workload) before it records the retry; with no device of the class that could hold it, the retry
+ends with that reason instead of a claim that waits forever."""
 
 from __future__ import annotations
 

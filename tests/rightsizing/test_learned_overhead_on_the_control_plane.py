@@ -1,4 +1,4 @@
-"""The memory outside the allocator, learned in the cluster (issue 38, item 3), on the real
+"""The memory outside the allocator, learned in the cluster, on the real
 control plane with a real Prometheus.
 
 Prometheus (``make tools``) scrapes, every second, an exporter this test serves with DCGM

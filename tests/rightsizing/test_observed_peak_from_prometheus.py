@@ -1,4 +1,4 @@
-"""A finished workload's observed GPU memory peak, read from a real Prometheus (issue 31).
+"""A finished workload's observed GPU memory peak, read from a real Prometheus.
 
 Prometheus (``make tools``) scrapes an exporter this test serves every second, with DCGM
 exporter- and HAMi-shaped series (``cluster.observations`` cites their names and labels). Each

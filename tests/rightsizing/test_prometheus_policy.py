@@ -1,5 +1,5 @@
 """The policy names the Prometheus that finished workloads' peaks are read from
-(``spec.rightSizing.prometheus``, issue 31): strict parsing with the field's path, cluster-wide
+(``spec.rightSizing.prometheus``): strict parsing with the field's path, cluster-wide
 (an override may not name it), and the CRD accepts and refuses what the parser does."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """At Job CREATE the webhook sizes a repeat job (same fingerprint, same namespace) from its
 estimate corrected by what earlier runs used, as the controller recorded them on the
-GPUMemoryEstimate (``status.runs``), within the policy's spec.rightSizing (issue 31); the
+GPUMemoryEstimate (``status.runs``), within the policy's spec.rightSizing; the
 request, the warning line and the metrics say so, and runs never cross namespaces."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A repeat job (same fingerprint, same namespace) is sized from its estimate corrected by what
-its earlier runs used, within the policy's spec.rightSizing (issue 31)."""
+its earlier runs used, within the policy's spec.rightSizing."""
 
 from __future__ import annotations
 

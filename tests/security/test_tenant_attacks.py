@@ -1,4 +1,4 @@
-"""Every attack a tenant with an ordinary namespace-scoped role tried (issue #14), tried again:
+"""Every attack a tenant with an ordinary namespace-scoped role tried, tried again:
 each must fail. Two tenants, alice in team-a and bob in team-b, both namespaces enforcing; xmem
 runs as the chart installs it (see tenants.py).
 """

@@ -1,4 +1,4 @@
-"""What a finished workload's pods really used on their GPUs, read from Prometheus (issue 31).
+"""What a finished workload's pods really used on their GPUs, read from Prometheus.
 
 Right-sizing corrects a repeat job's estimate by the peaks earlier runs used
 (``policy.right_sizing``). This module asks Prometheus's HTTP API (``GET /api/v1/query``) for

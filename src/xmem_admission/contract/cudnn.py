@@ -16,8 +16,8 @@ What PyTorch does (documented behaviour, the sources named on each line):
   instead, down to implicit-GEMM engines that need none (pytorch issue 31500, ngimel: the
   implicit GEMM algorithm "is supported for all cases" and needs no workspace).
 - The heuristics' first choice can ask for a workspace several times the size of the
-  convolution's tensors (pytorch issue 31500: a 48 GiB request for a 2 GiB fp16 input; issue
-  49207: "the first layer uses 36GB workspace" on a 40 GB GPU).
+  convolution's tensors (pytorch issue 31500: a 48 GiB request for a 2 GiB fp16 input; pytorch
+  issue 49207: "the first layer uses 36GB workspace" on a 40 GB GPU).
 - ``CUDNN_CONV_WSCAP_DBG`` caps the convolution workspace cuDNN may use, in MiB (PyTorch docs,
   "CUDA Environment Variables", cuda_environment_variables.rst: like CUBLAS_WORKSPACE_CONFIG,
   "the workspace configuration for cuDNN per allocation"; cuDNN then offers only engines within

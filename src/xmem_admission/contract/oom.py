@@ -1,4 +1,4 @@
-"""Recognising a CUDA out-of-memory failure from what a container left behind (issue 31).
+"""Recognising a CUDA out-of-memory failure from what a container left behind.
 
 PyTorch writes no termination message, so the controller reads the kubelet's copy of the
 container's last output (``terminationMessagePolicy: FallbackToLogsOnError``: the last 80 lines,

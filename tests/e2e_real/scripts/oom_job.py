@@ -1,4 +1,4 @@
-"""A training job whose step needs more GPU memory than its first pod is given (issue 31's e2e).
+"""A training job whose step needs more GPU memory than its first pod is given (the OOM retry e2e).
 
 Under xmem's probe (the estimation pod's virtual GPU) it trains a small model for real, so the
 estimate is small. On the process node there is no GPU: the device the job runs on is the one

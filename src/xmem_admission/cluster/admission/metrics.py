@@ -15,7 +15,7 @@ Series (all prefixed ``xmem_``):
   label values from the request are cut to ``LABEL_CHARS`` characters with a digest of the
   whole, so a 1 MB name costs a scrape no more than a short one);
 - ``right_sized_requests_total{gpu_model,direction}``: requests of repeat jobs that earlier
-  runs' observed peaks ``raised`` or ``lowered`` (issue 31, ``policy.right_sizing``), and
+  runs' observed peaks ``raised`` or ``lowered`` (``policy.right_sizing``), and
   ``right_sizing_given_back_bytes_total{gpu_model}``: the GPU memory per GPU that lowering took
   off those requests (what the estimate alone would have asked for, minus the request given);
 - ``admission_break_glass_total{namespace,kind}``: workloads an admin exempted with the

@@ -16,7 +16,7 @@ output writes nothing), which is what makes reinvocation give an empty patch:
 - ``grow_after_oom``: a Pod its workload's controller creates after that workload's pod ran out
   of GPU memory gets the request the xmem controller recorded for the retry (``ctx.retry``, from
   the workload's ``GPUMemoryEstimate``, by the workload's uid, in its own namespace) in place of
-  the template's, where that is larger (issue 31); its ``xmem.io/request-bytes`` says so. The
+  the template's, where that is larger; its ``xmem.io/request-bytes`` says so. The
   backend's form xmem wrote into a repeat job's template at its CREATE is rewritten; a form
   with any other value was set by hand and is never grown;
 - ``fallback_to_logs``: the GPU containers of a sized Pod get ``terminationMessagePolicy:
@@ -166,7 +166,7 @@ def record_plan(ref: TemplateRef, ctx: Context) -> Optional[Plan]:
 
 
 def right_sized_line(plan: Plan) -> str:
-    """The warning line of a request that earlier runs' observed peaks corrected (issue 31)."""
+    """The warning line of a request that earlier runs' observed peaks corrected."""
     before = plan.uncorrected_request_bytes or plan.request_bytes
     return (f"xmem: right-sized by earlier runs: request {gib(before)} -> "
             f"{gib(plan.request_bytes)} GiB ({plan.correction})")[:500]

@@ -137,8 +137,8 @@ class Backend(abc.ABC):
         gpu: gpus.GPU,
     ) -> Applied:
         """Write ``request_bytes`` over the form these containers carry, one xmem wrote for a
-        smaller request (a retry after a CUDA out-of-memory failure, issue 31: a repeat job's
-        template carries the form from Job CREATE). Nothing for a backend without a form."""
+        smaller request (a retry after a CUDA out-of-memory failure: a repeat job's template
+        carries the form from Job CREATE). Nothing for a backend without a form."""
         return Applied()
 
 

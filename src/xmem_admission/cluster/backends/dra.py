@@ -335,7 +335,7 @@ class DraBackend(Backend):
         gpu: gpus.GPU,
     ) -> Applied:
         """Point the pod's ``xmem-gpu`` entry at the workload's template for ``request_bytes``
-        (a retry after a CUDA OOM, issue 31: the pod's claims are written at its CREATE, the one
+        (a retry after a CUDA OOM: the pod's claims are written at its CREATE, the one
         moment they may change; the controller made that template before recording the retry).
         The GPU count stays what the entry's template said."""
         refusal = self.refusal(draft.root, ref.template, request_bytes, gpu)
