@@ -1,6 +1,6 @@
 """What a program can tell about the docs being true (README.md and docs/*.md).
 
-Four checks, each a pure function over texts so that a test can run it on a doctored page:
+Eight checks, each a pure function over texts so that a test can run it on a doctored page:
 
 - every ``xmem ...`` command line the docs show (inline code or a code block) names a command
   that exists and only flags that command's ``--help`` has;
@@ -9,17 +9,29 @@ Four checks, each a pure function over texts so that a test can run it on a doct
 - every Prometheus metric the code registers (a ``Counter``/``Gauge``/``Histogram``/``Summary``
   built with a literal name anywhere under ``src/``) is named, as Prometheus exposes it, in the
   docs;
-- every relative path the docs name (in inline code, a code block or a link) exists.
+- every relative path the docs name (in inline code, a code block or a link) exists;
+- every release of a pinned component the docs name (``Kueue v0.19.0``) is the one its
+  ``scripts/*-versions.env`` pins, unless the sentence cites that release's source files;
+- every path the chart's comments name (``values.yaml``, templates, CRDs, ``Chart.yaml``) exists;
+- the workload kinds and backends docs/architecture.md lists are those of the registries
+  (``cluster.integrations.ALL``, ``BackendName``);
+- no comment or docstring under src/, localkube/, bench/ or tests/ cites this repository's issue
+  numbers ("issue" or "#" and a number): they mean nothing to a reader of the code. Another project's
+  issue, named with its project (``pytorch issue 49207``, ``carolchenyx/MGFN issue 35``), is a
+  source and stays.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import io
 import re
 import shlex
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Mapping, Sequence, Set, Tuple
+from typing import AbstractSet, Dict, Iterable, Iterator, List, Mapping, Sequence, Set, Tuple
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -221,3 +233,210 @@ def missing_paths(docs: Sequence[Page], root: Path = ROOT) -> List[str]:
             if not any((root / base / path).exists() for base in bases):
                 missing.append(f"{page.path}: {path}")
     return missing
+
+
+# --- pinned versions -------------------------------------------------------------------------
+
+# How the docs name each component that a scripts/*-versions.env file pins, and its key there.
+PINNED = {
+    "Kubernetes": "KUBERNETES_VERSION", "kube-apiserver": "KUBERNETES_VERSION",
+    "kubelet": "KUBERNETES_VERSION", "etcd": "ETCD_VERSION", "kwok": "KWOK_VERSION",
+    "Kueue": "KUEUE_VERSION", "JobSet": "JOBSET_VERSION", "Trainer": "TRAINER_VERSION",
+    "containerd": "CONTAINERD_VERSION", "training operator": "TRAINING_OPERATOR_VERSION",
+    "cert-manager": "CERT_MANAGER_VERSION", "Prometheus Operator": "PROMETHEUS_OPERATOR_VERSION",
+    "dra-example-driver": "DRA_DRIVER_VERSION",
+}
+
+
+def pinned_versions(root: Path = ROOT) -> Dict[str, str]:
+    """Every ``KEY=VALUE`` line of ``scripts/*-versions.env``, the leading ``v`` dropped."""
+    found: Dict[str, str] = {}
+    for path in sorted((root / "scripts").glob("*-versions.env")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            match = re.match(r"([A-Z_]+)=v?(\S+)$", line.strip())
+            if match:
+                found[match.group(1)] = match.group(2)
+    return found
+
+
+def _sentences(text: str) -> Iterator[str]:
+    """Sentences of a page, roughly: paragraphs and list items split after a full stop."""
+    for block in re.split(r"\n\s*\n|\n(?=\s*(?:[-*]|\d+\.)\s)", text):
+        yield from re.split(r"(?<=[.!?])\s+(?=[A-Z`(*])", " ".join(block.split()))
+
+
+def wrong_versions(docs: Sequence[Page], pins: Mapping[str, str]) -> List[str]:
+    """Releases of a pinned component that the docs name and that are not the pin. A sentence
+    that names a source file (``pkg/.../workload_controller.go, Kueue v0.17.0``) cites what that
+    release's code says and is left alone."""
+    names = "|".join(re.escape(n) for n in sorted(PINNED, key=len, reverse=True))
+    pattern = re.compile(r"(?<![\w-])(" + names + r")\*{0,2}\s+v?(\d+\.\d+\.\d+)(?![\w.]*\d)")
+    wrong: List[str] = []
+    for page in docs:
+        for sentence in _sentences(page.text):
+            if re.search(r"[\w-]/[\w./-]+\.(?:go|ya?ml)\b", sentence):
+                continue
+            for name, version in pattern.findall(sentence):
+                pin = pins.get(PINNED[name])
+                if pin is not None and version != pin:
+                    wrong.append(f"{page.path}: {name} {version}, but scripts/*-versions.env "
+                                 f"pins {PINNED[name]}=v{pin}")
+    return wrong
+
+
+# --- the chart's comments --------------------------------------------------------------------
+
+CHART = ROOT / "helm" / "xmem-admission"
+# What a chart comment may name besides files: upstream sources read at a release.
+_CHART_PATH_SUFFIXES = tuple(s for s in PATH_SUFFIXES if s not in (".tar", ".html"))
+
+
+def chart_comments(chart: Path = CHART) -> Iterator[Tuple[str, int, str]]:
+    """(file, line, text) of every comment in the chart's YAML, templates and NOTES: ``# ...``
+    and ``{{/* ... */}}``."""
+    for path in sorted(chart.rglob("*")):
+        if path.suffix not in (".yaml", ".yml", ".tpl", ".txt") or not path.is_file():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            comment = re.search(r"(?:^|\s)#(.*)$", line)
+            if comment:
+                yield str(path.relative_to(chart.parent.parent)), number, comment.group(1)
+            for text in re.findall(r"\{\{-?\s*/\*(.*?)(?:\*/|$)", line):
+                yield str(path.relative_to(chart.parent.parent)), number, text
+
+
+def chart_dead_links(chart: Path = CHART, root: Path = ROOT) -> List[str]:
+    """Paths named in the chart's comments that exist neither from the repository root, nor
+    from the commented file's folder, nor from the folders prose names modules from."""
+    dead: List[str] = []
+    for where, number, text in chart_comments(chart):
+        here = (chart.parent.parent / where).parent
+        for word in re.findall(r"[\w./-]+", text):
+            word = word.strip(".,;:")
+            if "/" not in word or not word.endswith(_CHART_PATH_SUFFIXES) \
+                    or word.startswith("/") or re.match(r"[a-z0-9-]+(\.[a-z0-9-]+)+/", word):
+                continue
+            bases = [here, chart] + [root / base for base in PATH_BASES]
+            if not any((base / word).exists() for base in bases):
+                dead.append(f"{where}:{number}: {word}")
+    return dead
+
+
+# --- docs/architecture.md against the registries ---------------------------------------------
+
+def map_entry(page: Page, name: str) -> str:
+    """The text of one entry of the page's package map (``integrations/`` and its wrapped
+    lines), whitespace folded; empty when the map has no such entry."""
+    lines = page.text.splitlines()
+    for i, line in enumerate(lines):
+        match = re.match(r"(\s*)" + re.escape(name) + r"\s+(\S)", line)
+        if not match:
+            continue
+        column = match.start(2)
+        entry = [line[column:]]
+        for more in lines[i + 1:]:
+            if len(more) - len(more.lstrip()) < column or not more.strip():
+                break
+            entry.append(more.strip())
+        return " ".join(" ".join(entry).split())
+    return ""
+
+
+def listed(page: Page, name: str) -> List[str]:
+    """The comma-separated list in the first parentheses of a package-map entry."""
+    found = re.search(r"\(([^)]*)\)", map_entry(page, name))
+    return [item.strip() for item in found.group(1).split(",")] if found else []
+
+
+def stale_registry_lists(page: Page, kinds: Iterable[str],
+                         backends: Iterable[str]) -> List[str]:
+    """Where docs/architecture.md's ``integrations/`` and ``backends/`` lists differ from the
+    registries, each way."""
+    stale: List[str] = []
+    for name, registry in (("integrations/", set(kinds)), ("backends/", set(backends))):
+        shown = set(listed(page, name))
+        if shown - registry:
+            stale.append(f"{page.path}: {name} lists {sorted(shown - registry)}, "
+                         "which the registry does not have")
+        if registry - shown:
+            stale.append(f"{page.path}: {name} does not list {sorted(registry - shown)}")
+    return stale
+
+
+# --- issue numbers in code comments ----------------------------------------------------------
+
+CODE_FOLDERS = ("src", "localkube", "bench", "tests")
+# An issue of another project, named with it right before the number: a source, not a history.
+UPSTREAM = re.compile(r"(?:\S+/\S+|pytorch|kueue|kubernetes|jobset|trainer|cudnn|triton)\s*$",
+                      re.IGNORECASE)
+_ISSUE = re.compile(r"(?<![\w&/#])#\d+\b|\b[Ii]ssues?\s+#?\d+")
+# Files whose issue numbers wait for the engineers at work in them; the list only shrinks
+# (a file that no longer cites one fails the check until it leaves the list).
+ISSUES_ALLOWED = frozenset({
+    "bench/gpu_truth.py",
+    "bench/paper/benchmark.py",
+    "src/xmem_admission/contract/termination.py",
+    "tests/e2e_real/test_kueue_dra_quota.py",
+    "src/xmem_admission/cluster/controller/estimation_pods.py",
+    "src/xmem_admission/cluster/controller/gme_store.py",
+    "src/xmem_admission/cluster/controller/learned_overhead.py",
+    "src/xmem_admission/cluster/controller/manager.py",
+    "src/xmem_admission/cluster/controller/metrics.py",
+    "src/xmem_admission/cluster/controller/observed_peaks.py",
+    "src/xmem_admission/cluster/controller/oom_retries.py",
+    "src/xmem_admission/cluster/controller/records.py",
+    "src/xmem_admission/cluster/policy/model.py",
+    "src/xmem_admission/cluster/policy/overhead.py",
+    "src/xmem_admission/cluster/policy/retry.py",
+    "src/xmem_admission/cluster/policy/right_sizing.py",
+    "src/xmem_admission/cluster/policy/sizing.py",
+    "src/xmem_admission/cluster/policy/store.py",
+    "src/xmem_admission/estimator/conv_marks.py",
+    "src/xmem_admission/estimator/trace.py",
+})
+
+
+def code_files(root: Path = ROOT) -> List[Tuple[str, str]]:
+    """(path, text) of every Python file under src/, localkube/, bench/ and tests/."""
+    return [(str(p.relative_to(root)), p.read_text(encoding="utf-8"))
+            for folder in CODE_FOLDERS for p in sorted((root / folder).rglob("*.py"))]
+
+
+def comments_and_docstrings(source: str) -> Iterator[Tuple[int, str]]:
+    """(line, text) of every comment (a run of comments on consecutive lines as one text, the
+    line of its first) and every module, class and function docstring."""
+    runs: List[Tuple[int, int, str]] = []  # (first line, last line, text)
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type != tokenize.COMMENT:
+                continue
+            line, text = token.start[0], token.string.lstrip("#").strip()
+            if runs and runs[-1][1] == line - 1:
+                runs[-1] = (runs[-1][0], line, runs[-1][2] + " " + text)
+            else:
+                runs.append((line, line, text))
+        tree = ast.parse(source)
+    except (tokenize.TokenError, SyntaxError):
+        return
+    for first, _, text in runs:
+        yield first, text
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                yield node.body[0].lineno, doc
+
+
+def issue_references(sources: Iterable[Tuple[str, str]],
+                     allowed: AbstractSet[str] = frozenset()) -> List[str]:
+    """This repository's issue numbers cited in comments and docstrings, outside ``allowed``."""
+    found: List[str] = []
+    for path, text in sources:
+        if path in allowed:
+            continue
+        for line, comment in comments_and_docstrings(text):
+            for match in _ISSUE.finditer(comment):
+                if UPSTREAM.search(comment[:match.start()]):
+                    continue
+                found.append(f"{path}:{line}: {' '.join(match.group(0).split())}")
+    return found
