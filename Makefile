@@ -4,8 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench clean tools kube-up kube-down playground playground-stop \
-	torch-envs torch-tests compat
+.PHONY: venv demo test lint bench clean tools cli-tools control-plane kueue training-stack \
+	kube-up kube-down playground playground-stop torch-envs torch-tests compat
 
 venv: $(STAMP)
 
@@ -35,17 +35,32 @@ demo: $(STAMP)
 # (scripts/build-kueue.sh, version in scripts/kueue-versions.env; 18 min cold on 2 cores); JobSet's
 # controller and Kubeflow Trainer's controller manager for the training-stack tests, built together
 # into ~/.cache/xmem-admission/trainer/<jobset>_<trainer>/ (scripts/build-trainer.sh, versions in
-# scripts/trainer-versions.env; 4.6 min cold on 2 cores).
+# scripts/trainer-versions.env; 4.6 min cold on 2 cores). One after the other: the Go builds
+# share two cores. Each part is also a target of its own, for the targets that need only some:
+# cli-tools (helm, kubectl, prometheus, promtool), control-plane, kueue, training-stack. Each
+# script does nothing when its cache is there.
 tools:
 	bash scripts/install-tools.sh
 	bash scripts/build-kube.sh
 	bash scripts/build-kueue.sh
 	bash scripts/build-trainer.sh
 
+cli-tools:
+	bash scripts/install-tools.sh
+
+control-plane:
+	bash scripts/build-kube.sh
+
+kueue:
+	bash scripts/build-kueue.sh
+
+training-stack:
+	bash scripts/build-trainer.sh
+
 # A bare control plane on loopback (etcd, kube-apiserver, controller-manager, scheduler), for
 # poking at by hand: `make kube-up` prints the admin kubeconfig; `make kube-down` stops it.
 KUBE_DIR ?= /tmp/xmem-kube
-kube-up: $(STAMP) tools
+kube-up: $(STAMP) control-plane
 	bash scripts/kube.sh up $(KUBE_DIR)
 
 kube-down: $(STAMP)
@@ -54,16 +69,17 @@ kube-down: $(STAMP)
 # The playground (docs/playground.md), as root: control plane, a real node (kubelet, containerd,
 # a registry), kwok GPU nodes of two models, the webhook, the controller, the example policy and a
 # handful of example jobs in a training image; estimation pods run on the real node. No Docker
-# needed. PLAYGROUND_TORCH picks the training image's torch and Python.
+# needed. PLAYGROUND_TORCH picks the training image's torch and Python. The cluster renders the
+# chart with helm and serves the training stack's CRDs, so it needs cli-tools and training-stack.
 PLAYGROUND_DIR ?= /tmp/xmem-playground
 PLAYGROUND_TORCH ?= 2.15.0:3.13
-playground: $(STAMP) tools node-tools image-tools
+playground: $(STAMP) cli-tools control-plane training-stack node-tools image-tools
 	$(PY) -m localkube.playground up $(PLAYGROUND_DIR) --torch $(PLAYGROUND_TORCH)
 
 playground-stop: $(STAMP)
 	$(PY) -m localkube.playground down $(PLAYGROUND_DIR)
 
-# The users' torch (#28): the probe runs inside the user's image with the user's torch, so its
+# The users' torch: the probe runs inside the user's image with the user's torch, so its
 # tests also run with the oldest supported torch on the oldest Python it supports and the newest
 # on the newest (scripts/torch-venv.sh builds each once into ~/.cache/xmem-admission/torch/,
 # about 5 GB and 3-4 minutes from PyPI each; scripts/test-torch.sh runs the probe's tests with
@@ -96,7 +112,7 @@ test:
 # The probe's tests with each end of the range, both at once (each is one single-threaded
 # pytest, mostly tracing; one after the other they took 5 minutes of a warm run): each run's
 # output is printed whole when both are done, and either failing fails the target.
-torch-tests:
+torch-tests: $(STAMP)
 	pids=""; for end in $(TORCH_ENDS); do \
 		bash scripts/test-torch.sh $${end%%:*} $${end##*:} >$(VENV)/torch-tests-$$end.log 2>&1 & \
 		pids="$$pids $$!"; \
@@ -125,7 +141,7 @@ lint: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
 
-# The project's image (#29): the Dockerfile built with podman (runc) on python:3.11-slim-bookworm
+# The project's image: the Dockerfile built with podman (runc) on python:3.11-slim-bookworm
 # from its registry, or, where no registry is reachable, on a Debian bookworm base made here by
 # mmdebstrap (docs/install.md, "Build the image"). Prints the build time and the image's size.
 # XMEM_IMAGE names the tag, XMEM_BASE_IMAGE=local|REF picks the base.
@@ -136,7 +152,7 @@ image-tools:
 image: image-tools
 	bash scripts/build-image.sh
 
-# Training images standing for users' (#29): Debian's Python and a torch release from PyPI, the
+# Training images standing for users': Debian's Python and a torch release from PyPI, the
 # two ends of the supported range (several GB each, minutes each from a warm pip cache).
 training-images: image-tools
 	for end in $(TORCH_ENDS); do bash scripts/training-image.sh $${end%%:*} $${end##*:} || exit 1; done
@@ -146,24 +162,24 @@ training-images: image-tools
 image-test: $(STAMP) image training-images
 	XMEM_IMAGE_TESTS=1 $(PY) -m pytest -q tests/images
 
-# The real node (#29): the kubelet, containerd 2.x and a local image registry built from their
+# The real node: the kubelet, containerd 2.x and a local image registry built from their
 # Go modules (scripts/build-node.sh; not in `tools`); `node-test` runs, as root, tests/realnode:
 # a pod pulled from the registry runs on the kubelet (localkube/kubelet.py), and Jobs in
 # training images are estimated there and released (the project's image and the training images
 # are built by the tests' fixtures when podman lacks them: minutes each, several GB), and the
 # playground as a user runs it; `node-tools` also builds a DRA kubelet plugin, the Kubernetes
 # project's example driver (scripts/build-dra-driver.sh, version in
-# scripts/dra-driver-versions.env), which tests/realnode runs beside the kubelet (#40). Not part
-# of `make test`. `node-bench`: bench/realnode_release.py (bench/README.md).
+# scripts/dra-driver-versions.env), which tests/realnode runs beside the kubelet. Not part
+# of `make test`. `node-bench`: bench/realnode_release.py (bench/README.md). Both also need helm
+# (the chart is rendered and installed), the control plane and the training stack's CRDs (every
+# cluster serves them): on a clone where only `make demo` ran they build those first.
 .PHONY: node-tools node-test node-bench
 node-tools:
 	bash scripts/build-node.sh
 	bash scripts/build-dra-driver.sh
 
-node-test: $(STAMP) node-tools image-tools
-	bash scripts/build-kube.sh
+node-test: $(STAMP) cli-tools control-plane training-stack node-tools image-tools
 	XMEM_REAL_NODE_TESTS=1 $(PY) -m pytest -q -s tests/realnode
 
-node-bench: $(STAMP) node-tools image-tools
-	bash scripts/build-kube.sh
+node-bench: $(STAMP) cli-tools control-plane training-stack node-tools image-tools
 	$(PY) bench/realnode_release.py
