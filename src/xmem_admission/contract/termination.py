@@ -15,12 +15,14 @@ Format, version 2 (one JSON object)::
                recommended_request_bytes, fits, mig_profile], ...],
      "peak": {"gpu": "H100-80GB",          # the first target GPU's peak, itemised (issue 32):
               "groups": [[module, category, op, bytes], ...],   # largest first, at most 3
-              "cached": cached_free_bytes, "fragmentation": bytes}}
+              "cached": cached_free_bytes, "fragmentation": bytes},
+     "digest": "<32 hex>"}                 # of the traced allocation sequence and the rows
 
     {"v": 2, "status": "script_error" | "no_step" | "needs_real_values" | "unsupported" |
      "probe_error" | "no_torch", "reason": "...", "exit_code": 1, "traceback": "..."}
 
-Version 1 (an older probe bundle's) is the same without ``peak``, and is still read. When a
+Version 1 (an older probe bundle's) is the same without ``peak``, and is still read; a result
+without ``digest`` (an older bundle's) is read too, and never judged equal to another. When a
 result would pass the limit, the peak's groups go first (from the last), then free text.
 
 Both halves of the house import this module (it is in the probe bundle and the controller reads
@@ -49,7 +51,8 @@ def _dump(data: Dict[str, Any]) -> str:
 
 
 def encode_ok(mode: str, steps: int, seconds: float, gpus: Sequence[Dict[str, Any]],
-              fallback: str = "", peak: Optional[Dict[str, Any]] = None) -> str:
+              fallback: str = "", peak: Optional[Dict[str, Any]] = None,
+              digest: str = "") -> str:
     """The success message from per-GPU results (objects with the ``COLUMNS`` fields) and the
     first GPU's itemised peak (``{gpu, groups: [[module, category, op, bytes]], cached,
     fragmentation}``)."""
@@ -58,6 +61,8 @@ def encode_ok(mode: str, steps: int, seconds: float, gpus: Sequence[Dict[str, An
                             "seconds": round(float(seconds), 1), "gpus": rows}
     if fallback:
         data["fallback"] = fallback
+    if digest:
+        data["digest"] = digest
     if peak is not None:
         data["peak"] = {"gpu": peak["gpu"], "groups": [list(g) for g in peak["groups"]],
                         "cached": int(peak["cached"]),
@@ -113,6 +118,8 @@ class Result:
             dict(zip(PEAK_COLUMNS, g)) for g in peak.get("groups") or []]
         self.peak_cached_bytes: int = int(peak.get("cached", 0))
         self.peak_fragmentation_bytes: int = int(peak.get("fragmentation", 0))
+        # the traced allocation sequence's digest ('' from an older probe bundle)
+        self.digest: str = data.get("digest") or ""
 
     @property
     def ok(self) -> bool:
@@ -145,6 +152,11 @@ def decode(text: Optional[str]) -> Result:
                     isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row[1:5]):
                 raise TerminationMessageError(f"malformed GPU row in the estimation result: {row!r}")
         _check_peak(data.get("peak"))
+        digest = data.get("digest")
+        if digest is not None and not (isinstance(digest, str) and 0 < len(digest) <= 64
+                                       and all(c in "0123456789abcdef" for c in digest)):
+            raise TerminationMessageError(
+                f"malformed digest in the estimation result: {digest!r:.80}")
     elif status not in FAILURES:
         raise TerminationMessageError(f"unknown status {status!r} in the estimation result")
     return Result(data)

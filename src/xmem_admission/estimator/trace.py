@@ -57,6 +57,7 @@ trace no size (``bench/estimator_speed.py`` prints the figures).
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 from typing import (
     Any,
@@ -337,6 +338,40 @@ class Trace:
             return cls.from_dict(data)
         except TraceError as exc:
             raise TraceError(f"{path}: {exc}") from None
+
+
+def allocation_digest(trace: Trace, extra: Any = None) -> str:
+    """A digest of what the simulation consumes from the trace: each allocation's size, stream
+    and site (category, phase, module, op), which allocation each free releases (by order, not
+    by id), ``empty_cache`` calls, marks and the notes; plus ``extra`` (JSON: the per-GPU
+    results, which carry what the environment changed). Two traces with one digest are replayed
+    identically, so two runs of a program that differ in one option and share a digest show
+    that the option's value does not change the program's memory."""
+    digest = hashlib.sha256()
+    order: Dict[int, int] = {}
+    sites: Dict[Tuple[str, str, str, str], int] = {}
+    lines: List[str] = []
+    for event in trace.events:
+        if event.op == ALLOC:
+            order[event.id] = len(order)
+            key = (event.category, event.phase, event.module, event.source)
+            site = sites.get(key)
+            if site is None:
+                site = sites[key] = len(sites)
+                lines.append("s" + json.dumps(list(key)))
+            lines.append(f"a{event.size},{event.stream},{site}")
+        elif event.op == FREE:
+            lines.append(f"f{order.get(event.id, -1)}")
+        else:
+            lines.append(json.dumps(list(event)))
+        if len(lines) >= 4096:
+            digest.update("\n".join(lines).encode("utf-8"))
+            lines = []
+    digest.update("\n".join(lines).encode("utf-8"))
+    notes = [[n.get("kind"), n.get("key") or n.get("message"), n.get("count"),
+              n.get("extra_bytes")] for n in trace.notes()]
+    digest.update(json.dumps([notes, extra], sort_keys=True, default=str).encode("utf-8"))
+    return digest.hexdigest()[:32]
 
 
 def mark_fields(label: str, prefix: str) -> Tuple[str, Dict[str, str]]:

@@ -11,6 +11,9 @@ in one place, the ``DISPATCH`` work item, not by whichever estimate's reconcile 
   its first listing's: by namespace and name);
 - across namespaces, round-robin: when the cluster cap is the limit, the free slots go to the
   namespaces with estimates waiting in turn, starting after the namespace served last;
+- of a family of trials (one program, different option values), only the estimates that teach
+  which options change memory, or that no traced estimate can serve, get a slot; the others
+  wait for those traces and are then sized by sharing (``trials``);
 - a namespace whose first estimate in line was refused by a ResourceQuota waits out that
   estimate's back-off as a whole (its next pod is the same size); an estimate refused for
   another reason (a LimitRange, a missing service account) backs off alone.
@@ -55,7 +58,7 @@ from typing import (
 )
 
 from xmem_admission.cluster import labels
-from xmem_admission.cluster.controller import podspec, records
+from xmem_admission.cluster.controller import podspec, records, trials
 from xmem_admission.cluster.kube.client import GME, Obj
 
 if TYPE_CHECKING:  # the context holds a Line
@@ -377,6 +380,14 @@ def dispatch(ctx: Context) -> Optional[float]:
             if head is not None and head.quota:
                 continue  # the namespace's quota is full: its whole line waits
             eligible[namespace] = [e for e in candidates if not line.backing_off(e.key, now)]
+        # Of a family of trials, only what teaches or cannot be shared is traced (``trials``).
+        tracing = set(line.grants)
+        shareable: List[Key] = []
+        for namespace, queue in eligible.items():
+            keep, ready = trials.select(ctx, namespace, [e.key for e in queue], tracing)
+            kept = set(keep)
+            eligible[namespace] = [e for e in queue if e.key in kept]
+            shareable += ready
         heads = [ns for ns, q in eligible.items() if q]
         oldest = min(heads, key=lambda ns: eligible[ns][0].order) if heads else None
         new, line.cursor = plan({ns: [e.key for e in q] for ns, q in eligible.items()}, free,
@@ -387,6 +398,10 @@ def dispatch(ctx: Context) -> Optional[float]:
         granted = set(line.grants)
     for key in new:
         ctx.queue.add(("estimate",) + key)
+    by_key = {e.key: e for q in queues.values() for e in q}
+    for key in shareable:  # their workloads size themselves from a traced estimate
+        for obj in by_key[key].workloads:
+            ctx.queue.add(("workload", obj.get("kind", ""), key[0], obj["metadata"]["name"]))
     _size(ctx, queues, granted, caps, cluster_cap, live, now)
     return None
 

@@ -464,7 +464,7 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
             outcome: Outcome) -> None:
     now = ctx.now()
     status["completionTime"] = records.stamp(now)
-    for key in ("reason", "message", "estimates", "peak", "reproduce"):
+    for key in ("reason", "message", "estimates", "peak", "reproduce", "allocationDigest"):
         status.pop(key, None)
     if outcome.result is not None:
         result = outcome.result
@@ -472,6 +472,8 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
                       seconds=result.seconds, estimates=records.estimates_from(result.gpus))
         if result.fallback:
             status["fallbackReason"] = result.fallback[:1000]
+        if result.digest:
+            status["allocationDigest"] = result.digest  # what trials of a family compare
         peak = records.peak_from(result)
         if peak is not None:
             status["peak"] = peak

@@ -56,7 +56,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.backends import dra
-from xmem_admission.cluster.controller import dra_claims, records
+from xmem_admission.cluster.controller import dra_claims, records, trials
 from xmem_admission.cluster.controller.context import Context
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.client import GME, Obj
@@ -287,6 +287,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
             decision.entry["claim"] = dra.claim_form(target.dra, target.gpu, grown)
     if decision.entry is not None:
         status = with_entry(dict(gme.get("status") or {}), decision.entry)
+        status = trials.after_oom(ctx, gme, workload, status)  # shared: not neutral after all
         written = ctx.kube.replace_status(GME, dict(gme, status=status))
         ctx.estimates.put(written)
         entry = decision.entry

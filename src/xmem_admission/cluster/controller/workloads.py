@@ -36,7 +36,7 @@ import logging
 from typing import Any, Dict, List, Optional, Tuple
 
 from xmem_admission.cluster import backends, labels
-from xmem_admission.cluster.controller import dra_claims, estimate_cache, records
+from xmem_admission.cluster.controller import dra_claims, estimate_cache, records, trials
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.integrations import (
     GpuTemplate,
@@ -237,9 +237,16 @@ def ensure_estimate(ctx: Context, obj: Obj, fp: str, settings: Settings,
     use); one that failed before this hold (or this AdmissionCheck round), or a stale one, gets
     a new attempt."""
     namespace = obj["metadata"]["namespace"]
+    shared = trials.share(ctx, obj, fp, list(settings.gpu_keys), gme)
+    if shared is not None:  # sized from an estimate of its family: no estimation pod
+        estimate_cache.wait_on(ctx, shared, obj)
+        estimate_cache.wake(ctx, shared)
+        return
     if gme is None:
         image = templates[0][1][0][1].get("image", "")
-        gme = ctx.kube.create(GME, namespace, records.new(obj, fp, list(settings.gpu_keys), image))
+        gme = ctx.kube.create(GME, namespace, trials.mark(
+            records.new(obj, fp, list(settings.gpu_keys), image),
+            trials.trial_of(ctx, obj, fp, list(settings.gpu_keys))))
         ctx.estimates.put(gme)
         estimate_cache.wait_on(ctx, gme, obj)
         ctx.queue.add(("estimate", namespace, gme["metadata"]["name"]))

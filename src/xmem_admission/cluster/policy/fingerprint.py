@@ -203,6 +203,11 @@ def of_containers(
         "gpus": sorted(set(gpu_models)),
         "templates": [[_container(c, count) for _, c, count in group] for group in templates],
     }
+    return _digest(document, world, inputs)
+
+
+def _digest(document: Dict[str, Any], world: Optional[Mapping[str, str]],
+            inputs: Optional[Sequence[Sequence[Optional[str]]]]) -> str:
     if world:
         document["world"] = {str(k): str(v) for k, v in world.items()}
     if inputs:
@@ -212,3 +217,116 @@ def of_containers(
     except TypeError:  # an integer beyond 64 bits somewhere (a client that reads them exactly)
         text = orjson.dumps(_plain(document), option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(text).hexdigest()[:DIGEST_CHARS]
+
+
+# --- trial families ---------------------------------------------------------------------------
+#
+# A sweep's trials run one program with different option values. Their *family* is the
+# fingerprint's document with the values of long command-line options (``--lr 0.1``,
+# ``--lr=0.1``) and of literal environment variables taken out; each trial keeps those values as
+# its *options*. Only plain values are taken out (letters, digits and ``._+-:,``, at most
+# ``OPTION_VALUE_CHARS``): a path, a shell snippet, a short option's value (``-m module``,
+# ``-c code``) and every positional word stay in the family, so two trials of one family run the
+# same image, the same program and the same option names. Whether an option's value changes the
+# program's memory is learned from traces (``controller.trials``), never assumed here.
+
+OPTION_VALUE_CHARS = 64
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-:,")
+_HOLE = "\x00"  # where a value was taken out
+
+
+def _plain_value(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= OPTION_VALUE_CHARS and \
+        set(value) <= _PLAIN
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_option(word: Any) -> bool:
+    return isinstance(word, str) and word.startswith("-") and len(word) > 1 and \
+        not _is_number(word)
+
+
+def split_argv(argv: Sequence[Any]) -> Tuple[List[Any], List[Tuple[str, str]]]:
+    """The words with each long option's plain value replaced by a hole, and the (option,
+    value) pairs taken out, in order. ``--lr 0.1`` and ``--lr=0.1`` both give ``("--lr",
+    "0.1")``; a long option followed by another option or by nothing is a flag (no value)."""
+    shape: List[Any] = []
+    found: List[Tuple[str, str]] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        index += 1
+        if not (isinstance(word, str) and word.startswith("--") and len(word) > 2):
+            shape.append(word)
+            continue
+        if "=" in word:
+            name, value = word.split("=", 1)
+            if _plain_value(value):
+                shape.append(name + "=" + _HOLE)
+                found.append((name, value))
+            else:
+                shape.append(word)
+            continue
+        shape.append(word)
+        following = argv[index] if index < len(argv) else None
+        if following is not None and not _is_option(following) and _plain_value(following):
+            shape.append(_HOLE)
+            found.append((word, following))
+            index += 1
+    return shape, found
+
+
+def _trial_container(container: Mapping[str, Any], gpus: int, prefix: str,
+                     options: Dict[str, str]) -> Dict[str, Any]:
+    """The container's part of the family document; its option values go into ``options``."""
+    doc = _container(container, gpus)
+    words: List[Any] = []
+    for part in ("command", "args"):
+        value = doc.get(part)
+        words.extend(value if isinstance(value, list) else [])
+    shape, found = split_argv(words)
+    seen: Dict[str, int] = {}
+    for name, value in found:
+        seen[name] = seen.get(name, 0) + 1
+        options[f"{prefix}{name}" + (f"#{seen[name]}" if seen[name] > 1 else "")] = value
+    split = len(doc["command"]) if isinstance(doc.get("command"), list) else 0
+    doc["command"] = shape[:split] if isinstance(doc.get("command"), list) else doc["command"]
+    doc["args"] = shape[split:] if isinstance(doc.get("args"), list) else doc["args"]
+    env: List[Any] = []
+    for item in doc["env"]:
+        if type(item) is dict and type(item.get("name")) is str and \
+                set(item) <= {"name", "value"} and _plain_value(item.get("value")):
+            options[f"{prefix}${item['name']}"] = item["value"]
+            env.append({"name": item["name"], "value": _HOLE})
+        else:
+            env.append(item)
+    doc["env"] = env
+    return doc
+
+
+def trial_of(templates: Sequence[Sequence[Tuple[Slot, Mapping[str, Any], int]]],
+             gpu_models: Iterable[str], world: Optional[Mapping[str, str]] = None,
+             inputs: Optional[Sequence[Sequence[Optional[str]]]] = None,
+             ) -> Tuple[str, Dict[str, str]]:
+    """The trial family (a digest like the fingerprint's) and the trial's option values, from
+    what ``of_containers`` takes. Option names are ``--name`` or ``$VARIABLE``; with more than
+    one GPU container, prefixed by ``<template>.<container>:``. The whole fingerprint is the
+    family plus the options: two workloads of one family with equal options have one
+    fingerprint."""
+    many = sum(len(group) for group in templates) > 1
+    options: Dict[str, str] = {}
+    document: Dict[str, Any] = {
+        "v": VERSION, "family": 1,
+        "gpus": sorted(set(gpu_models)),
+        "templates": [[_trial_container(c, count, f"{t}.{i}:" if many else "", options)
+                       for i, (_, c, count) in enumerate(group)]
+                      for t, group in enumerate(templates)],
+    }
+    return _digest(document, world, inputs), options

@@ -208,6 +208,7 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
     from xmem_admission.estimator.allocator.alloc_conf import config_from_env
     from xmem_admission.estimator.estimate import device_json, estimate_trace, resolve_gpus
     from xmem_admission.estimator.probe import runner
+    from xmem_admission.estimator.trace import allocation_digest
 
     names, steps, mode = _settings()
     if not names:
@@ -225,9 +226,11 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
         _reexec_profile(argv, result.reason)
     if result.status == "ok":
         per_gpu = estimate_trace(result.trace, gpus, config, env=dict(os.environ))
+        rows = [g.to_dict() for g in per_gpu]
         write_result(path, termination.encode_ok(
-            result.mode, result.steps, result.seconds, [g.to_dict() for g in per_gpu],
-            os.environ.get(probe_env.FALLBACK, ""), _peak(result.trace, gpus[0], config)))
+            result.mode, result.steps, result.seconds, rows,
+            os.environ.get(probe_env.FALLBACK, ""), _peak(result.trace, gpus[0], config),
+            allocation_digest(result.trace, [result.mode, rows])))
         print(f"xmem probe: {result.steps} steps traced in {result.seconds:.1f} s; estimates for "
               f"{', '.join(g.gpu for g in per_gpu)} written", file=sys.stderr, flush=True)
         return 0
