@@ -191,9 +191,15 @@ def _simulated(row_id: str, trace: Any, seconds: float, mode: str) -> Dict[str, 
     from xmem_admission.estimator.estimate import estimate_trace
 
     result = estimate_trace(trace, [lookup(GPU_KEY)], margin=0.0)[0]
+    # the ends of the range as peaks reserved (the floor is added to all three alike)
     return {"id": row_id, "seconds": seconds, "mode": mode,
             "peak_allocated_bytes": result.peak_allocated_bytes,
             "peak_reserved_bytes": result.peak_reserved_bytes,
+            "low_reserved_bytes": result.peak_reserved_bytes + result.low_bytes
+            - result.total_bytes,
+            "high_reserved_bytes": result.peak_reserved_bytes + result.high_bytes
+            - result.total_bytes,
+            "low_oom": result.low_oom, "high_oom": result.high_oom,
             "simulated_oom": result.oom is not None, "breakdown": result.breakdown,
             "growth_in_last_step_bytes": growth_in_last_step(trace)}
 
@@ -286,12 +292,28 @@ def leave_one_out(rows: Sequence[Row], sims: Dict[str, Dict[str, Any]],
             floor = whole
         if floor is None:
             raise BenchError("the floor needs at least two rows that did not run out of memory")
-        estimate_bytes = sim["peak_reserved_bytes"] + floor
-        answers[row.id] = {"id": row.id, "estimate_bytes": estimate_bytes,
-                           "predicted_oom": bool(sim.get("simulated_oom"))
-                           or estimate_bytes > capacity_bytes,
-                           "seconds": sim["seconds"], "floor_bytes": floor}
+        answers[row.id] = _answer(row.id, sim, floor, capacity_bytes)
     return answers
+
+
+def _answer(row_id: str, sim: Dict[str, Any], floor: int, capacity_bytes: int) -> Dict[str, Any]:
+    """A row's answer under a floor: the point, the ends of its range, its request under the
+    default policy and the OOM call ("does not fit" only where the low end does not; traces
+    simulated before the range existed have the point for both ends)."""
+    from bench.paper.requests import request_bytes
+
+    estimate_bytes = sim["peak_reserved_bytes"] + floor
+    low_bytes = sim.get("low_reserved_bytes", sim["peak_reserved_bytes"]) + floor
+    high_bytes = sim.get("high_reserved_bytes", sim["peak_reserved_bytes"]) + floor
+    point_oom = bool(sim.get("simulated_oom")) or estimate_bytes > capacity_bytes
+    low_oom = bool(sim.get("low_oom", sim.get("simulated_oom"))) or low_bytes > capacity_bytes
+    high_oom = bool(sim.get("high_oom", sim.get("simulated_oom"))) or high_bytes > capacity_bytes
+    fit = "does not fit" if low_oom else "may not fit" if point_oom or high_oom else "fits"
+    return {"id": row_id, "estimate_bytes": estimate_bytes, "low_bytes": low_bytes,
+            "high_bytes": high_bytes,
+            "request_bytes": request_bytes(estimate_bytes, high_bytes, GPU_KEY),
+            "predicted_oom": low_oom, "fit": fit, "seconds": sim["seconds"],
+            "floor_bytes": floor}
 
 
 @dataclass
@@ -355,6 +377,10 @@ def report(rows: Sequence[Row], sims: Dict[str, Dict[str, Any]],
                      f"{len(growing)} of "
                      f"{sum('peak_reserved_bytes' in sims.get(r.id, {}) for r in rows)}"
                      + (f" ({', '.join(growing[:10])})" if growing else ""))
+    from bench.paper.requests import table, tally
+
+    lines.append(table("requests under the default policy (each row with the floor fitted on "
+                       "the others)", tally([r.data for r in rows], answers)))
     failed = [sims[r.id] for r in rows if "error" in sims.get(r.id, {})]
     if failed:
         lines.append(f"{len(failed)} row(s) failed: " + "; ".join(

@@ -109,7 +109,9 @@ def run_paper(args: argparse.Namespace) -> int:
                                       resume=args.resume)
     with open(args.out, "w", encoding="utf-8") as fh:
         for result in results:
-            fh.write(json.dumps({k: result[k] for k in ("id", "estimate_bytes", "predicted_oom",
+            fh.write(json.dumps({k: result[k] for k in ("id", "estimate_bytes", "low_bytes",
+                                                        "high_bytes", "request_bytes",
+                                                        "predicted_oom", "fit",
                                                         "seconds", "mode", "peak_reserved_bytes",
                                                         "peak_allocated_bytes", "error")
                                  if k in result}) + "\n")

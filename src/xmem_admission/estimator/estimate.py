@@ -39,7 +39,7 @@ from xmem_admission.estimator.allocator.alloc_conf import (
     parse_alloc_conf,
 )
 from xmem_admission.estimator.allocator.simulate import simulate
-from xmem_admission.estimator.orchestrate import for_gpu
+from xmem_admission.estimator.orchestrate import HIGH, LOW, for_gpu
 from xmem_admission.estimator.trace import UPPER_BOUND_NOTES, Category, Trace
 
 DEFAULT_GPUS = ("A100-40GB", "A100-80GB", "H100-80GB", "L40S")
@@ -84,6 +84,17 @@ class GPUEstimate:
     # what ``overhead_bytes`` is made of: the context, runtime and cuDNN figures for the job's
     # CUDA major, each with its basis and source (``contract.overhead.Overhead.to_dict``)
     overhead: Optional[Dict[str, Any]] = None
+    # The range the job's peak on a GPU may take (``Range``): the point (``total_bytes``) lies in
+    # [low_bytes, high_bytes]; equal where nothing the estimate guesses changes the stream.
+    low_bytes: int = 0
+    high_bytes: int = 0
+    # What makes the range wide, largest first: {what, low_bytes, high_bytes, detail}
+    uncertain: List[Dict[str, Any]] = field(default_factory=list)
+    # the OOM call: "fits" (the high end fits), "may not fit" (only the high end does not),
+    # "does not fit" (the low end does not); ``fits`` is False only for the last
+    fit: str = "fits"
+    low_oom: bool = False  # the low end's simulation ran out of memory
+    high_oom: bool = False  # the high end's simulation ran out of memory
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -172,34 +183,132 @@ def allocator_room(trace: Trace, stream: Trace, gpu: catalogue.GPU,
             - nccl_bytes(trace, gpu, env))
 
 
+FITS, MAY_NOT_FIT, DOES_NOT_FIT = "fits", "may not fit", "does not fit"
+
+
+def request_bytes(total: int, high: int, margin: float) -> int:
+    """The request for an estimate whose point is ``total`` and high end ``high``: the margin
+    on the point, and the high end's excess over it on top (a job whose estimate is exact pays
+    only the margin; one whose convolutions may pick larger workspaces pays for them too)."""
+    return int(math.ceil(total * (1.0 + margin))) + max(high - total, 0)
+
+
+@dataclass
+class _End:
+    """One end of the range, simulated: its total and whether it runs out of memory."""
+
+    total: int
+    oom: bool
+
+
+def _simulate_end(stream: Trace, gpu: catalogue.GPU, config: Optional[AllocatorConfig],
+                  capacity: int, outside_nccl: int) -> _End:
+    sim = simulate(stream, config, capacity_bytes=capacity)
+    return _End(sim.peak_reserved_bytes + outside_nccl, sim.oom is not None)
+
+
+def _same_sizes(a: Trace, b: Trace) -> bool:
+    return len(a.events) == len(b.events) and all(
+        x.op == y.op and getattr(x, "size", 0) == getattr(y, "size", 0)
+        for x, y in zip(a.events, b.events))
+
+
+def _conv_range(trace: Trace, stream: Trace, gpu: catalogue.GPU,
+                config: Optional[AllocatorConfig], capacity: int, outside_nccl: int,
+                env: Optional[Dict[str, str]], point: _End) -> Tuple[_End, _End, Dict[str, Any]]:
+    """The low and high ends of the convolution workspaces' range: the stream rebuilt with each
+    call's workspace at that end of the plans cuDNN ranks (``orchestrate.for_gpu``'s ``end``)
+    and simulated again where it differs (the reserved peak is not additive)."""
+    ends = []
+    described: Dict[str, Any] = {}
+    for end in (LOW, HIGH):
+        other = for_gpu(trace, gpu, env, end=end)
+        if _same_sizes(other, stream):
+            ends.append(point)
+        else:
+            ends.append(_simulate_end(other, gpu, config, capacity, outside_nccl))
+        if end == HIGH:
+            described = dict((other.meta.get("conv_workspaces") or {}).get("range") or {})
+    return ends[0], ends[1], described
+
+
 def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
                    config: Optional[AllocatorConfig] = None, margin: float = DEFAULT_MARGIN,
                    env: Optional[Dict[str, str]] = None) -> List[GPUEstimate]:
-    """Simulate ``trace`` on each GPU and size the request."""
+    """Simulate ``trace`` on each GPU, with the range of what it guesses (``GPUEstimate``'s
+    ``low_bytes``/``high_bytes``/``uncertain``), call whether it fits, and size the request."""
     results = []
+    bounded = [n for n in trace.notes() if n.get("kind") in UPPER_BOUND_NOTES]
     for gpu in gpus:
         nccl = nccl_bytes(trace, gpu, env)
         stream = for_gpu(trace, gpu, env)
         figures = overhead_for(stream, gpu)
         overhead = figures.total_bytes
-        sim = simulate(stream, config, capacity_bytes=allocator_capacity(gpu, overhead) - nccl)
+        capacity = allocator_capacity(gpu, overhead) - nccl
+        sim = simulate(stream, config, capacity_bytes=capacity)
         total = sim.peak_reserved_bytes + nccl + overhead
-        fits = sim.oom is None and total <= gpu.capacity_bytes
-        recommended = int(math.ceil(total * (1.0 + margin)))
+        point = _End(total, sim.oom is not None)
+        low, high, uncertain = point, point, []
+        if stream.meta.get("conv_workspaces"):
+            low, high, ranged = _conv_range(trace, stream, gpu, config, capacity,
+                                            nccl + overhead, env, point)
+            if low.total != total or high.total != total or ranged.get("unknown_calls"):
+                uncertain.append(_conv_reason(ranged, low.total, high.total))
+        # a size fake execution could not know, taken at its largest: the point is the high end
+        # and the low end is not known (the range's low end is that of the rest)
+        for note in bounded:
+            extra = int(note.get("extra_bytes") or 0)
+            uncertain.append({"what": f"upper bound ({note.get('kind')})", "low_bytes": None,
+                              "high_bytes": total,
+                              "detail": str(note.get("message") or "") + (
+                                  f"; the bound may cost up to {extra} B over the job's own "
+                                  f"size" if extra else "") + "; the low end is not known"})
+        fit = _fit_call(gpu, low, point, high, low_known=not bounded)
+        recommended = request_bytes(total, high.total, margin)
         profile = catalogue.smallest_mig_profile(gpu, recommended)
         results.append(GPUEstimate(
             gpu=gpu.key, capacity_bytes=gpu.capacity_bytes,
             peak_allocated_bytes=sim.peak_allocated_bytes,
             peak_reserved_bytes=sim.peak_reserved_bytes, overhead_bytes=overhead,
-            total_bytes=total, fits=fits, recommended_request_bytes=recommended,
+            total_bytes=total, fits=fit != DOES_NOT_FIT, recommended_request_bytes=recommended,
             mig_profile=profile.name if profile is not None else None,
             breakdown=_breakdown(sim.allocated_by_category_at_peak_allocated,
                                  sim.peak_reserved_bytes, overhead, nccl),
             oom=sim.oom.to_dict() if sim.oom is not None else None,
             conv_workspaces=stream.meta.get("conv_workspaces"),
             overhead=figures.to_dict(),
+            low_bytes=min(low.total, total), high_bytes=max(high.total, total),
+            uncertain=uncertain, fit=fit, low_oom=low.oom, high_oom=high.oom,
         ))
     return results
+
+
+def _fits(gpu: catalogue.GPU, end: _End) -> bool:
+    return not end.oom and end.total <= gpu.capacity_bytes
+
+
+def _fit_call(gpu: catalogue.GPU, low: _End, point: _End, high: _End,
+              low_known: bool = True) -> str:
+    """The OOM call: "does not fit" only where the low end does not (and is known: an upper
+    bound's is not); "may not fit" where the point or the high end does not."""
+    if low_known and not _fits(gpu, low):
+        return DOES_NOT_FIT
+    if not (_fits(gpu, point) and _fits(gpu, high)):
+        return MAY_NOT_FIT
+    return FITS
+
+
+def _conv_reason(ranged: Dict[str, Any], low: int, high: int) -> Dict[str, Any]:
+    calls = int(ranged.get("calls") or 0)
+    unknown = int(ranged.get("unknown_calls") or 0)
+    detail = (f"{calls} convolution call(s) whose plan the GPU picks among those cuDNN"
+              f"{' ' + ranged['cudnn'] if ranged.get('cudnn') else ''}'s heuristics rank "
+              f"(low: each call's smallest workspace; high: its largest)")
+    if unknown:
+        detail += (f"; {unknown} call(s) with no ranked plans, taken as the point sizes them"
+                   f"{' (' + ranged['unknown_why'] + ')' if ranged.get('unknown_why') else ''}")
+    return {"what": "convolution workspaces", "low_bytes": low, "high_bytes": high,
+            "detail": detail}
 
 
 def nccl_bytes(trace: Trace, gpu: catalogue.GPU, env: Optional[Dict[str, str]] = None) -> int:

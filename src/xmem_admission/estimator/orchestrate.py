@@ -118,6 +118,10 @@ class PlannedCall:
     call: str
     workspaces: Tuple[int, ...]
     search: Tuple[int, ...] = ()
+    # every plan's workspace in the heuristics' order, up to the first plan needing none (before
+    # ``tried_workspaces`` drops those no smaller than an earlier one): the plans a GPU may run
+    # for the call, the range of ``for_gpu``'s low and high ends
+    ranked: Tuple[int, ...] = ()
 
 
 def _traced_or_own(traced_library: Optional[str],
@@ -188,6 +192,24 @@ class ConvPlanner:
         self.resident_override = resident_bytes
         self.resident_bytes = 0
         self.resident_source = ""
+        # The range of a call the point sizes by the rule or not at all (a trace whose cuDNN
+        # cannot plan without a GPU): the plans this process's cuDNN ranks for the target GPU,
+        # where it plans without one (``range_library``).
+        self.range_library: Optional[heuristics.CudnnLibrary] = None
+        self.range_why_not = ""
+        if self.library is None and use_heuristics and library is None:
+            try:
+                own = heuristics.load_cudnn()
+            except heuristics.CudnnPlanningUnavailable as err:
+                self.range_why_not = str(err)
+            else:
+                if own.deviceless:
+                    self.range_library = own
+                else:
+                    self.range_why_not = (f"cuDNN {own.version_text} ({own.path}) cannot plan "
+                                          "without a GPU")
+        self.range_calls = 0  # calls whose workspace the GPU may pick otherwise than the point
+        self.range_unknown_calls = 0  # calls sized by the rule or not at all, with no plans
 
     def hold_resident(self, planned: bool) -> int:
         """The bytes held from the first convolution on (``planned``: that convolution was
@@ -227,7 +249,31 @@ class ConvPlanner:
             out["rule"] = self.rule.source
         if self.unplannable:
             out["not_planned"] = dict(self.unplannable)
+        if self.range_calls or self.range_unknown_calls:
+            ranged: Dict[str, Any] = {"calls": self.range_calls,
+                                      "unknown_calls": self.range_unknown_calls}
+            ranker = self.library or self.range_library
+            if ranker is not None:
+                ranged["cudnn"] = ranker.version_text
+            elif self.range_why_not:
+                ranged["unknown_why"] = self.range_why_not
+            out["range"] = ranged
         return out
+
+    def ranked(self, mark: ConvMark) -> Optional[List[Tuple[int, ...]]]:
+        """Per call of the mark, the workspaces of the plans cuDNN's heuristics rank for the
+        target GPU (``PlannedCall.ranked``), asked of ``range_library`` for a mark the point
+        sizes by the rule or not at all; None where no cuDNN here can say."""
+        if self.range_library is None:
+            return None
+        try:
+            calls = heuristics.mark_calls(mark)
+            if calls and calls[0][0].dtype == "bfloat16" and self.gpu.compute_capability < (8, 0):
+                return [() for _ in mark.calls]
+            return [tuple(self._ranked(conv, call, mark, self.range_library))
+                    for conv, call in calls]
+        except (ValueError, heuristics.CudnnCallError):
+            return None
 
     def plan(self, mark: ConvMark) -> Optional[List[PlannedCall]]:
         """The mark's calls sized by cuDNN's heuristics; None where they cannot (no deviceless
@@ -247,7 +293,8 @@ class ConvPlanner:
         out: List[PlannedCall] = []
         try:
             for name, (conv, call) in zip(mark.calls, calls):
-                tried = self._workspaces(conv, call, mark, benchmark=False)
+                ranked = self._ranked(conv, call, mark, self.library)
+                tried = cudnn.tried_workspaces(ranked)
                 search: Tuple[int, ...] = ()
                 if mark.benchmark:
                     key = (conv, call, mark.allow_tf32, mark.deterministic)
@@ -256,7 +303,7 @@ class ConvPlanner:
                         search = tuple(sorted(set(self._workspaces(conv, call, mark,
                                                                    benchmark=True)),
                                               reverse=True))
-                out.append(PlannedCall(name, tuple(tried), search))
+                out.append(PlannedCall(name, tuple(tried), search, tuple(ranked)))
         except heuristics.CudnnCallError as err:
             reason = f"cuDNN refused the graph: {err}"[:200]
             self.unplannable[reason] = self.unplannable.get(reason, 0) + 1
@@ -265,14 +312,22 @@ class ConvPlanner:
         return out
 
     def _workspaces(self, conv: heuristics.Convolution, call: cudnn.ConvCall, mark: ConvMark,
-                    benchmark: bool) -> List[int]:
+                    benchmark: bool,
+                    library: Optional[heuristics.CudnnLibrary] = None) -> List[int]:
         sizes = _torch_workspaces(self.gpu, conv, call, mark.allow_tf32 is not False,
                                   bool(mark.deterministic), benchmark,
                                   self.env.get("TORCH_CUDNN_USE_HEURISTIC_MODE_B") == "1",
-                                  self.env.get("CUDNN_ERRATA_JSON_FILE", ""), self.library)
+                                  self.env.get("CUDNN_ERRATA_JSON_FILE", ""),
+                                  library or self.library)
         if self.cap is not None:  # CUDNN_CONV_WSCAP_DBG: only engines within the cap
             sizes = [s for s in sizes if s <= self.cap]
-        return sizes if benchmark else cudnn.tried_workspaces(sizes)
+        return sizes
+
+    def _ranked(self, conv: heuristics.Convolution, call: cudnn.ConvCall, mark: ConvMark,
+                library: Optional[heuristics.CudnnLibrary]) -> List[int]:
+        """The workspaces of the plans PyTorch would try for the call, in order, up to the first
+        one needing none (``torch_workspaces(..., until_no_workspace=True)``)."""
+        return self._workspaces(conv, call, mark, benchmark=False, library=library)
 
 
 _PLAN_CACHE: Dict[Tuple[Any, ...], List[int]] = {}
@@ -316,6 +371,32 @@ class _Stream:
     def held(self, size: int, phase: str) -> None:
         self.events.append(Alloc(ALLOC, self.next_id, size, 0, self.category, phase))
         self.next_id += 1
+
+
+# Which stream ``for_gpu`` makes: the point estimate's (cuDNN's first plan, the fitted rule), or
+# the low or the high end of the range of plans a GPU may run for each convolution.
+POINT, LOW, HIGH = "point", "low", "high"
+ENDS = (POINT, LOW, HIGH)
+
+
+def _ranged(calls: List[PlannedCall], end: str) -> List[PlannedCall]:
+    """The planned calls with each one's first workspace taken at the ``end`` of its ranked
+    plans: the smallest (the GPU runs a plan needing least), or the largest, tried first and
+    then the point's own fall-through."""
+    if end == POINT:
+        return calls
+    out = []
+    for call in calls:
+        ranked = call.ranked or call.workspaces
+        if not ranked:
+            out.append(call)
+        elif end == LOW:
+            out.append(PlannedCall(call.call, (min(ranked),), call.search, ranked))
+        else:
+            first = (max(ranked),) + tuple(call.workspaces)
+            out.append(PlannedCall(call.call, tuple(cudnn.tried_workspaces(first)),
+                                   call.search, ranked))
+    return out
 
 
 def _emit_planned(stream: _Stream, planned: List[PlannedCall]) -> None:
@@ -396,13 +477,35 @@ class _ReductionStaging:
         return out
 
 
+def _rule_end(planner: ConvPlanner, size: int, ranked: Optional[Tuple[int, ...]],
+              end: str) -> int:
+    """A rule-sized call's workspace at ``end``: with the plans this process's cuDNN ranks for
+    the call, the smaller (low) or larger (high) of the rule's and theirs; without, the rule's."""
+    if end == POINT:
+        return size
+    if not ranked:
+        planner.range_unknown_calls += 1
+        return size
+    planner.range_calls += 1
+    return min(size, min(ranked)) if end == LOW else max(size, max(ranked))
+
+
 def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
             conv_rule: Optional[cudnn.ConvWorkspaceRule] = None,
-            planner: Optional[ConvPlanner] = None) -> Trace:
+            planner: Optional[ConvPlanner] = None, end: str = POINT) -> Trace:
     """Return a new trace for ``gpu``: cuBLAS marks replaced by that GPU's workspaces, cuDNN
     marks by transient convolution workspaces (cuDNN's heuristics where a cuDNN here plans
     without a GPU, else ``conv_rule``, default the architecture's fitted rule; ``planner``
-    to choose). The meta's ``conv_workspaces`` says which answered."""
+    to choose). The meta's ``conv_workspaces`` says which answered.
+
+    ``end`` (``LOW``, ``HIGH``): each convolution's workspace taken at that end of the plans
+    cuDNN's heuristics rank for the call on ``gpu`` instead of the first (a GPU's own heuristics
+    rank them otherwise than a deviceless plan; which runs cannot be asked without the GPU). A
+    call the point sizes by the rule or not at all takes the smaller (low) or the larger (high)
+    of that and the ranked plans of this process's cuDNN, where one plans without a GPU; else
+    the point's. The meta's ``conv_workspaces.range`` counts them."""
+    if end not in ENDS:
+        raise ValueError(f"unknown end {end!r}: one of {', '.join(ENDS)}")
     workspace = cublas_workspace_bytes(gpu, env)
     lt_workspace = cublaslt_workspace_bytes(gpu, env)
     if planner is None:
@@ -426,6 +529,14 @@ def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
             planned = planner.plan(mark)
             if planned is None and planner.rule is None:
                 planner.unmodelled_calls += len(mark.calls)
+                ranked = planner.ranked(mark) if end != POINT else None
+                if end == HIGH and ranked:
+                    planner.range_calls += len(ranked)
+                    for call, sizes in zip(mark.calls, ranked):
+                        if sizes and max(sizes) > 0:
+                            stream.transient(max(sizes), f"{cudnn.TRANSIENT_PREFIX}{call}")
+                elif end == HIGH:
+                    planner.range_unknown_calls += len(mark.calls)
                 continue
             if not resident_done:
                 resident = planner.hold_resident(planned is not None)
@@ -433,11 +544,15 @@ def for_gpu(trace: Trace, gpu: GPU, env: Optional[Mapping[str, str]] = None,
                     stream.held(resident, cudnn.RESIDENT_PHASE)
             resident_done = True
             if planned is not None:
-                _emit_planned(stream, planned)
+                planner.range_calls += sum(1 for c in planned if len(set(c.ranked)) > 1)
+                _emit_planned(stream, _ranged(planned, end))
                 continue
             assert planner.rule is not None
             planner.rule_calls += len(mark.calls)
-            for call, size in conv_workspaces(event.label, planner.rule, planner.cap):
+            ranked = planner.ranked(mark) if end != POINT else None
+            for index, (call, size) in enumerate(conv_workspaces(event.label, planner.rule,
+                                                                 planner.cap)):
+                size = _rule_end(planner, size, ranked[index] if ranked else None, end)
                 if size > 0:
                     stream.transient(size, f"{cudnn.TRANSIENT_PREFIX}{call}")
             continue

@@ -6,9 +6,10 @@ backend turns into ``nvidia.com/gpumem`` or a MIG profile, and the one validatio
 against can never disagree.
 
 The request for a GPU model, from the estimate E (``total_bytes``: what the process would show
-on that GPU):
+on that GPU) and the high end H of its range (``high_bytes``, E where the record has none: what
+the process may show when the GPU picks the largest convolution workspaces its cuDNN ranks):
 
-    request = E * (1 + safetyMarginPercent/100) * (1 - overcommitPercent/100)
+    request = (E * (1 + safetyMarginPercent/100) + (H - E)) * (1 - overcommitPercent/100)
     request = max(request, minimumRequest), rounded up to a multiple of granularity,
               and never more than the GPU's capacity (a request above it could never schedule)
 
@@ -97,9 +98,17 @@ def _percent(value: float) -> Fraction:
     return Fraction(value).limit_denominator(10_000) / 100
 
 
-def size_request(estimate_bytes: int, settings: Settings, capacity_bytes: int) -> int:
-    """The request per GPU for an estimate, under the policy's margin, overcommit and rounding."""
+def size_request(estimate_bytes: int, settings: Settings, capacity_bytes: int,
+                 high_bytes: Optional[int] = None) -> int:
+    """The request per GPU for an estimate, under the policy's margin, overcommit and rounding.
+
+    ``high_bytes``: the high end of the estimate's range (``xmem estimate``'s ``high_bytes``:
+    each convolution at the largest workspace cuDNN's heuristics rank for it). The margin is
+    taken on the estimate and the high end's excess over it added whole: a job whose estimate
+    is exact pays only the margin, one whose workspaces the GPU picks pays for their range."""
     exact = Fraction(estimate_bytes) * (1 + _percent(settings.safety_margin_percent))
+    if high_bytes is not None and high_bytes > estimate_bytes:
+        exact += high_bytes - estimate_bytes
     exact *= 1 - _percent(settings.overcommit_percent)
     request = max(math.ceil(exact), settings.minimum_request_bytes)
     granularity = settings.granularity_bytes
