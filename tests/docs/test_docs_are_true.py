@@ -213,3 +213,21 @@ def test_issue_numbers_in_comments_and_docstrings_are_reported_and_other_project
         "bench/planted.py:10: issues 31"]
     assert docs_truth.issue_references([("bench/planted.py", source)],
                                        frozenset({"bench/planted.py"})) == []
+
+
+def test_no_sentence_of_the_docs_runs_to_a_hundred_words() -> None:
+    found = docs_truth.long_sentences(docs_truth.pages(), docs_truth.LONG_SENTENCES_ALLOWED)
+    assert not found, "split these into short sentences:\n" + "\n".join(found)
+    pages = {page.path: page for page in docs_truth.pages()}
+    still = [path for path in sorted(docs_truth.LONG_SENTENCES_ALLOWED)
+             if path not in pages or not docs_truth.long_sentences([pages[path]])]
+    assert not still, "no long sentence any more: take off LONG_SENTENCES_ALLOWED: " + str(still)
+
+
+def test_a_long_sentence_is_reported_and_code_and_tables_are_not() -> None:
+    long = "This " + " ".join(["word"] * 98) + " end."
+    page = Page("docs/x.md", f"Short one. {long} Another short one.\n\n```sh\n{long}\n```\n\n"
+                f"| {long} |\n")
+    assert docs_truth.long_sentences([page]) == [
+        "docs/x.md: 100 words: This word word word word word word word word word word word ..."]
+    assert docs_truth.long_sentences([page], frozenset({"docs/x.md"})) == []
