@@ -8,7 +8,8 @@ makes the next ``times`` matching requests answer ``status`` without reaching th
 carries ``Retry-After``, 1 s unless told); with ``when="after"`` the request reaches the server
 and is carried out, and the client gets the fault instead of the answer (a write that landed but
 whose answer was lost). Patterns are searched in the path without its query string; ``times`` < 0
-means every matching request. ``seen`` records every request with the status it got, and each
+means every matching request; ``query``, when given, must also appear in the query string (a
+list's ``continue=``). ``seen`` records every request with the status it got, and each
 ``on_request`` observer is called with ``(method, path, status)`` once the status is known.
 """
 
@@ -29,7 +30,7 @@ from localkube.controlplane import LOOPBACK, free_port
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
               "proxy-authorization", "proxy-authenticate", "host"}
 REASONS = {429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
-           409: "Conflict"}
+           409: "Conflict", 410: "Expired"}
 
 
 Observer = Callable[[str, str, int], None]
@@ -45,6 +46,7 @@ class Fault:
     when: str = "before"  # "before": never reaches the server; "after": carried out, then this
     message: str = ""
     hits: int = 0
+    query: str = ""
 
 
 class FaultProxy:
@@ -67,8 +69,9 @@ class FaultProxy:
 
     def inject(self, method: str, path: str, status: int, times: int = 1,
                retry_after: Optional[int] = 1,
-               when: str = "before", message: str = "") -> Fault:
-        fault = Fault(method.upper(), re.compile(path), status, times, retry_after, when, message)
+               when: str = "before", message: str = "", query: str = "") -> Fault:
+        fault = Fault(method.upper(), re.compile(path), status, times, retry_after, when, message,
+                      query=query)
         with self.lock:
             self.faults.append(fault)
         return fault
@@ -91,11 +94,11 @@ class FaultProxy:
             return list(self.answered)
 
     def _take(self, method: str, path: str, when: str) -> Optional[Fault]:
-        bare = urlsplit(path).path
+        parts = urlsplit(path)
         with self.lock:
             for fault in self.faults:
                 if fault.times != 0 and fault.when == when and fault.method in ("*", method) \
-                        and fault.path.search(bare):
+                        and fault.path.search(parts.path) and fault.query in parts.query:
                     fault.times -= 1 if fault.times > 0 else 0
                     fault.hits += 1
                     return fault

@@ -31,6 +31,7 @@ from xmem_admission.cluster.controller import (
     observed_peaks,
     oom_retries,
     records,
+    scope,
     workloads,
 )
 from xmem_admission.cluster.controller.context import Context, Workload
@@ -83,10 +84,13 @@ class Controller:
         self._failures: Dict[QueueKey, int] = {}
         self.running = threading.Event()
         kinds_map: Dict[str, Workload] = {}
+        # Workloads are cached only where the controller may act on them (``scope``).
+        self.namespaces = scope.OptedInNamespaces(kube, self._relist_workloads)
         for kind in kinds:
             integration = KINDS[kind]
             kinds_map[kind] = Workload(integration, Informer(
-                kube, integration.resource, self._on_workload(kind)))
+                kube, integration.resource, self._on_workload(kind),
+                keep=self.namespaces.wanted))
         self.ctx = Context(
             kube=kube, policy=policy, workloads=kinds_map,
             estimates=Informer(kube, GME, self._on_estimate),
@@ -168,6 +172,10 @@ class Controller:
             m = pod["metadata"]
             self.queue.add(("image", m.get("namespace", ""), m["name"]))
 
+    def _relist_workloads(self) -> None:
+        for workload in self.ctx.workloads.values():
+            workload.informer.relist()
+
     # --- lifecycle --------------------------------------------------------------------------
 
     def informers(self) -> List[Informer]:
@@ -178,7 +186,8 @@ class Controller:
         # ResourceSlices and DeviceClasses: not waited for (a cluster without resource.k8s.io/v1
         # or without any DRA driver is no stop; the dra backend then writes unrounded claims).
         devices = self.ctx.devices.informers() if self.ctx.devices is not None else []
-        return [w.informer for w in self.ctx.workloads.values()] + [self.ctx.estimates,
+        return [self.namespaces.informer] + \
+            [w.informer for w in self.ctx.workloads.values()] + [self.ctx.estimates,
                                                                     self.ctx.pods] + sized + \
             kueue + devices
 
@@ -187,7 +196,12 @@ class Controller:
         self.queue.reopen()
         self.ctx.line.reset()  # grants and arrival order start over with the caches
         self.policy.refresh()
-        for informer in self.informers():
+        # The opted-in namespaces first: the workload informers' first listing keeps by them.
+        if not self.namespaces.informer.start().synced.wait(min(5.0, self.sync_timeout)):
+            log.warning("namespaces not listed (%s); until they are, only workloads that carry "
+                        "xmem's marks are served", self.namespaces.informer.error)
+        self.namespaces.seal()
+        for informer in self.informers()[1:]:
             informer.start()
         needed = [self.ctx.estimates, self.ctx.pods] + (
             [self.ctx.sized_pods] if self.ctx.sized_pods is not None else []) + (
@@ -221,6 +235,7 @@ class Controller:
     def stop(self) -> None:
         self._stop.set()
         self.queue.close()
+        self.namespaces.unseal()
         for informer in self.informers():
             informer.stop()
         for thread in self._threads:
@@ -347,6 +362,9 @@ class Controller:
             for estimate in (gme.get("status") or {}).get("estimates") or []:
                 counts[estimate.get("gpu", "")] = counts.get(estimate.get("gpu", ""), 0) + 1
         self.metrics.set_estimates(counts)
+        for informer in self.informers():
+            self.metrics.cached.labels(":".join(filter(None, (
+                informer.kind.plural, informer.label_selector)))).set(len(informer))
         self.queue.add(("overhead",))
         self.queue.add(("collect",))
         self.queue.add(estimation_line.DISPATCH)

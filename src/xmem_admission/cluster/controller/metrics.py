@@ -21,7 +21,7 @@ Series (all prefixed ``xmem_controller_``):
 - ``released_workloads_total{kind,outcome}``: ``estimated``, ``default``, ``unchanged``;
 - ``estimates{gpu_model}``: recorded estimates that cover each GPU model;
 - ``reconcile_errors_total{kind}``: reconciles that failed and were requeued;
-- ``leader``: 1 while this replica leads;
+- ``leader``: 1 while this replica leads; ``cached_objects{resource}``: objects in its caches;
 - ``oom_underestimates_caught_total{source}``: pods of sized workloads that ran out of GPU
   memory, by the message that said so (``pytorch``, ``hami-core``, ``cuda-error``, ...);
   ``oom_retries_total{backend}``: of those, the ones whose workload's next pod was sized bigger;
@@ -74,6 +74,9 @@ class ControllerMetrics:
         self.oldest_wait = Gauge("xmem_controller_estimation_oldest_wait_seconds",
                                  "How long the estimation first in line has waited, per "
                                  "namespace.", ("namespace",), registry=r)
+        self.cached = Gauge("xmem_controller_cached_objects", "Objects held in the "
+                            "controller's caches, per resource (and label selector).",
+                            ("resource",), registry=r)
         self.expected_late = Gauge("xmem_controller_estimations_expected_late",
                                    "Waiting estimations expected to end after their "
                                    "workload's maxHoldSeconds, per namespace.", ("namespace",),

@@ -22,7 +22,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from xmem_admission.contract.errors import KubeApiError as ApiError
 from xmem_admission.contract.errors import KubeUnavailable as Unavailable
@@ -55,6 +55,7 @@ EVENT = Kind("", "v1", "events", "Event")
 LEASE = Kind("coordination.k8s.io", "v1", "leases", "Lease")
 POLICY = Kind("xmem.io", "v1alpha1", "gpuadmissionpolicies", "GPUAdmissionPolicy")
 CONFIG_MAP = Kind("", "v1", "configmaps", "ConfigMap")
+NAMESPACE = Kind("", "v1", "namespaces", "Namespace")
 # What a metadata-only list and watch ask for (client-go's metadata informers): every object as
 # a PartialObjectMetadata, its name, uid and resourceVersion without its data.
 METADATA_LIST = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"}
@@ -146,16 +147,60 @@ class Kube:
         return fn
 
     def list_all(self, kind: Kind, label_selector: str = "",
-                 headers: Optional[Dict[str, str]] = None) -> Obj:
+                 headers: Optional[Dict[str, str]] = None, page_size: int = 0) -> Obj:
         """A cluster-wide list (the informers' first step); ``headers``: a metadata-only list
-        (``METADATA_LIST``)."""
-        extra: Dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
+        (``METADATA_LIST``); ``page_size``: walk it in pages (``list_pages``), all items in one."""
+        if page_size <= 0:
+            extra: Dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
+            if headers:
+                extra["_headers"] = headers
+            return self.request(self.list_function(kind), **extra)
+        items: List[Obj] = []
+        version = ""
+        for page in self.list_pages(kind, label_selector, headers, page_size):
+            if page.get("restarted"):
+                items = []
+            items.extend(page.get("items") or [])
+            version = str((page.get("metadata") or {}).get("resourceVersion") or version)
+        return {"items": items, "metadata": {"resourceVersion": version}}
+
+    def list_pages(self, kind: Kind, label_selector: str = "",
+                   headers: Optional[Dict[str, str]] = None, page_size: int = 500,
+                   restarts: int = 3) -> Iterator[Obj]:
+        """A cluster-wide list in pages of ``page_size`` (``limit`` and ``continue``), as
+        client-go's pager walks one: each page is yielded as the server sent it. A continue
+        token the server no longer honours (410 Expired: its snapshot was compacted) starts
+        the listing over, at most ``restarts`` times; the first page of a new start carries
+        ``"restarted": True`` so that the reader drops what it took from the earlier pages."""
+        base: Dict[str, Any] = {"limit": page_size}
+        if label_selector:
+            base["label_selector"] = label_selector
         if headers:
-            extra["_headers"] = headers
-        return self.request(self.list_function(kind), **extra)
+            base["_headers"] = headers
+        fn = self.list_function(kind)
+        token, restarted, tries = "", False, 0
+        while True:
+            try:
+                page = self.request(fn, **dict(base, _continue=token) if token else base)
+            except ApiError as exc:
+                if exc.status != 410 or not token or tries >= restarts:
+                    raise
+                tries += 1
+                log.info("listing %s again from its start: %s", kind.plural, exc.message)
+                token, restarted = "", True
+                continue
+            if restarted:
+                page = dict(page, restarted=True)
+                restarted = False
+            yield page
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            if not token:
+                return
 
     def list_function(self, kind: Kind) -> Callable[..., Any]:
         """The list method a ``watch.Watch().stream`` drives for this kind."""
+        if kind == NAMESPACE:  # cluster-scoped: no "for all namespaces" form
+            return self._typed(kind, "list_{}") or self.core.list_namespace
         typed = self._typed(kind, "list_{}_for_all_namespaces")
         if typed is not None:
             return typed

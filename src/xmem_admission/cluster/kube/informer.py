@@ -1,11 +1,18 @@
 """List-then-watch caches of API objects, and the work queue the reconcilers drain.
 
 ``Informer`` keeps an in-memory copy of one kind (cluster-wide, optionally label-selected) the
-way client-go's informers do: list, remember the list's resourceVersion, watch from it, apply
-each event to the cache and tell the handler; on ``410 Gone`` (history compacted), on a dropped
-stream or any error, list again, so the cache converges whatever the connection does. Reads
-come from the cache; writes go to the API with the cached resourceVersion, and a 409 sends the
-reconcile back to the queue to try again on fresher state.
+way client-go's informers do: list (in pages of ``page_size``: ``limit`` and ``continue``, an
+expired continue token starting the listing over), remember the list's resourceVersion, watch
+from it, apply each event to the cache and tell the handler; on ``410 Gone`` (history
+compacted), on a dropped stream or any error, list again, so the cache converges whatever the
+connection does. Reads come from the cache; writes go to the API with the cached
+resourceVersion, and a 409 sends the reconcile back to the queue to try again on fresher state.
+
+What the cache holds, for a big cluster: no object keeps its ``managedFields`` (often half an
+object's size; an update that leaves them out keeps them on the server); with ``keep``, only
+the objects it accepts are held and told to the handler (one that stops being accepted is told
+as DELETED), and ``relist()`` lists again when what ``keep`` accepts has changed (a namespace
+opted in).
 
 ``WorkQueue`` deduplicates keys (a key queued ten times is reconciled once), delays keys for
 retries and deadlines (one timer a key, the earliest asked for: a resync that asks again does
@@ -40,7 +47,8 @@ class Informer:
 
     def __init__(self, kube: Kube, kind: Kind, handler: Optional[Handler] = None,
                  label_selector: str = "", watch_timeout: int = 60,
-                 retry_seconds: float = 1.0, metadata_only: bool = False) -> None:
+                 retry_seconds: float = 1.0, metadata_only: bool = False,
+                 keep: Optional[Callable[[Obj], bool]] = None, page_size: int = 500) -> None:
         self.kube = kube
         self.kind = kind
         self.metadata_only = metadata_only  # PartialObjectMetadata: no data held or sent
@@ -48,6 +56,10 @@ class Informer:
         self.label_selector = label_selector
         self.watch_timeout = watch_timeout
         self.retry_seconds = retry_seconds
+        self.keep = keep
+        self.page_size = page_size
+        self.listed = 0  # objects the last listing brought, held or not
+        self._again = threading.Event()  # a relist asked for
         self.synced = threading.Event()
         self.error: Optional[str] = None
         self._objects: Dict[Key, Obj] = {}
@@ -83,11 +95,29 @@ class Informer:
 
     def put(self, obj: Obj) -> None:
         """Record what a write of ours returned, so the next reconcile sees it at once."""
+        obj = _without_managed_fields(obj)
         with self._lock:
             key = key_of(obj)
             old = self._objects.get(key)
             if old is None or _newer(obj, old):
                 self._objects[key] = obj
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._objects)
+
+    def relist(self) -> None:
+        """List again soon (what ``keep`` accepts has changed): the watch is ended and the
+        cache rebuilt from a fresh listing; objects no longer accepted are told as DELETED."""
+        self._again.set()
+
+        def interrupt() -> None:  # until the listing begins: a stream may be opening now
+            deadline = time.monotonic() + 10.0
+            while self._again.is_set() and not self._stop.is_set() and \
+                    time.monotonic() < deadline:
+                self._interrupt()
+                self._stop.wait(0.05)
+        threading.Thread(target=interrupt, name=f"relist-{self.kind.plural}", daemon=True).start()
 
     # --- running ----------------------------------------------------------------------------
 
@@ -98,6 +128,7 @@ class Informer:
             # A stopped stream ends by itself at its server-side timeout at the latest.
             self._thread.join(self.watch_timeout + 5)
         self._stop.clear()
+        self._again.clear()
         self.synced.clear()
         with self._lock:
             self._objects = {}
@@ -122,11 +153,13 @@ class Informer:
         while not self._stop.is_set():
             try:
                 version = self._relist()
-                while not self._stop.is_set():  # resume from the last version seen
-                    version = self._stream(version)
+                while not self._stop.is_set() and not self._again.is_set():
+                    version = self._stream(version)  # resume from the last version seen
             except Exception as exc:  # noqa: BLE001 - the cache must outlive any failure
                 if self._stop.is_set():
                     return
+                if self._again.is_set():
+                    continue  # the stream was ended to list again
                 message = f"{type(exc).__name__}: {exc}"
                 if message != self.error:
                     log.warning("%s informer: %s; listing again", self.kind.plural, message)
@@ -134,9 +167,21 @@ class Informer:
                 self._stop.wait(self.retry_seconds)
 
     def _relist(self) -> str:
-        listing = self.kube.list_all(self.kind, self.label_selector,
-                                     METADATA_LIST if self.metadata_only else None)
-        fresh = {key_of(o): self._kept(o) for o in listing.get("items") or []}
+        self._again.clear()
+        fresh: Dict[Key, Obj] = {}
+        version, listed = "", 0
+        for page in self.kube.list_pages(self.kind, self.label_selector,
+                                         METADATA_LIST if self.metadata_only else None,
+                                         self.page_size):
+            if page.get("restarted"):
+                fresh, listed = {}, 0
+            for item in page.get("items") or []:
+                listed += 1
+                obj = self._kept(item)
+                if self.keep is None or self.keep(obj):
+                    fresh[key_of(obj)] = obj
+            version = str((page.get("metadata") or {}).get("resourceVersion") or version)
+        self.listed = listed
         with self._lock:
             gone = [o for k, o in self._objects.items() if k not in fresh]
             changed = [o for k, o in fresh.items() if self._objects.get(k) != o]
@@ -147,7 +192,7 @@ class Informer:
             self._tell("DELETED", obj)
         for obj in changed:
             self._tell("ADDED", obj)
-        return str((listing.get("metadata") or {}).get("resourceVersion") or "")
+        return version
 
     def _stream(self, version: str) -> str:
         """Watch from ``version`` until the server ends the stream; the last version seen."""
@@ -160,8 +205,10 @@ class Informer:
             kwargs["label_selector"] = self.label_selector
         if self.metadata_only:
             kwargs["_headers"] = METADATA_WATCH
+        if self._again.is_set():
+            return version
         for event in self._watch.stream(self.kube.list_function(self.kind), **kwargs):
-            if self._stop.is_set():
+            if self._stop.is_set() or self._again.is_set():
                 return version
             kind, obj = event.get("type"), event.get("object") or {}
             if kind == "ERROR":
@@ -170,9 +217,12 @@ class Informer:
             if kind == "BOOKMARK":
                 continue
             obj = self._kept(obj)
+            if self.keep is not None and kind != "DELETED" and not self.keep(obj):
+                kind = "DELETED"  # not (or no longer) one of ours: not held, not told
             with self._lock:
                 if kind == "DELETED":
-                    self._objects.pop(key_of(obj), None)
+                    if self._objects.pop(key_of(obj), None) is None and self.keep is not None:
+                        continue  # never held: nobody was told of it
                 else:
                     self._objects[key_of(obj)] = obj
             self._tell(kind, obj)
@@ -186,7 +236,7 @@ class Informer:
             m = obj.get("metadata") or {}
             obj = {"metadata": {k: m[k] for k in ("name", "namespace", "uid", "resourceVersion")
                                 if k in m}}
-        return _with_kind(obj, self.kind)
+        return _with_kind(_without_managed_fields(obj), self.kind)
 
     def _tell(self, kind: str, obj: Obj) -> None:
         if self.handler is None:
@@ -214,6 +264,14 @@ def interrupt_watch(watcher: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass  # already closed by the other side
+
+
+def _without_managed_fields(obj: Obj) -> Obj:
+    """The object without ``metadata.managedFields`` (a shallow copy where it had them)."""
+    m = obj.get("metadata")
+    if isinstance(m, dict) and "managedFields" in m:
+        obj = dict(obj, metadata={k: v for k, v in m.items() if k != "managedFields"})
+    return obj
 
 
 def _with_kind(obj: Obj, kind: Kind) -> Obj:
