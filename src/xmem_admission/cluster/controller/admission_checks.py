@@ -47,7 +47,7 @@ import logging
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from xmem_admission.cluster import labels
-from xmem_admission.cluster.controller import estimate_cache, records
+from xmem_admission.cluster.controller import estimate_cache, kueue_claims, records
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.controller.workloads import (
     ensure_estimate,
@@ -218,6 +218,7 @@ def reconcile(ctx: Context, workloads: Informer, checks: Informer, controller_na
     wl = workloads.get(namespace, name)
     if wl is None or "deletionTimestamp" in wl["metadata"]:
         return None
+    kueue_claims.unstick(ctx, wl, WORKLOAD)  # Kueue's DRA error before xmem made the template
     pending = [s for s in our_states(wl, checks, controller_name) if s.get("state") == PENDING]
     if not pending:
         return None

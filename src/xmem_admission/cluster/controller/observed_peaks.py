@@ -45,7 +45,15 @@ from typing import Any, Dict, List, Optional, Tuple
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.controller.context import Context
-from xmem_admission.cluster.controller.oom_retries import with_entry
+from xmem_admission.cluster.controller.oom_retries import (
+    Programs,
+    estimate_of,
+    lookup,
+    programs,
+    with_entry,
+)
+from xmem_admission.cluster.controller.workloads import ESTIMATE_NAME
+from xmem_admission.cluster.integrations import held_owner
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.quantity import gib
@@ -74,13 +82,17 @@ def _prometheus(ctx: Context) -> Any:
 
 
 def wants(ctx: Context, kind: str, obj: Obj) -> bool:
-    """Whether a workload has ended with something to record (cheap: caches only)."""
+    """Whether a workload has ended with something to record (cheap: caches only). A workload
+    released with an estimate but without one under its own fingerprint runs several programs
+    (one estimate each): looked at once."""
     if ctx.workloads[kind].integration.finished(obj) is None:
         return False
     gme = _gme(ctx, obj)
-    if gme is None:
-        return False
     uid = obj["metadata"].get("uid", "")
+    if gme is None:
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        return ESTIMATE_NAME in annotations and labels.FINGERPRINT in annotations and \
+            uid not in ctx.looked
     entry = records.retry_entry(gme, uid)
     if entry is not None and "outcome" not in entry:
         return True
@@ -103,18 +115,24 @@ def _bytes(annotations: Dict[str, Any], key: str) -> Optional[int]:
 
 
 def _pods(ctx: Context, obj: Obj) -> List[Obj]:
-    """The workload's pods that xmem sized (the controlling owner is the workload, by uid)."""
+    """The workload's pods that xmem sized: the workload controls them, or controls what
+    does (a JobSet's Jobs, a TrainJob's JobSet: ``integrations.held_owner``), by uid."""
     if ctx.sized_pods is None:
         return []
     uid = obj["metadata"].get("uid")
     namespace = obj["metadata"].get("namespace", "")
+    read = lookup(ctx)
 
     def ours(pod: Obj) -> bool:
         m = pod["metadata"]
-        return m.get("namespace") == namespace and \
-            _bytes(m.get("annotations") or {}, labels.REQUEST_BYTES) is not None and \
-            any(isinstance(r, dict) and r.get("controller") is True and r.get("uid") == uid
-                for r in m.get("ownerReferences") or [])
+        if m.get("namespace") != namespace or \
+                _bytes(m.get("annotations") or {}, labels.REQUEST_BYTES) is None:
+            return False
+        if any(isinstance(r, dict) and r.get("controller") is True and r.get("uid") == uid
+               for r in m.get("ownerReferences") or []):
+            return True
+        owner = held_owner(pod, read)
+        return owner is not None and (owner.obj.get("metadata") or {}).get("uid") == uid
     return ctx.sized_pods.find(ours)
 
 
@@ -186,14 +204,51 @@ def run_entry(obj: Obj, kind: str, completed: bool, gpu: Optional[str],
 
 
 def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[float]:
-    """One pass over a workload that may have ended; the delay to look again, or None."""
+    """One pass over a workload that may have ended; the delay to look again, or None. A
+    workload of several programs gets a run (and its retries' outcome) on each program's
+    estimate, from the pods of that program's templates."""
     workload = ctx.workloads[kind]
     obj = workload.informer.get(namespace, name)
     if obj is None or not wants(ctx, kind, obj):
         return None
+    uid = obj["metadata"]["uid"]
+    known = programs(ctx, workload.integration, obj)
+    if known is None:
+        _look(ctx, uid)  # no estimate to record against (said in the log when unreadable)
+        return None
     completed = workload.integration.finished(obj) is True
-    gme = _gme(ctx, obj)
-    assert gme is not None  # wants() found it
+    pods: Optional[List[Obj]] = None
+    for gme, unit_pods in _by_estimate(ctx, known, obj):
+        pods = _record(ctx, kind, obj, gme, completed, unit_pods, pods)
+    if known.whole is None:
+        _look(ctx, uid)  # several programs: looked at once
+    return None
+
+
+def _by_estimate(ctx: Context, known: Programs, obj: Obj) -> List[Tuple[Obj, Any]]:
+    """(estimate, which of the workload's pods ran its program) per program: every pod for a
+    workload of one program, else the pods whose template is in the unit
+    (``oom_retries.estimate_of``)."""
+    if known.whole is not None:
+        return [(known.whole, None)]
+    namespace = obj["metadata"].get("namespace", "")
+    out: List[Tuple[Obj, Any]] = []
+    for unit in known.units:
+        gme = ctx.estimates.get(namespace, records.name_for(unit.fingerprint))
+        if gme is None:
+            continue
+        name = gme["metadata"]["name"]
+        out.append((gme, lambda pod, name=name: (estimate_of(ctx, known, pod) or {})
+                    .get("metadata", {}).get("name") == name))
+    return out
+
+
+def _record(ctx: Context, kind: str, obj: Obj, gme: Obj, completed: bool, mine: Any,
+            pods: Optional[List[Obj]]) -> Optional[List[Obj]]:
+    """Record on one estimate the outcome of the workload's retry and the run of its pods
+    (``mine``: which of them ran this estimate's program, None for all); returns the
+    workload's sized pods once read (read at most once per reconcile)."""
+    namespace, name = obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
     uid = obj["metadata"]["uid"]
     status = dict(gme.get("status") or {})
     avoided: Optional[Dict[str, Any]] = None
@@ -205,19 +260,22 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
             avoided = entry
     prometheus = _prometheus(ctx)
     if prometheus is not None and uid not in ctx.looked and records.run_entry(gme, uid) is None:
-        pods = _pods(ctx, obj)
+        if pods is None:
+            pods = _pods(ctx, obj)
+        ran = [p for p in pods if mine is None or mine(p)]
         ended = ctx.now().timestamp()
-        lifetimes = [t for t in (lifetime(p, ended) for p in pods) if t is not None]
+        lifetimes = [t for t in (lifetime(p, ended) for p in ran) if t is not None]
         if not lifetimes:
-            log.info("%s %s/%s ended with no pod sized by xmem left to observe", kind, namespace,
-                     name)
-            _look(ctx, uid)
+            log.info("%s %s/%s ended with no pod sized by xmem left to observe (estimate %s)",
+                     kind, namespace, name, gme["metadata"]["name"])
+            if mine is None:
+                _look(ctx, uid)
         else:
             peak, failure = ctx.peak_reader(prometheus).observe(lifetimes)
             if failure is not None:
                 _look(ctx, uid)  # the reader warned and counted it; nothing else changes
             else:
-                gpu, estimate, request = _sizing(gme, pods)
+                gpu, estimate, request = _sizing(gme, ran)
                 driver = peak.driver_version if peak is not None else None
                 status = records.with_run(status, run_entry(
                     obj, kind, completed, gpu, estimate, request, len(lifetimes), peak,
@@ -226,11 +284,11 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
                     ctx.queue.add(("overhead",), 1.0)  # after the write below lands
                 if peak is not None:
                     ratio = records.ratio_text(peak.peak_bytes, estimate or 0)
-                    log.info("%s %s/%s used %s GiB per GPU at its peak (%s, %s x its estimate)",
-                             kind, namespace, name, gib(peak.peak_bytes), peak.source.value,
-                             ratio or "?")
+                    log.info("%s %s/%s used %s GiB per GPU at its peak (%s, %s x its estimate "
+                             "%s)", kind, namespace, name, gib(peak.peak_bytes),
+                             peak.source.value, ratio or "?", gme["metadata"]["name"])
     if status == (gme.get("status") or {}):
-        return None
+        return pods
     written = ctx.kube.replace_status(GME, dict(gme, status=status))
     ctx.estimates.put(written)
     if avoided is not None:
@@ -239,4 +297,4 @@ def reconcile(ctx: Context, kind: str, namespace: str, name: str) -> Optional[fl
                  f"xmem: completed after {avoided.get('ooms')} CUDA out-of-memory failure(s), "
                  f"with the retry's request of {gib(int(avoided['requestBytes']))} GiB "
                  f"(the failed one: {gib(int(avoided['failedRequestBytes']))} GiB)")
-    return None
+    return pods

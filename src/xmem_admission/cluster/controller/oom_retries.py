@@ -13,9 +13,14 @@ Issue 31. The mechanism, end to end:
    out-of-memory message (``contract.oom.read``: PyTorch's across releases, HAMi-core's, ``CUDA
    error: out of memory``; never an exit code, never a container the kubelet reports
    ``OOMKilled``, which is host memory).
-3. ``reconcile`` finds the workload that controls the pod (a kind the controller handles, the
-   same uid), the ``GPUMemoryEstimate`` of the workload's fingerprint in the same namespace and
-   the request the pod ran with (its ``xmem.io/request-bytes``, which only the webhook writes on
+3. ``reconcile`` finds the workload xmem holds that the pod belongs to, walking its
+   controlling owner references through the integrations (``integrations.held_owner``): a
+   Job's pod, a PyTorchJob's, a JobSet's (pod -> Job -> JobSet) and a TrainJob's (pod -> Job
+   -> JobSet -> TrainJob), each owner matched by uid. It takes the ``GPUMemoryEstimate`` of
+   the program the pod runs (``estimate_of``: the workload's fingerprint, or, where its GPU
+   templates run several programs, the estimation unit of the pod's template, told by the
+   pod's role label: ``integrations.unit_of``) in the same namespace and the request the pod
+   ran with (its ``xmem.io/request-bytes``, which only the webhook writes on
    a pod that reaches it: see ``admission.trust``), and records on the GME
    (``status.oomRetries``, an entry per workload, by uid) what the message says (asked for,
    allocated, reserved, in use), how many OOMs in a row, and what the next pod asks for:
@@ -24,11 +29,19 @@ Issue 31. The mechanism, end to end:
    the next profile up), or the terminal reason when no larger request can help. An Event on
    the workload says which, and the metrics count it.
 4. The webhook sizes the workload's next pod at Pod CREATE from that entry
-   (``admission.mutation.grow_after_oom``): the Job controller's replacement under
-   ``backoffLimit``, a PyTorchJob's restart. A pod with ``restartPolicy: OnFailure`` would
-   restart its container in place, at the same size, without a new admission: the controller
-   deletes it (by uid, ``REPLACE_AFTER`` after recording) so that its controller makes a new
-   one.
+   (``admission.mutation.grow_after_oom``), found by the uid of the pod's controlling owner:
+   the workload's own, or, for a JobSet's or TrainJob's pod, the Job's, which the entry lists
+   in ``podOwners``. The Job controller's replacement under ``backoffLimit``, a PyTorchJob's
+   restart. A pod with ``restartPolicy: OnFailure`` (JobSet v0.12.0's default for its Jobs'
+   pods, pkg/webhooks/jobset_webhook.go ``Default``) would restart its container in place, at
+   the same size, without a new admission: the controller deletes it (by uid,
+   ``REPLACE_AFTER`` after recording) so that its Job makes a new one. Neither Trainer v2.3.0
+   nor JobSet v0.12.0 lets a running workload's pod templates change (a TrainJob's runtime
+   patches only while suspended, a JobSet's templates only while suspended), so the grown
+   request travels by the grant, not by the workload. A Job that JobSet makes anew (its
+   ``failurePolicy`` restarting the JobSet) has a new uid: its first pod runs at the old size,
+   and if it runs out of memory too its Job is added to ``podOwners`` without counting
+   another OOM, so that its next pod gets the grant.
 
 Which OOMs count: one pod once (the entry names the last pod counted); a pod whose request is
 below the one already granted failed at an older size (pods running side by side, or created
@@ -49,22 +62,32 @@ scheduler (with the device plugin's per-node resources) decides where it fits.
 
 from __future__ import annotations
 
+import copy
 import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.backends import dra
 from xmem_admission.cluster.controller import dra_claims, records, trials
 from xmem_admission.cluster.controller.context import Context
+from xmem_admission.cluster.integrations import (
+    HeldOwner,
+    Integration,
+    Lookup,
+    Unit,
+    estimation_units,
+    held_owner,
+    unit_of,
+)
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.policy import retry, sizing
 from xmem_admission.cluster.policy.model import BackendName, Settings, Target
 from xmem_admission.contract import oom
-from xmem_admission.contract.errors import QuantityError
+from xmem_admission.contract.errors import InvalidObjectError, KubeApiError, QuantityError
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +97,8 @@ ON_FAILURE = "OnFailure"
 # must hold the record by then; a restartPolicy Never pod's replacement waits out the Job
 # controller's backoff (10 s at least) anyway.
 REPLACE_AFTER = 1.0
+# The pod owners an entry lists (``podOwners``): the newest are kept.
+MAX_POD_OWNERS = 32
 
 
 class EventReason(str, enum.Enum):
@@ -154,9 +179,20 @@ class Decision:
     counted: bool  # a new OOM in a row (False: an older pod's, or already counted)
 
 
+def pod_owners(entry: Optional[Dict[str, Any]], parts: Sequence[str]) -> List[str]:
+    """The entry's ``podOwners`` with the pod's controlling owner (``parts[0]``, when the pod
+    belongs to a part of the workload, a JobSet's Job) added."""
+    known = [u for u in (entry or {}).get("podOwners") or [] if isinstance(u, str) and u]
+    if parts and parts[0] not in known:
+        known.append(parts[0])
+    return known[-MAX_POD_OWNERS:]
+
+
 def decide(entry: Optional[Dict[str, Any]], workload: Obj, pod: Obj, request_bytes: int,
-           found: Failure, target: Target, settings: Settings, now: str) -> Decision:
-    """The workload's entry after ``pod`` (which ran with ``request_bytes``) ran out of memory."""
+           found: Failure, target: Target, settings: Settings, now: str,
+           parts: Sequence[str] = ()) -> Decision:
+    """The workload's entry after ``pod`` (which ran with ``request_bytes``) ran out of memory;
+    ``parts``: the uids between the pod and the workload (``integrations.HeldOwner.parts``)."""
     m = pod["metadata"]
     if entry is not None and entry.get("podUID") == m.get("uid"):
         return Decision(None, None, False)  # this pod is counted already
@@ -164,6 +200,11 @@ def decide(entry: Optional[Dict[str, Any]], workload: Obj, pod: Obj, request_byt
     granted = granted if isinstance(granted, int) and not isinstance(granted, bool) else None
     if entry is not None and (entry.get("gaveUp") or
                               (granted is not None and request_bytes < granted)):
+        owners = pod_owners(entry, parts)
+        if not entry.get("gaveUp") and owners != (entry.get("podOwners") or []):
+            # A Job made anew (a JobSet's restart) ran at the old size: its next pod gets the
+            # grant, and this OOM is not one more in a row.
+            return Decision(dict(entry, podOwners=owners), None, False)
         return Decision(None, None, False)  # terminal, or a pod of an older size
     same = entry is not None and granted == request_bytes and entry.get("gpu") == target.gpu.key
     ooms = int(entry.get("ooms") or 0) + 1 if same and entry is not None else 1
@@ -176,6 +217,9 @@ def decide(entry: Optional[Dict[str, Any]], workload: Obj, pod: Obj, request_byt
         "time": now, "gpu": target.gpu.key, "backend": target.backend.value,
         "failedRequestBytes": request_bytes, **_evidence(found.report, need),
     }
+    owners = pod_owners(entry, parts)
+    if owners:
+        new["podOwners"] = owners
     outcome: Union[retry.Retry, retry.GiveUp, None]
     if not settings.oom_retry.enabled:
         outcome = None
@@ -217,20 +261,80 @@ def with_entry(status: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
     return dict(status, **{records.OOM_RETRIES: kept})
 
 
-def _workload(ctx: Context, pod: Obj) -> Optional[Tuple[str, Obj]]:
-    """The workload that controls the pod, when it is of a kind the controller handles."""
-    namespace = pod["metadata"].get("namespace", "")
-    for ref in pod["metadata"].get("ownerReferences") or []:
-        if not isinstance(ref, dict) or ref.get("controller") is not True:
-            continue
-        kind = ref.get("kind")
-        if kind not in ctx.workloads:
+def lookup(ctx: Context) -> Lookup:
+    """How ``integrations.held_owner`` reads owners: the controller's caches of the kinds it
+    handles, else the API (a part such as a JobSet's Job may not be cached), each object read
+    once per lookup; None for a kind the controller does not handle or an object gone."""
+    read: Dict[Tuple[str, str, str], Optional[Obj]] = {}
+
+    def get(kind: str, namespace: str, name: str) -> Optional[Obj]:
+        workload = ctx.workloads.get(kind)
+        if workload is None:
             return None
-        obj = ctx.workloads[kind].informer.get(namespace, str(ref.get("name", "")))
-        if obj is None or obj["metadata"].get("uid") != ref.get("uid"):
-            return None
-        return kind, obj
-    return None
+        found = workload.informer.get(namespace, name)
+        if found is not None:
+            return found
+        key = (kind, namespace, name)
+        if key not in read:
+            try:
+                read[key] = ctx.kube.get(workload.kind, namespace, name)
+            except KubeApiError as exc:
+                if not exc.not_found:
+                    raise
+                read[key] = None
+        return read[key]
+    return get
+
+
+def _workload(ctx: Context, pod: Obj) -> Optional[HeldOwner]:
+    """The held workload the pod belongs to, when it is of a kind the controller handles."""
+    return held_owner(pod, lookup(ctx))
+
+
+@dataclass(frozen=True)
+class Programs:
+    """A workload's programs as the controller estimated them: ``units`` is empty when the
+    workload is one program, recorded under its own fingerprint (``whole``)."""
+
+    integration: Integration
+    obj: Obj  # resolved when there are units
+    whole: Optional[Obj]  # the GME of the workload's fingerprint, when it has one
+    units: Tuple[Unit, ...] = ()
+
+
+def programs(ctx: Context, integration: Integration, obj: Obj) -> Optional[Programs]:
+    """The workload's estimate, or its estimation units (a workload whose GPU templates run
+    several programs: ``integrations.estimation_units``, read with the namespace's settings
+    and ConfigMap versions); None when neither can be read."""
+    namespace = obj["metadata"].get("namespace", "")
+    fp = (obj["metadata"].get("annotations") or {}).get(labels.FINGERPRINT)
+    gme = ctx.estimates.get(namespace, records.name_for(fp)) if isinstance(fp, str) and fp \
+        else None
+    if gme is not None:
+        return Programs(integration, obj, gme)
+    settings = ctx.settings(namespace)
+    if settings is None or not isinstance(fp, str) or not fp:
+        return None
+    try:
+        resolved = integration.resolve(copy.deepcopy(obj), ctx.kube)
+        units = estimation_units(integration, resolved, settings.gpu_keys,
+                                 ctx.versions(namespace))
+    except InvalidObjectError as exc:  # NotResolved among them: the runtime is gone
+        log.info("%s %s/%s: its programs cannot be read: %s", integration.kind, namespace,
+                 obj["metadata"].get("name"), exc)
+        return None
+    return Programs(integration, resolved, None, tuple(units)) if len(units) > 1 else None
+
+
+def estimate_of(ctx: Context, found: Programs, pod: Obj) -> Optional[Obj]:
+    """The ``GPUMemoryEstimate`` of the program ``pod`` runs (one of the workload's pods)."""
+    if found.whole is not None:
+        return found.whole
+    unit = unit_of(found.integration, found.obj, found.units, pod)
+    if unit is None:
+        return None
+    return ctx.estimates.get(found.obj["metadata"].get("namespace", ""),
+                             records.name_for(unit.fingerprint))
 
 
 def _request(pod: Obj) -> Optional[int]:
@@ -256,12 +360,14 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
         return None
     found = failure(pod)
     request = _request(pod)
+    if found is None or request is None:
+        return None  # not an OOM, or not sized by xmem
     owner = _workload(ctx, pod)
-    if found is None or request is None or owner is None:
-        return None  # not an OOM, not sized by xmem, or not a workload's pod
-    kind, workload = owner
-    fp = (workload["metadata"].get("annotations") or {}).get(labels.FINGERPRINT)
-    gme = ctx.estimates.get(namespace, records.name_for(fp)) if isinstance(fp, str) else None
+    if owner is None or owner.integration.kind not in ctx.workloads:
+        return None  # not a held workload's pod
+    kind, workload = owner.integration.kind, dict(owner.obj)
+    known = programs(ctx, owner.integration, workload)
+    gme = estimate_of(ctx, known, pod) if known is not None else None
     if gme is None:
         log.info("pod %s/%s ran out of GPU memory, but no GPUMemoryEstimate sized it", namespace,
                  name)
@@ -272,15 +378,18 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
     target = _target(pod, settings)
     entry = records.retry_entry(gme, workload["metadata"]["uid"])
     decision = decide(entry, workload, pod, request, found, target, settings,
-                      records.stamp(ctx.now()))
+                      records.stamp(ctx.now()), owner.parts)
     if isinstance(decision.outcome, retry.Retry) and target.backend is BackendName.DRA:
         # The retry pod's claim names the workload's template of the grown request: made here,
         # before the record that makes the webhook point a pod at it (issue 40).
         if ctx.devices is not None and not ctx.devices.ready():
             return 1.0
         grown = decision.outcome.request_bytes
+        integration = ctx.workloads[kind].integration
+        templates_of = known.obj if known is not None and known.units else \
+            integration.resolve(copy.deepcopy(workload), ctx.kube)
         why = dra_claims.make_templates(ctx.kube, ctx.devices, workload, dra_claims.retry_plans(
-            ctx.workloads[kind].integration, workload, settings, target.gpu.key, grown))
+            integration, templates_of, settings, target.gpu.key, grown))
         if why:
             decision = unplaceable(decision, request, why)
         elif decision.entry is not None and target.dra is not None:
@@ -291,7 +400,8 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
         written = ctx.kube.replace_status(GME, dict(gme, status=status))
         ctx.estimates.put(written)
         entry = decision.entry
-        _report(ctx, workload, pod, found, decision)
+        if decision.counted:
+            _report(ctx, workload, pod, found, decision)
     restarts_in_place = entry is not None and not entry.get("gaveUp") and \
         settings.oom_retry.enabled and pod["spec"].get("restartPolicy") == ON_FAILURE and \
         request < int(entry.get("requestBytes") or 0) and "deletionTimestamp" not in pod["metadata"]

@@ -166,11 +166,14 @@ def usable(gme: Optional[Obj]) -> bool:
 
 
 def estimates_from(gpus: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Termination-message GPU rows to the status's camelCase form."""
+    """Termination-message GPU rows to the status's camelCase form (``highBytes``: the range's
+    high end, where the probe bundle gave one)."""
     return [{"gpu": g["gpu"], "capacityBytes": g["capacity_bytes"],
              "peakReservedBytes": g["peak_reserved_bytes"], "totalBytes": g["total_bytes"],
              "recommendedRequestBytes": g["recommended_request_bytes"], "fits": bool(g["fits"]),
-             "migProfile": g["mig_profile"]} for g in gpus]
+             "migProfile": g["mig_profile"],
+             **({"highBytes": g["high_bytes"]} if g.get("high_bytes") is not None else {})}
+            for g in gpus]
 
 
 def peak_from(result: Any) -> Optional[Dict[str, Any]]:
@@ -222,7 +225,8 @@ def record(gme: Obj) -> Optional[EstimateRecord]:
                   "peak_reserved_bytes": e.get("peakReservedBytes"),
                   "total_bytes": e.get("totalBytes"),
                   "recommended_request_bytes": e.get("recommendedRequestBytes"),
-                  "fits": e.get("fits"), "mig_profile": e.get("migProfile")}
+                  "fits": e.get("fits"), "mig_profile": e.get("migProfile"),
+                  "high_bytes": e.get("highBytes")}
                  for e in status.get("estimates") or []],
     }
     from xmem_admission.contract.errors import EstimateRecordError
@@ -254,7 +258,8 @@ def _estimate_from(g: GPUEstimate) -> Dict[str, Any]:
     return {"gpu": g.gpu, "capacityBytes": g.capacity_bytes,
             "peakReservedBytes": g.peak_reserved_bytes, "totalBytes": g.total_bytes,
             "recommendedRequestBytes": g.recommended_request_bytes, "fits": g.fits,
-            "migProfile": g.mig_profile}
+            "migProfile": g.mig_profile,
+            **({"highBytes": g.high_bytes} if g.high_bytes is not None else {})}
 
 
 def human(size: int) -> str:
@@ -308,9 +313,12 @@ def retry_grants(gme: Obj) -> List[RetryGrant]:
             continue
         profile = entry.get("migProfile")
         gave_up = entry.get("gaveUp")
-        out.append(RetryGrant(namespace, uid, gpu, request, ooms,
+        # A JobSet's or TrainJob's pods are created by its Jobs: the grant goes by their uids.
+        owners = [u for u in entry.get("podOwners") or [] if isinstance(u, str) and u] or [uid]
+        out.extend(RetryGrant(namespace, owner, gpu, request, ooms,
                               profile if isinstance(profile, str) else None,
-                              gave_up if isinstance(gave_up, str) and gave_up else None))
+                              gave_up if isinstance(gave_up, str) and gave_up else None)
+                   for owner in owners)
     return out
 
 

@@ -18,7 +18,9 @@ from xmem_admission.cluster.integrations import job, pod, pytorchjob  # noqa: F4
 from xmem_admission.cluster.integrations import jobset, trainjob  # noqa: F401
 from xmem_admission.cluster.integrations.base import (
     GpuTemplate,
+    HeldOwner,
     Integration,
+    Lookup,
     NotResolved,
     Reader,
     TemplateRef,
@@ -27,12 +29,14 @@ from xmem_admission.cluster.integrations.base import (
     fingerprint_of,
     for_kind,
     gpu_templates,
+    held_owner,
     part_of_held_workload,
     registered,
+    unit_of,
 )
 
 ALL: Tuple[Integration, ...] = registered()
 
-__all__ = ["ALL", "GpuTemplate", "Integration", "NotResolved", "Reader", "TemplateRef", "Unit",
-           "estimation_units", "fingerprint_of", "for_kind", "gpu_templates",
-           "part_of_held_workload", "registered"]
+__all__ = ["ALL", "GpuTemplate", "HeldOwner", "Integration", "Lookup", "NotResolved", "Reader",
+           "TemplateRef", "Unit", "estimation_units", "fingerprint_of", "for_kind",
+           "gpu_templates", "held_owner", "part_of_held_workload", "registered", "unit_of"]

@@ -27,6 +27,7 @@ import abc
 from dataclasses import dataclass
 from typing import (
     Any,
+    Callable,
     ClassVar,
     Dict,
     Iterable,
@@ -119,6 +120,10 @@ class Integration(abc.ABC):
     # a 16-pod JobSet never shares the estimate of a Job running the same template.
     world_in_fingerprint: ClassVar[bool] = False
 
+    # The label the kind's controllers give each pod naming the pod template it was made from
+    # (its role); "" for a kind with one pod template.
+    role_label: ClassVar[str] = ""
+
     @property
     def resource(self) -> Kind:
         """Where the kind lives in the REST tree (its first version): what the controller watches."""
@@ -192,6 +197,14 @@ class Integration(abc.ABC):
         world does not depend on which template give the workload's."""
         return self.rank0_environment(obj)
 
+    def role_of(self, pod: Mapping[str, Any]) -> Optional[str]:
+        """The role of the pod template one of the workload's pods was made from (its
+        ``role_label``), None when the kind has one template or the pod carries no such label."""
+        if not self.role_label:
+            return None
+        value = ((pod.get("metadata") or {}).get("labels") or {}).get(self.role_label)
+        return value if isinstance(value, str) and value else None
+
     def workload_ref(self, obj: Mapping[str, Any], namespace: str) -> WorkloadRef:
         meta = obj.get("metadata") or {}
         name = meta.get("name") or meta.get("generateName") or ""
@@ -218,6 +231,51 @@ def part_of_held_workload(obj: Mapping[str, Any]) -> Optional[str]:
     kind = str(ref.get("kind") or "")
     found = any(i.can_hold and i.kind == kind and i.group == group for i in _REGISTRY)
     return kind if found else None
+
+
+# How the owner walk reads an object: (kind, namespace, name) -> the object, or None.
+Lookup = Callable[[str, str, str], Optional[Mapping[str, Any]]]
+# Controllers between a pod and the workload xmem holds: a TrainJob's JobSet and its Jobs.
+MAX_OWNER_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class HeldOwner:
+    """The workload xmem holds and sizes that a pod (or a part) belongs to."""
+
+    integration: Integration
+    obj: Mapping[str, Any]
+    # The uids of the objects between the pod and the workload, the pod's controlling owner
+    # first (a TrainJob's pod: its Job, then the JobSet); empty when the workload controls the
+    # pod itself.
+    parts: Tuple[str, ...]
+
+
+def held_owner(obj: Mapping[str, Any], lookup: Lookup) -> Optional[HeldOwner]:
+    """Walk ``obj``'s controlling owner references up to the workload xmem holds (a kind of the
+    registry that is not itself a part of another held workload: ``part_of_held_workload``),
+    each owner read through ``lookup`` and matched by uid. None when a reference leaves the
+    registry, an owner is gone or was replaced, or the chain is longer than a workload's."""
+    namespace = str((obj.get("metadata") or {}).get("namespace") or "")
+    parts: List[str] = []
+    node = obj
+    for _ in range(MAX_OWNER_DEPTH):
+        ref = controlling_owner(node)
+        if ref is None:
+            return None
+        group = str(ref.get("apiVersion") or "").rpartition("/")[0]
+        integration = next((i for i in _REGISTRY if i.can_hold and i.kind == ref.get("kind")
+                            and i.group == group), None)
+        if integration is None:
+            return None
+        found = lookup(integration.kind, namespace, str(ref.get("name") or ""))
+        if found is None or (found.get("metadata") or {}).get("uid") != ref.get("uid"):
+            return None
+        if part_of_held_workload(found) is None:
+            return HeldOwner(integration, found, tuple(parts))
+        parts.append(str(ref.get("uid")))
+        node = found
+    return None
 
 
 def fingerprint_of(integration: Integration, obj: Mapping[str, Any], gpu_keys: Iterable[str],
@@ -272,6 +330,23 @@ def estimation_units(integration: Integration, obj: Mapping[str, Any],
                                        inputs[indices[0]])
         out.append(Unit(fp, indices))
     return out
+
+
+def unit_of(integration: Integration, obj: Mapping[str, Any], units: Sequence[Unit],
+            pod: Mapping[str, Any]) -> Optional[Unit]:
+    """The estimation unit (``estimation_units`` of ``obj``, resolved) whose program one of the
+    workload's pods runs: the only one, else the one holding the template of the pod's role
+    (``Integration.role_of``); None when the pod names no template of a unit."""
+    if len(units) == 1:
+        return units[0]
+    role = integration.role_of(pod)
+    if role is None:
+        return None
+    templates = gpu_templates(integration, obj)
+    for unit in units:
+        if any(templates[i][0].role.lower() == role.lower() for i in unit.templates):
+            return unit
+    return None
 
 
 def gpu_templates(integration: Integration, obj: Mapping[str, Any]) -> List[GpuTemplate]:

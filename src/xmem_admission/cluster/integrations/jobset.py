@@ -30,6 +30,10 @@ from xmem_admission.cluster.integrations.base import (
 )
 from xmem_admission.contract.errors import InvalidObjectError
 
+# The label JobSet gives each Job it makes and that Job's pods: the replicated Job's name
+# (api/jobset/v1alpha2/jobset_types.go ReplicatedJobNameKey; jobset_controller.go
+# labelAndAnnotateObject, v0.12.0). A TrainJob's pods carry it too: Trainer makes a JobSet.
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
 # torchrun's default rendezvous port (torch/distributed/run.py, --master-port default 29500):
 # what rank 0 listens on; the probe traces one process, so only its presence matters.
 MASTER_PORT = "29500"
@@ -49,6 +53,7 @@ class JobSetIntegration(Integration):
     failed_conditions = ("Failed",)
     # Its world (replicas x parallelism) is not in its templates: part of the fingerprint.
     world_in_fingerprint = True
+    role_label = REPLICATED_JOB_LABEL
 
     def pod_templates(self, obj: Mapping[str, Any]) -> List[TemplateRef]:
         spec = object_at(obj, ("spec",))

@@ -37,6 +37,9 @@ class PyTorchJobIntegration(Integration):
     # Succeeded and Failed are terminal.
     completed_conditions = ("Succeeded",)
     failed_conditions = ("Failed",)
+    # The replica type of each pod, lower case ("master"): pkg/apis/kubeflow.org/v1
+    # ReplicaTypeLabel; roles are matched without case (``base.unit_of``).
+    role_label = "training.kubeflow.org/replica-type"
 
     def pod_templates(self, obj: Mapping[str, Any]) -> List[TemplateRef]:
         replicas = object_at(obj, ("spec", "pytorchReplicaSpecs"))

@@ -51,6 +51,7 @@ from xmem_admission.cluster.integrations.base import (
     gpu_templates,
     register,
 )
+from xmem_admission.cluster.integrations.jobset import REPLICATED_JOB_LABEL
 from xmem_admission.cluster.kube.client import Kind
 from xmem_admission.contract.errors import InvalidObjectError, KubeApiError, KubeUnavailable
 
@@ -168,6 +169,8 @@ class TrainJobIntegration(Integration):
     completed_conditions = ("Complete",)
     failed_conditions = ("Failed",)
     resolves = True
+    # Its pods are a JobSet's: each names its replicated Job, the runtime's name for it.
+    role_label = REPLICATED_JOB_LABEL
 
     # --- resolution -------------------------------------------------------------------------
 
