@@ -78,14 +78,7 @@ JOBS = [
 ]
 
 # Every job that fails today, with the exact failure: delete a line when its job passes.
-FAILS_TODAY: Dict[str, str] = {
-    "grpo": (
-        "fake mode needs real values where TRL decodes the sampled completions to score them "
-        "(transformers/tokenization_utils_tokenizers.py, _decode: token ids fake mode does not "
-        "have); the default mode traces again in profile mode, which is not estimated: TRL's "
-        "chunked log-probabilities launch a Triton kernel (trl/kernels/chunked_logprob.py), "
-        "which needs a real GPU (triton/backends/nvidia/driver.py, libcuda_dirs)"),
-}
+FAILS_TODAY: Dict[str, str] = {}
 
 
 def params(jobs, failing):
