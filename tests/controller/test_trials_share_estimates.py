@@ -49,7 +49,7 @@ def test_a_sweep_traces_each_batch_size_and_shares_the_learning_rate(harness: Ha
     assert len(traced) == len(BATCH_SIZES) + 1, [g["spec"]["trial"] for g in traced]
     assert all(g["status"].get("allocationDigest") for g in traced)
     assert {g["spec"]["trial"]["options"]["--batch-size"] for g in traced} == set(BATCH_SIZES)
-    for name, job in jobs.items():
+    for name in jobs:
         released = harness.job(name)
         gme = gmes[released["metadata"]["annotations"][ESTIMATE_NAME]]
         assert int(template_annotations(released)["xmem.io/request-bytes"]) == \
@@ -136,8 +136,10 @@ def test_the_line_traces_what_teaches_and_holds_the_rest_for_it() -> None:
     sweep = _sweep(120, 4)
     nothing = learn([], set())
     answers = decide(nothing, [], sweep)
-    # each batch size once, and the first trial that differs from a traced one in --lr alone
-    assert [i for i, a in enumerate(answers) if a == "trace"] == [0, 1, 2, 3, 4]
+    # each batch size once, and the first trial that differs from a traced one in --lr alone,
+    # to learn it
+    assert [i for i, a in enumerate(answers) if a == "trace"] == [0, 1, 2, 3]
+    assert [i for i, a in enumerate(answers) if a == "learn"] == [4]
     assert answers.count("wait") == 115
     # once those five are read, every other trial is shared
     members = [Member(f"g{i}", t, f"d{t['--batch-size']}", True) for i, t in enumerate(sweep[:5])]

@@ -305,15 +305,16 @@ def share(ctx: Context, obj: Obj, fp: str, gpu_keys: Sequence[str],
 
 # --- choosing what to trace, from the line's dispatch -----------------------------------------
 
-TRACE, WAIT, SHARE = "trace", "wait", "share"
+TRACE, LEARN, WAIT, SHARE = "trace", "learn", "wait", "share"
 
 
 def decide(known: Knowledge, pending: Sequence[Mapping[str, str]],
            waiting: Sequence[Mapping[str, str]]) -> List[str]:
     """For each waiting trial (in line order): ``SHARE`` (a traced member serves it now),
     ``WAIT`` (a trace running now, or chosen before it in this pass, will serve it or settle
-    what it needs) or ``TRACE``. ``pending``: the options of the family's estimates being
-    traced now."""
+    what it needs), ``LEARN`` (traced: it differs from another member in one unknown option
+    only, so its trace settles that option) or ``TRACE``. ``pending``: the options of the
+    family's estimates being traced now."""
     neutral = set(known.neutral)
     settled = neutral | set(known.not_neutral)
     done = [m.options for m in known.traced if m.usable]
@@ -342,7 +343,7 @@ def decide(known: Knowledge, pending: Sequence[Mapping[str, str]],
         if learnable:
             testing |= learnable[0]
         ahead.append(options)
-        out.append(TRACE)
+        out.append(LEARN if learnable else TRACE)
     return out
 
 
@@ -353,6 +354,7 @@ def select(ctx: Context, namespace: str, keys: Sequence[Tuple[str, str]],
     estimates granted a slot or running."""
     by_family: Dict[str, List[Tuple[int, Obj, Trial]]] = {}
     chosen: Dict[int, bool] = {}
+    order: Dict[int, int] = {}  # place in the line -> the estimate that takes it
     shared: List[Tuple[str, str]] = []
     for index, key in enumerate(keys):
         gme = ctx.estimates.get(*key)
@@ -370,11 +372,19 @@ def select(ctx: Context, namespace: str, keys: Sequence[Tuple[str, str]],
                        records.phase(g) == records.RUNNING or
                        (namespace, g["metadata"]["name"]) in tracing)]
         answers = decide(known, pending, [t.options for _, _, t in entries])
+        traced = [index for (index, _, _), answer in zip(entries, answers)
+                  if answer in (TRACE, LEARN)]
+        # The family's traces keep its places in the line; a trace that teaches takes the
+        # first of them (what it learns may serve the rest of the family).
+        learning = [index for (index, _, _), answer in zip(entries, answers) if answer == LEARN]
+        for place, index in zip(traced, learning + [i for i in traced if i not in learning]):
+            order[place] = index
         for (index, _gme, _entry), answer in zip(entries, answers):
-            chosen[index] = answer == TRACE
+            chosen[index] = answer in (TRACE, LEARN)
             if answer == SHARE:
                 shared.append(keys[index])
-    return [k for i, k in enumerate(keys) if chosen.get(i)], shared
+    return [keys[order.get(i, i)] for i in range(len(keys)) if chosen.get(order.get(i, i))], \
+        shared
 
 
 # --- the safety net ---------------------------------------------------------------------------
