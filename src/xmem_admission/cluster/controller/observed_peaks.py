@@ -53,13 +53,13 @@ from xmem_admission.cluster.controller.oom_retries import (
     with_entry,
 )
 from xmem_admission.cluster.controller.workloads import ESTIMATE_NAME
-from xmem_admission.cluster.integrations import held_owner
+from xmem_admission.cluster.integrations import gpu_templates, held_owner
 from xmem_admission.cluster.kube import quantity
 from xmem_admission.cluster.kube.client import GME, Obj
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.observations import ObservedPeak, PodLifetime
 from xmem_admission.cluster.policy import sizing
-from xmem_admission.contract.errors import QuantityError
+from xmem_admission.contract.errors import InvalidObjectError, QuantityError
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +82,25 @@ def _prometheus(ctx: Context) -> Any:
 
 
 def wants(ctx: Context, kind: str, obj: Obj) -> bool:
-    """Whether a workload has ended with something to record (cheap: caches only). A workload
-    released with an estimate but without one under its own fingerprint runs several programs
-    (one estimate each): looked at once."""
+    """Whether a workload has ended with something to record (cheap: caches only). A sized
+    workload without an estimate under its own fingerprint runs several programs (one estimate
+    each): looked at once (``ctx.looked``)."""
     if ctx.workloads[kind].integration.finished(obj) is None:
         return False
     gme = _gme(ctx, obj)
     uid = obj["metadata"].get("uid", "")
     if gme is None:
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
-        return ESTIMATE_NAME in annotations and labels.FINGERPRINT in annotations and \
-            uid not in ctx.looked
+        if uid in ctx.looked or labels.FINGERPRINT not in annotations or \
+                labels.HELD_REASON in annotations:
+            return False
+        if ESTIMATE_NAME in annotations:  # released by the controller
+            return True
+        integration = ctx.workloads[kind].integration  # or sized at CREATE by the webhook
+        try:
+            return not integration.resolves and len(gpu_templates(integration, obj)) > 1
+        except InvalidObjectError:
+            return False
     entry = records.retry_entry(gme, uid)
     if entry is not None and "outcome" not in entry:
         return True
