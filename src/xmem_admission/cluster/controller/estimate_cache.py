@@ -155,24 +155,27 @@ def reconcile_used(ctx: Context, kind: str, namespace: str, name: str) -> Option
 
 # --- waiters --------------------------------------------------------------------------------
 
-def wait_on(ctx: Context, gme: Obj, obj: Obj) -> None:
+def wait_on(ctx: Context, gme: Obj, obj: Obj) -> bool:
     """Remember that a held workload waits on this estimate (its estimation pod is built from a
     waiter, and waiters are woken when it changes); a new waiter queues the estimate."""
     m, gm = obj["metadata"], gme["metadata"]
     if ctx.waiters.add(gm["namespace"], gm["name"], str(obj.get("kind", "")), m["name"],
                        m["uid"]):
         ctx.queue.add(("estimate", gm["namespace"], gm["name"]))
+        return True
+    return False
 
 
 def join(ctx: Context, gme: Obj, obj: Obj) -> Obj:
     """A held workload joins an existing estimate: ``wait_on``, drop the owner references an
     older release wrote, and record the use."""
-    wait_on(ctx, gme, obj)
+    new = wait_on(ctx, gme, obj)
     bare = records.without_owners(gme)
     if bare is not None:
         gme = ctx.kube.replace(GME, bare)
         ctx.estimates.put(gme)
-    return touch(ctx, gme)
+    # A running one is kept for its waiters (``collect``): no write each resync while waiting.
+    return touch(ctx, gme) if new or records.phase(gme) in records.TERMINAL else gme
 
 
 def _live(ctx: Context, namespace: str, kind: str, name: str,
