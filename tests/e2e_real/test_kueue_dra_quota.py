@@ -23,9 +23,9 @@ Why that last step once failed (one run in three): Kueue makes a Job's Workload 
 created, while the xmem controller makes the template when it sees the Job. When Kueue reads
 first, the Workload reconciler writes ``Requeued=False`` (reason ``Inadmissible``, "failed to
 get claim spec ... not found"); its retry that finds the template clears that condition on its
-in-memory copy only. The scheduler's requeue re-reads the Workload with the condition, and
-when quota is released Kueue moves back only workloads whose backoff expired, which
-``Requeued=False`` never is (pkg/cache/queue: ``RequeueWorkload``,
+in-memory copy only. The scheduler's requeue after a failed attempt re-reads the Workload with
+the condition, and when quota is released Kueue moves back only parked workloads whose backoff
+expired, which ``Requeued=False`` never is (pkg/cache/queue: ``RequeueWorkload``,
 ``backoffWaitingTimeExpired``, Kueue v0.19.0). The controller now removes that stale condition
 once it has made the job's templates (``controller/kueue_claims.py``). The test makes the race
 certain: the jobs are created before the controller runs, so Kueue meets every template

@@ -8,13 +8,15 @@ pkg/dra/claims.go ``getClaimSpec``); when it is first, the template is not found
 Workload reconciler (pkg/controller/core/workload_controller.go ``Reconcile``) writes
 ``QuotaReserved=False`` and ``Requeued=False``, reason ``Inadmissible``, and retries with
 backoff. The retry that finds the template clears those conditions on its in-memory copy only
-and queues that copy, so the API object keeps ``Requeued=False``. The scheduler's requeue after
-a failed attempt re-reads the Workload (pkg/cache/queue/manager.go ``RequeueWorkload``) and
-parks it among the inadmissible ones with that condition; when quota is released
-(a Workload deleted or finished: ``QueueAssociatedInadmissibleWorkloadsAfter``) Kueue moves back
-to the heap only workloads whose backoff has expired, and ``backoffWaitingTimeExpired``
-(pkg/cache/queue/cluster_queue.go) is false while ``Requeued`` is ``False``: the job waits
-until something else changes its Workload.
+and queues that copy, so the API object keeps ``Requeued=False``. After a failed scheduling
+attempt the scheduler re-reads the Workload (pkg/cache/queue/manager.go ``RequeueWorkload``) and
+parks that copy, condition included, among the inadmissible ones. When quota is released (a
+Workload deleted or finished: ``QueueAssociatedInadmissibleWorkloadsAfter``) Kueue moves back to
+the heap only workloads whose backoff has expired, and ``backoffWaitingTimeExpired``
+(pkg/cache/queue/cluster_queue.go) is false while ``Requeued`` is ``False``. Whether the job is
+admitted then depends on which copy Kueue parked last (a later reconcile of the Workload parks
+its cleared copy): in one run in three the third job of tests/e2e_real/test_kueue_dra_quota.py
+waited past 180 s with the condition on its Workload.
 
 So once the controller has made the Job's templates (the Job's uid is in ``ctx.claimed``), it
 removes that stale condition from the Workload's status, once per Workload: the update makes
