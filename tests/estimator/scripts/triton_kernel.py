@@ -1,5 +1,8 @@
 """A loss computed by a hand-written Triton kernel on tensors the script allocates, as TRL's
-chunked log-probabilities and Liger's fused losses do."""
+chunked log-probabilities and Liger's fused losses do. ``--check`` says whether the kernel's
+output is right (a run with real values)."""
+
+import sys
 
 import torch
 import triton
@@ -30,6 +33,9 @@ model = nn.Linear(256, 256).cuda()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for _step in range(3):
     h = model(torch.randn(64, 256, device="cuda"))
-    Scale.apply(h).float().pow(2).mean().backward()
+    scaled = Scale.apply(h)
+    if "--check" in sys.argv:
+        print("kernel output right:", bool(torch.equal(scaled, h * 2.0)))
+    scaled.float().pow(2).mean().backward()
     optimizer.step()
     optimizer.zero_grad()

@@ -1,5 +1,5 @@
-"""Triton kernels a script launches itself, in fake mode: what they write is what their callers
-allocated.
+"""Triton kernels a script launches itself: in fake mode what they write is what their callers
+allocated; in profile mode Triton's interpreter runs them on the host.
 
 Libraries launch hand-written Triton kernels on CUDA tensors (TRL's chunked log-probabilities
 behind ``SFTTrainer``'s fused LM head, Liger's fused losses): ``kernel[grid](*tensors, ...)``.
@@ -13,6 +13,19 @@ and the trace notes which kernels ran this way. An autotuned kernel
 (``triton.runtime.autotuner.Autotuner.run``) would benchmark its configurations on the GPU
 first; nothing is benchmarked either.
 
+In profile mode the kernels run, on the host: a kernel a library defines outside torch runs in
+Triton's interpreter, as under ``TRITON_INTERPRET=1`` (triton/runtime/interpreter.py,
+``InterpretedFunction``: numpy on host copies of its tensors, what it wrote copied back in
+place). It runs outside the probe's modes: like the launch on a GPU, it allocates nothing the
+trace should see.
+
+TRL's fold of a kernel's tiles into an fp32 accumulator (``torch.addmm`` with ``out_dtype``,
+trl/kernels/chunked_logprob.py, ``_addmm_fp32``) has no CPU kernel in torch (``addmm.dtype_out``
+is registered for CUDA only): in profile mode it is computed in fp32 into the same accumulator,
+again outside the modes (cuBLAS writes the product in place; its workspace is traced with the
+first matrix product). An autotuned kernel with more than one configuration still needs a GPU
+in profile mode: choosing one benchmarks them (triton/runtime/autotuner.py, ``Autotuner.run``).
+
 Not modelled: a kernel's own global scratch (Triton's ``set_allocator`` memory for tensor
 descriptors, used by TMA kernels; the libraries above do not use it).
 
@@ -22,21 +35,31 @@ Python >= 3.9, standard library and torch only: the probe bundle.
 from __future__ import annotations
 
 import functools
+import importlib
+import os
 import sys
-from typing import Any
+import tempfile
+from typing import Any, Dict
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from xmem_admission.estimator.probe.distributed import _AfterImport
 from xmem_admission.estimator.trace import NoteKind
 
 _JIT = _AfterImport("triton.runtime.jit")
 _AUTOTUNER = _AfterImport("triton.runtime.autotuner")
+_TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 def install(patches: Any, tracker: Any, fake: bool) -> None:
-    """In fake mode, make Triton launches no-ops once the script imports Triton."""
+    """In fake mode, make Triton launches no-ops once the script imports Triton; in profile
+    mode, run library kernels with Triton's interpreter."""
+    hooks = ((_JIT, _patch_jit), (_AUTOTUNER, _patch_autotuner)) if fake else (
+        (_JIT, _interpret),)
     if not fake:
-        return
-    for hook, patch in ((_JIT, _patch_jit), (_AUTOTUNER, _patch_autotuner)):
+        patches.set(torch, "addmm", _addmm_on_host(torch.addmm))
+    for hook, patch in hooks:
         if hook.name in sys.modules:
             patch(patches, tracker, sys.modules[hook.name])
         else:
@@ -77,3 +100,67 @@ def _patch_autotuner(patches: Any, tracker: Any, module: Any) -> None:
         cls = getattr(module, name, None)
         if cls is not None:
             patches.set(cls, "run", _launch(tracker))
+
+
+# -- profile mode: the kernels run on the host ------------------------------------------------
+
+def _a_library_kernel(fn: Any) -> bool:
+    """Defined by a library or the script: not by torch (Inductor's kernels are its own, made
+    in a temporary folder)."""
+    path = getattr(getattr(fn, "__code__", None), "co_filename", "")
+    return bool(path) and not path.startswith(_TORCH_DIR) \
+        and not path.startswith(tempfile.gettempdir())
+
+
+def _interpret(patches: Any, tracker: Any, module: Any) -> None:
+    """``JITFunction`` launches (and its calls from inside a kernel: the functions a kernel
+    calls are ``JITFunction`` objects too) run as ``InterpretedFunction``, Triton's own
+    interpreter of the kernel's Python source."""
+    cls = getattr(module, "JITFunction", None)
+    if cls is None or "run" not in vars(cls) or "__call__" not in vars(cls):
+        return
+    real_run, real_call = vars(cls)["run"], vars(cls)["__call__"]
+    interpreted: Dict[Any, Any] = {}
+
+    def interpreter(self: Any) -> Any:
+        made = interpreted.get(self.fn)
+        if made is None:
+            made = interpreted[self.fn] = importlib.import_module(
+                "triton.runtime.interpreter").InterpretedFunction(self.fn)
+        return made
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _a_library_kernel(self.fn):
+            return real_run(self, *args, **kwargs)
+        name = _kernel_name(self)
+        tracker.trace.note(
+            NoteKind.MODELLED, f"Triton kernel {name}: run by Triton's interpreter on the host "
+            f"(the launch itself allocates nothing)", key=f"triton {name}")
+        with _disable_current_modes():
+            return interpreter(self).run(*args, **kwargs)
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _a_library_kernel(self.fn):
+            return real_call(self, *args, **kwargs)
+        return interpreter(self)(*args, **kwargs)
+
+    patches.set(cls, "run", run)
+    patches.set(cls, "__call__", call)
+
+
+def _addmm_on_host(real_addmm: Any) -> Any:
+    def addmm(*args: Any, **kwargs: Any) -> Any:
+        out_dtype = kwargs.pop("out_dtype", None)
+        if out_dtype is None:
+            return real_addmm(*args, **kwargs)
+        out = kwargs.pop("out", None)
+        beta, alpha = kwargs.pop("beta", 1), kwargs.pop("alpha", 1)
+        inp, mat1, mat2 = args[:3]
+        if out is None:  # the kernel's output, as on the GPU
+            out = inp.new_empty((mat1.shape[0], mat2.shape[1]), dtype=out_dtype)
+        with _disable_current_modes():
+            out.copy_(real_addmm(inp.to(out_dtype), mat1.to(out_dtype), mat2.to(out_dtype),
+                                 beta=beta, alpha=alpha))
+        return out
+
+    return addmm
