@@ -144,3 +144,17 @@ def test_the_line_traces_what_teaches_and_holds_the_rest_for_it() -> None:
     # once those five are read, every other trial is shared
     members = [Member(f"g{i}", t, f"d{t['--batch-size']}", True) for i, t in enumerate(sweep[:5])]
     assert decide(learn(members, set()), [], sweep[5:]) == ["share"] * 115
+
+
+def test_once_a_trial_waits_for_what_the_traces_teach_the_later_ones_of_its_family_wait_too() -> None:
+    # --batch-size 64 is new (it would be traced), but a trial before it waits on --lr: the
+    # family's pods start in line order.
+    waiting = _sweep(6, 4) + [{"--lr": "99", "--batch-size": "64"}]
+    answers = decide(learn([], set()), [], waiting)
+    assert answers == ["trace", "trace", "trace", "trace", "learn", "wait", "wait"]
+
+
+def test_a_family_whose_traces_fail_is_traced_as_it_comes() -> None:
+    waiting = [{"--shard": str(i)} for i in range(6)]
+    assert decide(learn([], set()), [], waiting)[:3] == ["trace", "learn", "wait"]
+    assert decide(learn([], set()), [], waiting, learning=False) == ["trace"] * 6

@@ -24,9 +24,11 @@ tested is not neutral: a trial whose value of such an option is new is traced.
 Learning. While an option's neutrality is unknown, the line (``estimation_line``) asks
 ``select`` which waiting estimates of a family to trace: in line order, one that differs from a
 traced (or tracing) one in one unknown option is traced, to learn it; one that would be sized
-by sharing once the traces running now are read waits for them; any other is traced. A
-family's sweep is so traced once per value of each option that changes memory, plus one trace
-per option learned neutral.
+by sharing once the traces running now are read waits for them, and so does every later one of
+its family that cannot be shared now (the family's pods start in line order); any other is
+traced. A family's sweep is so traced once per value of each option that changes memory, plus
+one trace per option learned. A family whose estimations fail (and none succeeded) teaches
+nothing: its trials are traced as they come.
 
 The safety net. A workload sized by sharing that runs out of GPU memory (``oom_retries``) is
 retried as any other, and its estimate records the options it was shared over as not neutral
@@ -309,12 +311,14 @@ TRACE, LEARN, WAIT, SHARE = "trace", "learn", "wait", "share"
 
 
 def decide(known: Knowledge, pending: Sequence[Mapping[str, str]],
-           waiting: Sequence[Mapping[str, str]]) -> List[str]:
+           waiting: Sequence[Mapping[str, str]], learning: bool = True) -> List[str]:
     """For each waiting trial (in line order): ``SHARE`` (a traced member serves it now),
     ``WAIT`` (a trace running now, or chosen before it in this pass, will serve it or settle
     what it needs), ``LEARN`` (traced: it differs from another member in one unknown option
     only, so its trace settles that option) or ``TRACE``. ``pending``: the options of the
-    family's estimates being traced now."""
+    family's estimates being traced now. Once one waits, every later one that cannot be shared
+    waits too, so the family's pods still start in line order. ``learning`` False (a family
+    whose traces fail teaches nothing): none waits."""
     neutral = set(known.neutral)
     settled = neutral | set(known.not_neutral)
     done = [m.options for m in known.traced if m.usable]
@@ -332,8 +336,11 @@ def decide(known: Knowledge, pending: Sequence[Mapping[str, str]],
         if any(differ(options, d) <= neutral for d in done):
             out.append(SHARE)
             continue
+        if not learning:
+            out.append(TRACE)
+            continue
         hopeful = neutral | testing
-        if any(differ(options, p) <= hopeful for p in ahead) or \
+        if WAIT in out or any(differ(options, p) <= hopeful for p in ahead) or \
                 any((differ(options, d) & testing) and differ(options, d) <= hopeful
                     for d in done):
             out.append(WAIT)
@@ -354,7 +361,6 @@ def select(ctx: Context, namespace: str, keys: Sequence[Tuple[str, str]],
     estimates granted a slot or running."""
     by_family: Dict[str, List[Tuple[int, Obj, Trial]]] = {}
     chosen: Dict[int, bool] = {}
-    order: Dict[int, int] = {}  # place in the line -> the estimate that takes it
     shared: List[Tuple[str, str]] = []
     for index, key in enumerate(keys):
         gme = ctx.estimates.get(*key)
@@ -371,20 +377,15 @@ def select(ctx: Context, namespace: str, keys: Sequence[Tuple[str, str]],
                    if g["metadata"]["name"] not in waiting_names and (
                        records.phase(g) == records.RUNNING or
                        (namespace, g["metadata"]["name"]) in tracing)]
-        answers = decide(known, pending, [t.options for _, _, t in entries])
-        traced = [index for (index, _, _), answer in zip(entries, answers)
-                  if answer in (TRACE, LEARN)]
-        # The family's traces keep its places in the line; a trace that teaches takes the
-        # first of them (what it learns may serve the rest of the family).
-        learning = [index for (index, _, _), answer in zip(entries, answers) if answer == LEARN]
-        for place, index in zip(traced, learning + [i for i in traced if i not in learning]):
-            order[place] = index
+        # A family whose traces fail and never succeed teaches nothing: trace, do not wait.
+        failing = not known.traced and any(records.phase(g) == records.FAILED
+                                           for g, _ in members)
+        answers = decide(known, pending, [t.options for _, _, t in entries], not failing)
         for (index, _gme, _entry), answer in zip(entries, answers):
             chosen[index] = answer in (TRACE, LEARN)
             if answer == SHARE:
                 shared.append(keys[index])
-    return [keys[order.get(i, i)] for i in range(len(keys)) if chosen.get(order.get(i, i))], \
-        shared
+    return [k for i, k in enumerate(keys) if chosen.get(i)], shared
 
 
 # --- the safety net ---------------------------------------------------------------------------
