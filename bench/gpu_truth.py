@@ -713,8 +713,15 @@ def run_estimate(row: Dict[str, Any], gpu: str, python: Optional[str] = None) ->
                                   f"{_error_line(proc.stderr)}"}
     data = json.loads(proc.stdout)
     entry = data["gpus"][0]
+    high = entry.get("high_bytes") or entry["total_bytes"]
     return {
         "estimated_total_bytes": entry["total_bytes"],
+        # the range (an older xmem's output has none: the point for both ends), the OOM call
+        # on it, and the request the default policy gives the job (bench/paper/requests.py)
+        "estimated_low_bytes": entry.get("low_bytes") or entry["total_bytes"],
+        "estimated_high_bytes": high,
+        "estimated_fit": entry.get("fit"),
+        "request_bytes": _request(entry["total_bytes"], high, gpu),
         "estimated_reserved_peak_bytes": entry["peak_reserved_bytes"],
         "estimated_allocated_peak_bytes": entry["peak_allocated_bytes"],
         "estimated_overhead_bytes": entry["overhead_bytes"],
@@ -728,6 +735,14 @@ def run_estimate(row: Dict[str, Any], gpu: str, python: Optional[str] = None) ->
         "estimated_overhead": entry.get("overhead"),
         "capacity_bytes": entry["capacity_bytes"],
     }
+
+
+def _request(total: int, high: int, gpu: str) -> int:
+    """The request the default policy gives an estimate (``bench/paper/requests.py``)."""
+    if str(ROOT) not in sys.path:  # that module imports the bench package by name
+        sys.path.insert(0, str(ROOT))
+    return int(_sibling(Path(__file__).resolve().parent / "paper" / "requests.py")
+               .request_bytes(total, high, gpu))
 
 
 def run_replay(archive: Path, member: str, tmp: Path) -> Dict[str, Any]:
@@ -843,7 +858,13 @@ def score_leave_one_out(out_rows: List[Dict[str, Any]],
             continue
         out["estimated_total_catalogue_bytes"] = total
         out["scored_overhead_bytes"] = fitted
-        out["estimated_total_bytes"] = total - out["estimated_overhead_bytes"] + fitted
+        shift = fitted - out["estimated_overhead_bytes"]
+        out["estimated_total_bytes"] = total + shift
+        if out.get("estimated_high_bytes") is not None:  # the range and request move with it
+            out["estimated_low_bytes"] += shift
+            out["estimated_high_bytes"] += shift
+            out["request_bytes"] = _request(out["estimated_total_bytes"],
+                                            out["estimated_high_bytes"], out["estimated_for_gpu"])
         _add_errors(out)
 
 
@@ -927,6 +948,17 @@ def summarise(rows: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
             "worst_under_estimate_job": worst[1] if worst[0] < 0 else None,
             "under_estimates": sum(1 for e, _ in errors if e < 0),
         }
+    # jobs that ran to completion whose measured total passed the request the default policy
+    # gives them: under HAMi, KAI or MIG each fails at its first try
+    ran = [r for r in rows if r.get("request_bytes") is not None and not r["measured_oom"]
+           and not r["measured_error"] and r["measured_total_bytes"] > 0]
+    summary["requests"] = {
+        "jobs": len(ran),
+        "over_request": sorted(r["job"] for r in ran
+                               if r["measured_total_bytes"] > r["request_bytes"]),
+        "median_request_over_measured": statistics.median(
+            r["request_bytes"] / r["measured_total_bytes"] - 1 for r in ran) if ran else None,
+    }
     ooms = [r for r in rows if r["measured_oom"] or r["expect"] == "oom"]
     summary["oom"] = [{"job": r["job"], "measured_oom": r["measured_oom"],
                        "estimated_oom": r.get("estimated_oom")} for r in ooms]
@@ -982,6 +1014,13 @@ def error_table(rows: Sequence[Dict[str, Any]], summary: Dict[str, Any]) -> str:
         lines.append(f"OOM {o['job']}: measured {'OOM' if o['measured_oom'] else 'no OOM'}, "
                      f"estimate {'OOM' if o['estimated_oom'] else 'fits'}: "
                      f"{'agree' if agree else 'DISAGREE'}")
+    req = summary.get("requests")
+    if req and req["jobs"]:
+        lines.append(f"requests under the default policy: {len(req['over_request'])} of "
+                     f"{req['jobs']} jobs over their request"
+                     + (f" ({', '.join(req['over_request'])})" if req["over_request"] else "")
+                     + f"; median request over measured total "
+                       f"{req['median_request_over_measured'] * 100:+.1f}%")
     rp = summary["replay"]
     lines.append(f"snapshot replay: {rp['matched']} of {rp['snapshots']} match, "
                  f"{rp['mismatched']} mismatch, {rp['not_replayed']} not replayed")

@@ -380,7 +380,7 @@ def report(rows: Sequence[Row], sims: Dict[str, Dict[str, Any]],
     from bench.paper.requests import table, tally
 
     lines.append(table("requests under the default policy (each row with the floor fitted on "
-                       "the others)", tally([r.data for r in rows], answers)))
+                       "the others)", tally(rows, answers)))
     failed = [sims[r.id] for r in rows if "error" in sims.get(r.id, {})]
     if failed:
         lines.append(f"{len(failed)} row(s) failed: " + "; ".join(

@@ -364,12 +364,12 @@ def report(rows: Sequence[Row], results: Sequence[Dict[str, Any]]) -> str:
 
     data = [r.data for r in rows]
     parts.append(table("requests under the default policy (the catalogue's runtime overhead, "
-                       "fitted on these rows)", tally(data, ours)))
+                       "fitted on these rows)", tally(rows, ours)))
     loo = held_out(rows, results)
     parts.append(format_table("held out: each row with the runtime overhead fitted on the other "
                               "rows of its GPU", [stats("xmem-admission (ours)",
                                                         ((r, loo.get(r["id"])) for r in data))]))
-    parts.append(table("requests, held out", tally(data, loo)))
+    parts.append(table("requests, held out", tally(rows, loo)))
     failed = [r for r in results if "error" in r]
     if failed:
         parts.append(f"{len(failed)} row(s) failed: " + "; ".join(

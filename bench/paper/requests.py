@@ -61,31 +61,31 @@ class Requests:
         return statistics.median(self.ratios) if self.ratios else float("nan")
 
 
-def tally(rows: Iterable[Mapping[str, Any]],
-          answers: Mapping[str, Mapping[str, Any]]) -> Dict[str, Requests]:
-    """Per family (and "all"), from runs rows (the paper's ``gpu_name``, GPUMemNet's ``gpu``)
+def tally(rows: Iterable[Any], answers: Mapping[str, Mapping[str, Any]]) -> Dict[str, Requests]:
+    """Per family (and "all"), from the benches' rows (``benchmark.Row``, ``gpumemnet.Row``:
+    their ``oom`` and ``measured``; the paper's GPU in ``gpu_name``, GPUMemNet's in ``gpu``)
     and the bench's answers by id."""
     out: Dict[str, Requests] = {}
     for row in rows:
-        answer = answers.get(str(row["id"]))
+        answer = answers.get(row.id)
         if answer is None or answer.get("estimate_bytes") is None:
             continue
-        family = FAMILIES.get(str(row["family"]), str(row["family"]))
+        family = FAMILIES.get(row.family, row.family)
         request = answer.get("request_bytes")
         if request is None:
             request = request_bytes(answer["estimate_bytes"], answer.get("high_bytes"),
-                                    str(row.get("gpu_name") or row["gpu"]))
+                                    str(row.data.get("gpu_name") or row.data["gpu"]))
         warned = answer.get("fit") == MAY_NOT_FIT
         for key in (family, "all"):
             t = out.setdefault(key, Requests(key, ratios=[]))
-            if row["measured_oom"]:
+            if row.oom:
                 t.oom_rows += 1
                 t.oom_called += bool(answer.get("predicted_oom"))
                 t.oom_warned += warned
                 continue
-            if row.get("measured_is_lower_bound") or int(row["measured_peak_bytes"]) <= 0:
+            if row.data.get("measured_is_lower_bound") or row.measured <= 0:
                 continue
-            measured = int(row["measured_peak_bytes"])
+            measured = row.measured
             t.ran += 1
             t.over += measured > request
             t.ran_called_oom += bool(answer.get("predicted_oom"))
@@ -120,15 +120,18 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[-1], file=sys.stderr)
         return 2
-    rows = _read(argv[0])
+    from bench.gpumemnet import Row as GPUMemNetRow
+    from bench.paper.benchmark import Row, held_out
+
+    data = _read(argv[0])
     results = _read(argv[1])
     answers = {str(a["id"]): a for a in results}
+    paper = all("gpu_name" in r for r in data)
+    rows = [Row(r) if paper else GPUMemNetRow(r) for r in data]
     print(table(f"requests under the default policy ({argv[1]})", tally(rows, answers)))
-    if all("gpu_name" in r for r in rows):  # the paper's rows: their overhead held out too
-        from bench.paper.benchmark import Row, held_out
-
+    if paper:  # the paper's rows: their runtime overhead held out too
         print(table("requests, held out (runtime overhead fitted on the other rows of the GPU)",
-                    tally(rows, held_out([Row(r) for r in rows], results))))
+                    tally(rows, held_out([r for r in rows if isinstance(r, Row)], results))))
     return 0
 
 

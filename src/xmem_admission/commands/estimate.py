@@ -133,7 +133,8 @@ def _table(est: Any) -> str:
         rows.append((g.gpu, _gib(g.capacity_bytes), _gib(g.peak_allocated_bytes),
                      _gib(g.peak_reserved_bytes), _gib(g.overhead_bytes), _gib(g.total_bytes),
                      _gib(g.recommended_request_bytes),
-                     "yes" if g.fits else "NO", g.mig_profile or "-"))
+                     "yes" if g.fit == "fits" else g.fit if g.fits else "NO",
+                     g.mig_profile or "-"))
     lines += _columns(rows)
     lines += ["", "breakdown of the peak:"]
     rows = [("",) + tuple(g.gpu for g in est.gpus)]
@@ -144,6 +145,8 @@ def _table(est: Any) -> str:
         if g.conv_workspaces:
             lines.append(f"{g.gpu}: convolution workspaces: {conv_source_line(g.conv_workspaces)}")
     lines += note_lines(est.notes)
+    from xmem_admission.estimator.estimate import range_lines
+    lines += [""] + range_lines(est.gpus) if any(g.uncertain for g in est.gpus) else []
     for g in est.gpus:
         if not g.fits:
             short = g.total_bytes - g.capacity_bytes

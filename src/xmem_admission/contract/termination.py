@@ -12,7 +12,9 @@ Format, version 2 (one JSON object)::
     {"v": 2, "status": "ok", "mode": "fake", "steps": 3, "seconds": 12.4,
      "fallback": "",                       # why fake mode fell back to profile, if it did
      "gpus": [[gpu, capacity_bytes, peak_reserved_bytes, total_bytes,
-               recommended_request_bytes, fits, mig_profile], ...],
+               recommended_request_bytes, fits, mig_profile, high_bytes, low_bytes], ...],
+                                           # the ends of the estimate's range (an older
+                                           # bundle's rows stop before them)
      "peak": {"gpu": "H100-80GB",          # the first target GPU's peak, itemised (issue 32):
               "groups": [[module, category, op, bytes], ...],   # largest first, at most 3
               "cached": cached_free_bytes, "fragmentation": bytes},
@@ -41,6 +43,9 @@ READABLE = (1, 2)
 LIMIT_BYTES = 4096  # kubelet: at most 4096 bytes of a termination message per container
 COLUMNS = ("gpu", "capacity_bytes", "peak_reserved_bytes", "total_bytes",
            "recommended_request_bytes", "fits", "mig_profile")
+# After COLUMNS, optional: the ends of the estimate's range (``xmem estimate``'s high_bytes and
+# low_bytes), both or neither.
+OPTIONAL_COLUMNS = ("high_bytes", "low_bytes")
 PEAK_COLUMNS = ("module", "category", "op", "bytes")
 FAILURES = ("script_error", "no_step", "needs_real_values", "unsupported", "probe_error",
             "no_torch")
@@ -56,7 +61,10 @@ def encode_ok(mode: str, steps: int, seconds: float, gpus: Sequence[Dict[str, An
     """The success message from per-GPU results (objects with the ``COLUMNS`` fields) and the
     first GPU's itemised peak (``{gpu, groups: [[module, category, op, bytes]], cached,
     fragmentation}``)."""
-    rows: List[List[Any]] = [[g[c] for c in COLUMNS] for g in gpus]
+    rows: List[List[Any]] = [[g[c] for c in COLUMNS]
+                             + ([g[c] for c in OPTIONAL_COLUMNS]
+                                if all(g.get(c) is not None for c in OPTIONAL_COLUMNS) else [])
+                             for g in gpus]
     data: Dict[str, Any] = {"v": VERSION, "status": "ok", "mode": mode, "steps": steps,
                             "seconds": round(float(seconds), 1), "gpus": rows}
     if fallback:
@@ -109,7 +117,8 @@ class Result:
         self.reason: str = data.get("reason", "")
         self.exit_code: int = int(data.get("exit_code", 0))
         self.traceback: str = data.get("traceback", "")
-        self.gpus: List[Dict[str, Any]] = [dict(zip(COLUMNS, row)) for row in data.get("gpus") or []]
+        self.gpus: List[Dict[str, Any]] = [dict(zip(COLUMNS + OPTIONAL_COLUMNS, row))
+                                           for row in data.get("gpus") or []]
         self.version: int = int(data.get("v", 1))
         peak = data.get("peak") or {}
         self.peak_gpu: str = str(peak.get("gpu", ""))
@@ -145,11 +154,14 @@ def decode(text: Optional[str]) -> Result:
     if status == "ok":
         rows = data.get("gpus")
         if not isinstance(rows, list) or not rows or not all(
-                isinstance(r, list) and len(r) == len(COLUMNS) for r in rows):
+                isinstance(r, list) and len(r) in (len(COLUMNS),
+                                                   len(COLUMNS) + len(OPTIONAL_COLUMNS))
+                for r in rows):
             raise TerminationMessageError(f"malformed GPU rows in the estimation result: {rows!r}")
         for row in rows:
             if not isinstance(row[0], str) or not all(
-                    isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in row[1:5]):
+                    isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                    for v in row[1:5] + row[len(COLUMNS):]):
                 raise TerminationMessageError(f"malformed GPU row in the estimation result: {row!r}")
         _check_peak(data.get("peak"))
         digest = data.get("digest")

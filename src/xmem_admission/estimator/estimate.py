@@ -253,7 +253,8 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
             low, high, ranged = _conv_range(trace, stream, gpu, config, capacity,
                                             nccl + overhead, env, point)
             if low.total != total or high.total != total or ranged.get("unknown_calls"):
-                uncertain.append(_conv_reason(ranged, low.total, high.total))
+                uncertain.append(_conv_reason(ranged, min(low.total, total, high.total),
+                                              max(high.total, total, low.total)))
         # a size fake execution could not know, taken at its largest: the point is the high end
         # and the low end is not known (the range's low end is that of the rest)
         for note in bounded:
@@ -277,7 +278,10 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
             oom=sim.oom.to_dict() if sim.oom is not None else None,
             conv_workspaces=stream.meta.get("conv_workspaces"),
             overhead=figures.to_dict(),
-            low_bytes=min(low.total, total), high_bytes=max(high.total, total),
+            # the reserved peak is not monotone in the workspaces (a larger one can leave the
+            # pool less fragmented): the range spans every simulated stream
+            low_bytes=min(low.total, total, high.total),
+            high_bytes=max(high.total, total, low.total),
             uncertain=uncertain, fit=fit, low_oom=low.oom, high_oom=high.oom,
         ))
     return results
@@ -298,12 +302,30 @@ def _fit_call(gpu: catalogue.GPU, low: _End, point: _End, high: _End,
     return FITS
 
 
+def range_lines(estimates: Sequence[GPUEstimate]) -> List[str]:
+    """What ``xmem estimate`` and the report say of each GPU's range: its ends, why the request
+    is above the point's margin, and what makes the range wide (nothing for an exact one)."""
+    out = []
+    for g in estimates:
+        if not g.uncertain:
+            continue
+        gib = 2**30
+        out.append(f"{g.gpu}: range {g.low_bytes / gib:.2f}-{g.high_bytes / gib:.2f} GiB around "
+                   f"{g.total_bytes / gib:.2f} GiB; the request covers the high end "
+                   f"(+{(g.high_bytes - g.total_bytes) / gib:.2f} GiB over the point's margin)"
+                   + (f"; {g.fit}" if g.fit != FITS else ""))
+        for why in g.uncertain:
+            out.append(f"  {why['what']}: {why['detail']}")
+    return out
+
+
 def _conv_reason(ranged: Dict[str, Any], low: int, high: int) -> Dict[str, Any]:
     calls = int(ranged.get("calls") or 0)
     unknown = int(ranged.get("unknown_calls") or 0)
-    detail = (f"{calls} convolution call(s) whose plan the GPU picks among those cuDNN"
-              f"{' ' + ranged['cudnn'] if ranged.get('cudnn') else ''}'s heuristics rank "
-              f"(low: each call's smallest workspace; high: its largest)")
+    detail = (f"{calls} convolution call(s) whose plans, as cuDNN"
+              f"{' ' + ranged['cudnn'] if ranged.get('cudnn') else ''}'s heuristics rank them "
+              f"for this GPU, need different workspaces; which one the GPU runs cannot be asked "
+              f"without it (low: each call's smallest workspace; high: its largest)")
     if unknown:
         detail += (f"; {unknown} call(s) with no ranked plans, taken as the point sizes them"
                    f"{' (' + ranged['unknown_why'] + ')' if ranged.get('unknown_why') else ''}")

@@ -23,7 +23,7 @@ from xmem_admission.contract import gpus as catalogue
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
 from xmem_admission.estimator.allocator.caching import CachingAllocator
 from xmem_admission.estimator.allocator.simulate import simulate
-from xmem_admission.estimator.estimate import allocator_room
+from xmem_admission.estimator.estimate import allocator_room, range_lines
 from xmem_admission.estimator.orchestrate import for_gpu
 from xmem_admission.estimator.peak import Explained, catalogue_request, display_module
 from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Category, Trace, note_groups
@@ -175,8 +175,14 @@ def page(trace: Trace, est: Any, explained: Explained, config: AllocatorConfig,
                       "fits", "MIG profile"),
                      [(g.gpu, _gib(g.capacity_bytes), _gib(g.peak_reserved_bytes),
                        _gib(g.total_bytes), _gib(g.recommended_request_bytes),
-                       "yes" if g.fits else "NO", g.mig_profile or "-") for g in est.gpus],
+                       g.fit if g.fit != "fits" else "yes", g.mig_profile or "-")
+                      for g in est.gpus],
                      "summary")
+    ranged = range_lines(est.gpus)
+    if ranged:
+        summary += ("<p class=\"note\"><b>the range of the estimate</b></p><ul>"
+                    + "".join(f"<li>{html.escape(line.strip())}</li>" for line in ranged)
+                    + "</ul>")
     for heading, items in note_groups(getattr(est, "notes", [])):
         summary += (f"<p class=\"note\"><b>{html.escape(heading)}</b></p><ul>"
                     + "".join(f"<li>{html.escape(item)}</li>" for item in items) + "</ul>")

@@ -249,7 +249,8 @@ def _summary(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:
         return
     status.update(gpu=plan.target.gpu.key, estimateBytes=plan.estimate_bytes,
                   estimate=records.human(plan.estimate_bytes), requestBytes=plan.request_bytes,
-                  request=records.human(plan.request_bytes))
+                  request=records.human(plan.request_bytes),
+                  range=records.range_text(status.get("estimates") or [], plan.target.gpu.key))
     if plan.target.backend is BackendName.DRA and plan.target.dra is not None:  # issue 40
         status.update(claim=dra.claim_form(plan.target.dra, plan.target.gpu, plan.request_bytes))
     if plan.overhead is not None:  # what the memory outside the allocator became (issue 38)

@@ -21,7 +21,8 @@ the estimation's state and result::
            cachedBytes, fragmentationBytes}               # what holds the memory at the peak
     reproduce                                             # the `xmem estimate` command line
     estimates: [{gpu, capacityBytes, peakReservedBytes, totalBytes,
-                 recommendedRequestBytes, fits, migProfile}]
+                 recommendedRequestBytes, fits, migProfile, lowBytes, highBytes}]
+    range                                 # the chosen GPU's range, low-high ("=" when exact)
     gpu, estimateBytes, estimate, requestBytes, request   # the policy's choice, for kubectl
     claim                                                 # dra: the claim's form (issue 40)
     actualBytes, actual, error                            # actualBytes: set by whoever measures
@@ -172,7 +173,8 @@ def estimates_from(gpus: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
              "peakReservedBytes": g["peak_reserved_bytes"], "totalBytes": g["total_bytes"],
              "recommendedRequestBytes": g["recommended_request_bytes"], "fits": bool(g["fits"]),
              "migProfile": g["mig_profile"],
-             **({"highBytes": g["high_bytes"]} if g.get("high_bytes") is not None else {})}
+             **({"highBytes": g["high_bytes"], "lowBytes": g["low_bytes"]}
+                if g.get("high_bytes") is not None else {})}
             for g in gpus]
 
 
@@ -260,6 +262,16 @@ def _estimate_from(g: GPUEstimate) -> Dict[str, Any]:
             "recommendedRequestBytes": g.recommended_request_bytes, "fits": g.fits,
             "migProfile": g.mig_profile,
             **({"highBytes": g.high_bytes} if g.high_bytes is not None else {})}
+
+
+def range_text(estimates: List[Dict[str, Any]], gpu: str) -> str:
+    """The kubectl column of a GPU's range from the status's ``estimates``: ``3.1-3.6Gi``,
+    ``exact`` when both ends are the point, '' for an estimate without one."""
+    entry = next((e for e in estimates if e.get("gpu") == gpu), None)
+    if not entry or entry.get("highBytes") is None or entry.get("lowBytes") is None:
+        return ""
+    low, high = int(entry["lowBytes"]), int(entry["highBytes"])
+    return "exact" if low == high == int(entry["totalBytes"]) else f"{gib(low)}-{gib(high)}Gi"
 
 
 def human(size: int) -> str:

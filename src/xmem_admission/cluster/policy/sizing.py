@@ -68,6 +68,17 @@ class Plan:
     # What the estimate's memory-outside-the-allocator term became (issue 38): None when the
     # workload's own runs sized it, or nothing was pinned or learned for the GPU.
     overhead: Optional[overhead.Applied] = None
+    # The high end of the estimate's range when above the estimate (the request covers it):
+    # None for an exact estimate, or one sized from the workload's own runs.
+    high_bytes: Optional[int] = None
+
+    def range_text(self) -> str:
+        """Why the request is above the estimate's margin, for the Event ('' when it is not)."""
+        if self.high_bytes is None or self.high_bytes <= self.estimate_bytes:
+            return ""
+        return (f"the request covers the estimate's high end {gib(self.high_bytes)} GiB "
+                f"(+{gib(self.high_bytes - self.estimate_bytes)} GiB: what the estimate cannot "
+                f"know without the GPU, such as the cuDNN plans its convolutions run)")
 
     @property
     def judged_bytes(self) -> int:
@@ -149,21 +160,25 @@ def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = Non
             continue
         fixed = right_sizing.correct(estimate.total_bytes, target.gpu.key, record.runs,
                                      settings.right_sizing) if record.runs else None
+        high = estimate.high_bytes if (estimate.high_bytes or 0) > estimate.total_bytes else None
         if fixed is None or fixed.runs == 0:  # no run of its own: the overhead term counts
             total, term = overhead.corrected_total(estimate, settings.learned_overhead)
             if not fits(total, target.gpu):
                 continue
-            request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes)
+            request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes,
+                                   high)
             if term.source == "catalogue":
-                return Plan(target, estimate.total_bytes, request)
-            sized = size_request(total, settings, target.gpu.capacity_bytes)
+                return Plan(target, estimate.total_bytes, request, high_bytes=high)
+            # the range's excess is the convolutions', outside the overhead term: it moves along
+            sized = size_request(total, settings, target.gpu.capacity_bytes,
+                                 None if high is None else total + high - estimate.total_bytes)
             return Plan(target, estimate.total_bytes, sized, corrected_bytes=total,
-                        overhead=term)
+                        overhead=term, high_bytes=high)
         if not fits(estimate.total_bytes, target.gpu):
             continue
-        request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes)
+        request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes, high)
         if fixed.estimate_bytes == estimate.total_bytes:
-            return Plan(target, estimate.total_bytes, request)
+            return Plan(target, estimate.total_bytes, request, high_bytes=high)
         corrected = size_request(fixed.estimate_bytes, settings, target.gpu.capacity_bytes)
         return Plan(target, estimate.total_bytes, corrected, request, fixed.reason,
                     fixed.estimate_bytes)

@@ -59,9 +59,11 @@ class GPUEstimate:
     recommended_request_bytes: int
     fits: bool
     mig_profile: Optional[str] = None
+    # the high end of the estimate's range (None: an older estimate's, the point)
+    high_bytes: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
-        return {
+        out: Dict[str, Any] = {
             "gpu": self.gpu,
             "capacity_bytes": self.capacity_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
@@ -70,6 +72,9 @@ class GPUEstimate:
             "fits": self.fits,
             "mig_profile": self.mig_profile,
         }
+        if self.high_bytes is not None:
+            out["high_bytes"] = self.high_bytes
+        return out
 
 
 @dataclass(frozen=True)
@@ -188,6 +193,7 @@ def _gpu_estimate(entry: Any, where: str) -> GPUEstimate:
         recommended_request_bytes=_int(entry, "recommended_request_bytes", where),
         fits=fits,
         mig_profile=mig,
+        high_bytes=None if entry.get("high_bytes") is None else _int(entry, "high_bytes", where),
     )
 
 

@@ -1,0 +1,38 @@
+"""The yardsticks' request scoring (bench/paper/requests.py): a job that ran is over its request
+when its measured peak passes what the default policy grants it; a line written before the range
+existed is sized from its estimate alone; OOM calls are counted by what was said."""
+
+from __future__ import annotations
+
+from bench.gpumemnet import Row as GPUMemNetRow
+from bench.paper.benchmark import Row
+from bench.paper.requests import request_bytes, tally
+
+GiB = 1 << 30
+
+
+def test_a_job_over_its_request_and_the_cost_are_counted_per_family():
+    rows = [Row({"id": "a", "family": "cnn", "gpu_name": "NVIDIA A100-SXM4-40GB",
+                 "measured_peak_bytes": 10 * GiB, "measured_oom": False}),
+            # GPUMemNet's rows name their GPU and OOM otherwise
+            GPUMemNetRow({"id": "b", "family": "large-transformer",
+                          "gpu": "NVIDIA A100-SXM4-40GB", "measured_peak_bytes": 4 * GiB,
+                          "status": "ok"}),
+            Row({"id": "c", "family": "cnn", "gpu_name": "NVIDIA A100-SXM4-40GB",
+                 "measured_peak_bytes": 41 * GiB, "measured_oom": True})]
+    answers = {"a": {"estimate_bytes": 9 * GiB, "high_bytes": 9 * GiB},  # granted ~9.5 GiB
+               "b": {"estimate_bytes": 4 * GiB},  # an older line: no range
+               "c": {"estimate_bytes": 39 * GiB, "predicted_oom": False, "fit": "may not fit"}}
+    out = tally(rows, answers)
+    assert out["CNN"].ran == 1 and out["CNN"].over == 1
+    assert out["CNN"].oom_rows == 1 and out["CNN"].oom_warned == 1 and out["CNN"].oom_called == 0
+    assert out["transformer"].over == 0
+    assert out["transformer"].median_over_measured == request_bytes(
+        4 * GiB, None, "A100-40GB") / (4 * GiB) - 1
+    assert out["all"].ran == 2
+
+
+def test_the_high_end_adds_its_excess_to_the_request():
+    # 9 GiB x 1.05 = 9.45 GiB, in 256 MiB steps 9.5 GiB; with a 1 GiB excess 10.45, so 10.5
+    assert request_bytes(9 * GiB, None, "A100-40GB") == 9.5 * GiB
+    assert request_bytes(9 * GiB, 10 * GiB, "A100-40GB") == 10.5 * GiB
