@@ -221,8 +221,11 @@ def alternatives(trace: Trace, estimates: Sequence[Any], config: AllocatorConfig
                                 "recommended_request_bytes": request_for(total, margin),
                                 "fits": fits})
         profile = catalogue.smallest_mig_profile(gpu, est.recommended_request_bytes)
+        # the high end's excess over the point, then the margin on the point
+        excess = max(getattr(est, "high_bytes", 0) - est.total_bytes, 0)
         requests.append({"gpu": est.gpu, "total_bytes": est.total_bytes,
-                         "margin_bytes": est.recommended_request_bytes - est.total_bytes,
+                         "range_bytes": excess,
+                         "margin_bytes": est.recommended_request_bytes - est.total_bytes - excess,
                          "recommended_request_bytes": est.recommended_request_bytes,
                          "mig_profile": profile.name if profile else None,
                          "mig_slice_bytes": profile.memory_bytes if profile else None})
@@ -324,7 +327,9 @@ class Explained:
         for r in alt.requests:
             slice_ = (f", MIG slice {r['mig_profile']} ({_gib(r['mig_slice_bytes'])})"
                       if r["mig_profile"] else "")
-            out.append(f"  request on {r['gpu']}: {_gib(r['total_bytes'])} + margin "
+            ranged = (f" + the range's high end {_gib(r['range_bytes'])}"
+                      if r.get("range_bytes") else "")
+            out.append(f"  request on {r['gpu']}: {_gib(r['total_bytes'])}{ranged} + margin "
                        f"{_gib(r['margin_bytes'])} = {_gib(r['recommended_request_bytes'])}"
                        f"{slice_}")
         if alt.catalogue:
