@@ -128,6 +128,7 @@ class Line:
             self.seeded = False
             self.told: Set[str] = set()  # workload uids told of the backlog
             self.published: Set[str] = set()  # namespaces with gauge series
+            self.shareable: Set[Key] = set()  # waiting estimates a traced one serves now
 
     # --- arrival order ----------------------------------------------------------------------
 
@@ -381,13 +382,12 @@ def dispatch(ctx: Context) -> Optional[float]:
                 continue  # the namespace's quota is full: its whole line waits
             eligible[namespace] = [e for e in candidates if not line.backing_off(e.key, now)]
         # Of a family of trials, only what teaches or cannot be shared is traced (``trials``).
-        tracing = set(line.grants)
-        shareable: List[Key] = []
+        keep, shareable = trials.select(
+            ctx, {ns: [e.key for e in q] for ns, q in eligible.items()}, set(line.grants))
         for namespace, queue in eligible.items():
-            keep, ready = trials.select(ctx, namespace, [e.key for e in queue], tracing)
-            kept = set(keep)
+            kept = set(keep.get(namespace, ()))
             eligible[namespace] = [e for e in queue if e.key in kept]
-            shareable += ready
+        line.shareable = set(shareable)
         heads = [ns for ns, q in eligible.items() if q]
         oldest = min(heads, key=lambda ns: eligible[ns][0].order) if heads else None
         new, line.cursor = plan({ns: [e.key for e in q] for ns, q in eligible.items()}, free,

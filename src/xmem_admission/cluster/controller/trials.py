@@ -69,7 +69,8 @@ FAMILY_LABEL = labels.PREFIX + "trial-family"
 DIGEST = "allocationDigest"
 SHARED_FROM = "sharedFrom"
 SHARED_EVENT = "EstimateShared"
-MEMBERS = 256  # a family's newest traced estimates compared with a waiting trial
+MEMBERS = 256  # a family's newest traced estimates the learning reads
+DECIDE = 64  # traced estimates a waiting trial is compared with, traces chosen per pass
 # What a shared estimate copies of its source's status (the result, not the source's history).
 COPIED = ("mode", "steps", "seconds", "fallbackReason", "imageID", "peak", "estimates")
 
@@ -310,18 +311,25 @@ def share(ctx: Context, obj: Obj, fp: str, gpu_keys: Sequence[str],
 TRACE, LEARN, WAIT, SHARE = "trace", "learn", "wait", "share"
 
 
+def _key(options: Mapping[str, str], neutral: Set[str]) -> Tuple[Tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in options.items() if k not in neutral))
+
+
 def decide(known: Knowledge, pending: Sequence[Mapping[str, str]],
-           waiting: Sequence[Mapping[str, str]], learning: bool = True) -> List[str]:
+           waiting: Sequence[Mapping[str, str]], learning: bool = True,
+           limit: int = DECIDE) -> List[str]:
     """For each waiting trial (in line order): ``SHARE`` (a traced member serves it now),
     ``WAIT`` (a trace running now, or chosen before it in this pass, will serve it or settle
     what it needs), ``LEARN`` (traced: it differs from another member in one unknown option
     only, so its trace settles that option) or ``TRACE``. ``pending``: the options of the
     family's estimates being traced now. Once one waits, every later one that cannot be shared
-    waits too, so the family's pods still start in line order. ``learning`` False (a family
-    whose traces fail teaches nothing): none waits."""
+    waits too, so the family's pods still start in line order; so do those after the first
+    ``limit`` traces of this pass (the line starts fewer at a time). ``learning`` False (a
+    family whose traces fail teaches nothing): none waits."""
     neutral = set(known.neutral)
     settled = neutral | set(known.not_neutral)
-    done = [m.options for m in known.traced if m.usable]
+    done = [m.options for m in known.traced if m.usable][-DECIDE:]
+    serving = {_key(m.options, neutral) for m in known.traced if m.usable}
     ahead: List[Mapping[str, str]] = list(pending)
     testing: Set[str] = set()
     # The options the pending traces test already: each differs from another member (traced or
@@ -332,17 +340,20 @@ def decide(known: Knowledge, pending: Sequence[Mapping[str, str]],
             if len(diff) == 1 and not diff & settled:
                 testing |= diff
     out: List[str] = []
+    blocked = False
+    chosen = 0
     for options in waiting:
-        if any(differ(options, d) <= neutral for d in done):
+        if _key(options, neutral) in serving:
             out.append(SHARE)
             continue
         if not learning:
             out.append(TRACE)
             continue
         hopeful = neutral | testing
-        if WAIT in out or any(differ(options, p) <= hopeful for p in ahead) or \
+        if blocked or chosen >= limit or any(differ(options, p) <= hopeful for p in ahead) or \
                 any((differ(options, d) & testing) and differ(options, d) <= hopeful
                     for d in done):
+            blocked = True
             out.append(WAIT)
             continue
         single = [differ(options, o) - neutral for o in done + ahead]
@@ -350,42 +361,72 @@ def decide(known: Knowledge, pending: Sequence[Mapping[str, str]],
         if learnable:
             testing |= learnable[0]
         ahead.append(options)
+        chosen += 1
         out.append(LEARN if learnable else TRACE)
     return out
 
 
-def select(ctx: Context, namespace: str, keys: Sequence[Tuple[str, str]],
-           tracing: Set[Tuple[str, str]]) -> Tuple[List[Tuple[str, str]], List[Tuple[str, str]]]:
-    """Of a namespace's waiting estimates (in line order), those to trace now and those that can
-    be shared now (their workloads are woken to do it); the rest wait. ``tracing``: the
-    estimates granted a slot or running."""
-    by_family: Dict[str, List[Tuple[int, Obj, Trial]]] = {}
-    chosen: Dict[int, bool] = {}
-    shared: List[Tuple[str, str]] = []
-    for index, key in enumerate(keys):
-        gme = ctx.estimates.get(*key)
-        trial = _trial(gme) if gme is not None else None
-        if gme is None or trial is None:
-            chosen[index] = True
+def _families(ctx: Context) -> Dict[Tuple[str, str], List[Tuple[Obj, Trial]]]:
+    """Every estimate that is a trial, by (namespace, family): one pass over the cache."""
+    out: Dict[Tuple[str, str], List[Tuple[Obj, Trial]]] = {}
+    for gme in ctx.estimates.items():
+        m = gme["metadata"]
+        family = (m.get("labels") or {}).get(FAMILY_LABEL)
+        if not family or "deletionTimestamp" in m:
             continue
-        by_family.setdefault(trial.family, []).append((index, gme, trial))
-    for family, entries in by_family.items():
-        members = _members(ctx, namespace, family)
-        known = knowledge(ctx, namespace, family, members)
-        waiting_names: FrozenSet[str] = frozenset(g["metadata"]["name"] for _, g, _ in entries)
-        pending = [t.options for g, t in members
-                   if g["metadata"]["name"] not in waiting_names and (
-                       records.phase(g) == records.RUNNING or
-                       (namespace, g["metadata"]["name"]) in tracing)]
-        # A family whose traces fail and never succeed teaches nothing: trace, do not wait.
-        failing = not known.traced and any(records.phase(g) == records.FAILED
-                                           for g, _ in members)
-        answers = decide(known, pending, [t.options for _, _, t in entries], not failing)
-        for (index, _gme, _entry), answer in zip(entries, answers):
-            chosen[index] = answer in (TRACE, LEARN)
-            if answer == SHARE:
-                shared.append(keys[index])
-    return [k for i, k in enumerate(keys) if chosen.get(i)], shared
+        trial = _trial(gme)
+        if trial is not None and trial.family == family:
+            out.setdefault((m.get("namespace", ""), family), []).append((gme, trial))
+    return out
+
+
+def select(ctx: Context, lines: Mapping[str, Sequence[Tuple[str, str]]],
+           tracing: Set[Tuple[str, str]]) -> Tuple[Dict[str, List[Tuple[str, str]]],
+                                                   List[Tuple[str, str]]]:
+    """Of each namespace's waiting estimates (in line order), those to trace now and those that
+    can be shared now (their workloads are woken to do it); the rest wait. ``tracing``: the
+    estimates granted a slot or running."""
+    families = _families(ctx) if any(lines.values()) else {}
+    kept: Dict[str, List[Tuple[str, str]]] = {}
+    shared: List[Tuple[str, str]] = []
+    for namespace, keys in lines.items():
+        by_family: Dict[str, List[Tuple[int, Obj, Trial]]] = {}
+        chosen: Dict[int, bool] = {}
+        for index, key in enumerate(keys):
+            gme = ctx.estimates.get(*key)
+            trial = _trial(gme) if gme is not None else None
+            if gme is None or trial is None:
+                chosen[index] = True
+                continue
+            by_family.setdefault(trial.family, []).append((index, gme, trial))
+        for family, entries in by_family.items():
+            members = families.get((namespace, family), [])
+            known = knowledge(ctx, namespace, family, members)
+            waiting_names: FrozenSet[str] = frozenset(g["metadata"]["name"]
+                                                      for _, g, _ in entries)
+            pending = [t.options for g, t in members
+                       if g["metadata"]["name"] not in waiting_names and (
+                           records.phase(g) == records.RUNNING or
+                           (namespace, g["metadata"]["name"]) in tracing)]
+            # A family whose traces fail and never succeed teaches nothing: trace, do not wait.
+            failing = not known.traced and any(records.phase(g) == records.FAILED
+                                               for g, _ in members)
+            answers = decide(known, pending, [t.options for _, _, t in entries], not failing)
+            for (index, _gme, _entry), answer in zip(entries, answers):
+                chosen[index] = answer in (TRACE, LEARN)
+                if answer == SHARE:
+                    shared.append(keys[index])
+        kept[namespace] = [k for i, k in enumerate(keys) if chosen.get(i)]
+    return kept, shared
+
+
+def shareable(ctx: Context, gme: Optional[Obj]) -> bool:
+    """Whether a held workload's reconcile should look for an estimate to share: it has none
+    yet, or the line's last dispatch found one for its waiting estimate."""
+    if gme is None:
+        return True
+    key = (gme["metadata"]["namespace"], gme["metadata"]["name"])
+    return key in ctx.line.shareable
 
 
 # --- the safety net ---------------------------------------------------------------------------

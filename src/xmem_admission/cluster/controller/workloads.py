@@ -237,7 +237,8 @@ def ensure_estimate(ctx: Context, obj: Obj, fp: str, settings: Settings,
     use); one that failed before this hold (or this AdmissionCheck round), or a stale one, gets
     a new attempt."""
     namespace = obj["metadata"]["namespace"]
-    shared = trials.share(ctx, obj, fp, list(settings.gpu_keys), gme)
+    shared = trials.share(ctx, obj, fp, list(settings.gpu_keys), gme) \
+        if trials.shareable(ctx, gme) else None
     if shared is not None:  # sized from an estimate of its family: no estimation pod
         estimate_cache.wait_on(ctx, shared, obj)
         estimate_cache.wake(ctx, shared)
@@ -330,6 +331,8 @@ def _release_estimated(ctx: Context, workload: Workload, obj: Obj, settings: Set
                    f"requesting {', '.join(requesting)}")
         if chosen.overhead is not None:
             message += f"; {chosen.overhead.text()}"
+        if chosen.range_text():
+            message += f"; {chosen.range_text()}"
     else:
         message = "GPU memory estimated; the pod templates already carry a request"
     largest = ((gme.get("status") or {}).get("peak") or {}).get("largest")
