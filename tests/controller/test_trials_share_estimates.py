@@ -76,7 +76,10 @@ def test_a_sweep_traces_each_batch_size_and_shares_the_learning_rate(harness: Ha
     assert gme["status"]["allocationDigest"] not in {g["status"]["allocationDigest"]
                                                      for g in traced}
     assert trials.SHARED_EVENT not in {e["reason"] for e in harness.events("new-batch")}
-    # A new learning rate with a traced batch size is shared.
+    # A restarted controller knows what its predecessor learned (it is read from the
+    # estimates): a new learning rate with a traced batch size is shared.
+    controller.stop()
+    controller = harness.controller()
     harness.submit(_trial("new-lr", "0.0500", "4"))
     released = harness.wait_released("new-lr", timeout=120)
     gme = harness.get("xmem.io/v1alpha1", "GPUMemoryEstimate",
