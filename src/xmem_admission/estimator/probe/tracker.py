@@ -513,7 +513,7 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             block = self._storages.get(_local(tensor).untyped_storage())
         except (RuntimeError, NotImplementedError):
             return
-        if block is None:
+        if block is None or block.event < 0:
             return
         if module is not None and block.module != module:
             block.module = module
@@ -1015,8 +1015,10 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
         if nbytes == 0:
             # A zero-byte request never reaches cudaMalloc nor a block: the caching allocator
             # returns a null pointer for size 0 (CUDACachingAllocator.cpp, NativeCachingAllocator
-            # ::malloc: `if (size == 0) return nullptr`-style early exit in allocate()).
-            self._storages[st] = None
+            # ::malloc: `if (size == 0) return nullptr`-style early exit in allocate()). It is
+            # still a tensor of the GPU (a freed ZeRO-3 parameter's empty data): a block that
+            # holds nothing and has no event (``event`` -1), as a storage resized to 0 keeps.
+            self._storages[st] = _Block(0, -1, "", self.phase, self.phase_seq, -1, "")
             return
         ident = self._next_id
         self._next_id += 1
