@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO jobs under the Hugging Face Trainer, started by the ``deepspeed`` launcher, are
 traced in fake mode as rank 0 of their world: DeepSpeed's own partitioning runs under the fake
 process group, and each rank holds what ZeRO's partitioning gives for the model's parameter count
-P and the world size N (computed here from P and N, not read from DeepSpeed).
+P and the world size N (computed here from P and N, not read from DeepSpeed): ZeRO-1, 2 and 3,
+with the optimizer (and under ZeRO-3 the parameters) offloaded to the CPU.
 
 Real ``xmem estimate`` runs (the development environment's, ``.venv/bin/xmem``, so that these
 tests run the same under ``scripts/test-torch.sh``) with the torch 2.15 environment (``NEWEST``:
@@ -14,6 +15,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,7 +90,7 @@ def groups() -> tuple[int, int]:
 def zero(tmp_path_factory):
     done = {}
 
-    def traced(stage: int) -> Traced:
+    def traced(stage: Any) -> Traced:
         if stage not in done:
             done[stage] = Traced(tmp_path_factory.mktemp(f"zero{stage}"),
                                  f"deepspeed_zero{stage}.json")
@@ -97,7 +99,7 @@ def zero(tmp_path_factory):
     return traced
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_a_zero_job_is_traced_in_fake_mode_as_rank_0_of_the_launchers_world(zero, stage):
     traced = zero(stage)
     assert traced.result["mode"] == "fake"
@@ -138,6 +140,71 @@ def test_zero_1_holds_every_gradient_and_zero_2_a_partition_of_them(zero):
 
 def test_a_rank_of_zero_2_needs_less_than_one_of_zero_1(zero):
     assert zero(2).peak < zero(1).peak
+
+
+def zero3_partition() -> int:
+    """Bytes of this rank's 16-bit partition under ZeRO-3: 1/N of each parameter (every one
+    divides by N here; partition_parameters.py, ``_partition_param``: ceil(numel / N)), bf16."""
+    return 2 * sum(groups()) // WORLD
+
+
+def persistent() -> int:
+    """Bytes of the parameters ZeRO-3 keeps whole on every rank: the RMSNorm weights, each at
+    most stage3_param_persistence_threshold elements ("auto": 10 x hidden size, transformers'
+    integrations/deepspeed.py, ``trainer_config_finalize``)."""
+    return 2 * (2 * LAYERS + 1) * WIDTH
+
+
+def test_zero_3_keeps_a_quarter_of_every_parameter_and_of_the_fp32_state(zero):
+    traced = zero(3)
+    params = sum(groups())
+    # between steps: this rank's bf16 partition (stage3.py, lp_param_buffer), the persistent
+    # parameters and the buffers; every other parameter is freed (an empty tensor on the GPU)
+    assert traced.live["parameter"] == (zero3_partition() + persistent()
+                                        + traced.report["buffer_bytes"])
+    # the reduced bf16 gradient partition (grad_partitions_flat_buffer)
+    assert traced.live["gradient"] == zero3_partition()
+    # the fp32 master partition and Adam's two moments of it, and the step's few scalars
+    state = traced.live["optimizer_state"]
+    assert 12 * params // WORLD <= state <= 12 * params // WORLD + 64
+
+
+def test_zero_3_gathers_as_many_parameters_at_once_as_deepspeed_keeps(zero):
+    decay, _ = groups()
+    buffers = zero(3).report["buffer_bytes"]
+    resident = zero3_partition() + persistent() + buffers
+    # The default stage3_max_reuse_distance (1e9 elements, runtime/zero/config.py) keeps a
+    # parameter gathered when it is used again within that many elements
+    # (partitioned_param_coordinator.py, __params_to_release): from the second step, forward's
+    # gathered parameters stay until backward uses them again, the whole model at once.
+    assert zero(3).most("parameter") == resident + 2 * decay
+    # With stage3_max_reuse_distance 0 and no prefetch, each module's parameters are freed as
+    # it ends: at most one module's are gathered, the largest (the embedding, or the LM head).
+    lean = zero("3_lean")
+    assert lean.most("parameter") == resident + 2 * VOCAB * WIDTH
+    assert lean.peak < zero(3).peak
+
+
+def test_offload_optimizer_leaves_no_optimizer_state_on_the_gpu(zero):
+    # ZeRO-2 with offload_optimizer to the CPU: the fp32 partition, its gradient and Adam's
+    # moments are host tensors, stepped by DeepSpeedCPUAdam; the GPU keeps the bf16 model
+    traced = zero("2_offload")
+    assert traced.result["mode"] == "fake"
+    assert "optimizer_state" not in traced.live
+    assert traced.live["parameter"] == 2 * sum(groups()) + traced.report["buffer_bytes"]
+    assert traced.peak < zero(2).peak
+
+
+def test_offload_param_leaves_no_parameter_partition_on_the_gpu(zero):
+    # ZeRO-3 with offload_param and offload_optimizer to the CPU: between steps the GPU holds
+    # only the persistent parameters and the buffers; a module's parameters are copied from
+    # the host partitions and gathered while it runs
+    traced = zero("3_offload")
+    assert traced.result["mode"] == "fake"
+    assert "optimizer_state" not in traced.live and "gradient" not in traced.live
+    assert traced.live["parameter"] == persistent() + traced.report["buffer_bytes"]
+    assert traced.most("parameter") >= 2 * VOCAB * WIDTH
+    assert traced.peak < zero(3).peak
 
 
 def test_accelerate_launch_use_deepspeed_hands_rank_0_its_zero_options(tmp_path):
