@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import re
 import sys
 import tempfile
@@ -141,9 +142,15 @@ class Requests:
         self.proxy = proxy
 
     def observe(self, method: str, path: str, status: int) -> None:
+        parts = path.strip("/").split("/")
+        if "namespaces" in parts[:-1]:  # .../namespaces/<ns>/<resource>[/<name>[/status]]
+            parts = parts[parts.index("namespaces") + 2:]
+        else:
+            parts = parts[-1:]  # a cluster-wide list or watch
+        what = f"{method} {'/'.join(p for i, p in enumerate(parts) if i % 2 == 0)}"
         with self.lock:
             self.count += 1
-            self.by_verb[method] = self.by_verb.get(method, 0) + 1
+            self.by_verb[what] = self.by_verb.get(what, 0) + 1
 
 
 class PodOrder:
@@ -250,6 +257,9 @@ def main() -> None:
                         help="estimation pods at once in the cluster (the machine's cores)")
     parser.add_argument("--threads", type=int, default=24)
     parser.add_argument("--root", default="")
+    parser.add_argument("--also-from", metavar="SRC", default="",
+                        help="then start a controller from another tree's src/ (an earlier "
+                        "commit's) on the same cluster: its startup and RSS")
     args = parser.parse_args()
 
     cluster = Cluster(Path(args.root or tempfile.mkdtemp(prefix="cluster-scale-")))
@@ -336,7 +346,6 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> None:
     late = sum(metric(port, "xmem_controller_estimations_expected_late").values())
     cluster.stop_process(process)
     order.stop.set()
-    proxy.stop()
 
     first, last = samples[0], samples[-1]
     minutes = (last[0] - first[0]) / 60
@@ -355,10 +364,37 @@ def measure(cluster: Cluster, args: argparse.Namespace) -> None:
           f"(total {last[3]})")
     print(f"api_requests_per_second: {(last[4] - first[4]) / (last[0] - first[0]):.2f} "
           f"(second half {(last[4] - half[4]) / max(1.0, last[0] - half[0]):.2f}; "
-          f"by verb {requests.by_verb})")
+          f"by verb and resource {dict(sorted(requests.by_verb.items()))})")
     print(f"estimation_pods_started: {pods} in_submission_order_per_namespace: {in_order}")
     print(f"held_at_end: {held_now} expected_late: {late:.0f}")
     print(f"cached_objects: {cached}")
+    if args.also_from:
+        compare(cluster, args.also_from, kubeconfig)
+    proxy.stop()
+
+
+def compare(cluster: Cluster, src: str, kubeconfig: Path) -> None:
+    """Another tree's controller on the same cluster: startup to synced, RSS then and 60 s
+    later."""
+    os.environ["PYTHONPATH"] = src
+    try:
+        started = time.monotonic()
+        process = cluster.controller("controller-other", POLICY, "--no-leader-election",
+                                     "--resync-seconds", "30", kubeconfig=kubeconfig)
+    finally:
+        del os.environ["PYTHONPATH"]
+    proc = Process(process.pid)
+    port = int(wait_for(lambda: (lambda m: m.group(1) if m else None)(re.search(
+        r"metrics on http://127\.0\.0\.1:(\d+)/", cluster.log("controller-other"))), 60,
+        "the other controller's metrics port"))
+    wait_for(lambda: metric(port, "xmem_controller_leader").get("", 0) == 1, 600,
+             "the other controller's informers to sync", interval=0.1)
+    startup = time.monotonic() - started
+    synced = proc.rss_mib()
+    time.sleep(60)
+    print(f"controller from {src}: startup_to_synced_s: {startup:.1f} rss_mib synced: "
+          f"{synced:.0f} after 60 s: {proc.rss_mib():.0f}")
+    cluster.stop_process(process)
 
 
 if __name__ == "__main__":

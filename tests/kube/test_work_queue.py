@@ -55,3 +55,14 @@ def test_a_key_being_processed_is_handed_out_again_only_after_done():
     assert first == "k" and other == [None]
     queue.done("k")
     assert drain(queue) == ["k"]
+
+
+def test_a_cluster_wide_item_goes_ahead_of_a_long_line_of_workloads():
+    queue = WorkQueue()
+    for index in range(2000):
+        queue.add(("workload", "Job", "team", f"job-{index}"))
+    queue.add(("dispatch",))
+    first = queue.get(timeout=0.05)
+    assert first == ("dispatch",)
+    queue.done(first)
+    assert queue.get(timeout=0.05) == ("workload", "Job", "team", "job-0")

@@ -16,7 +16,10 @@ opted in).
 
 ``WorkQueue`` deduplicates keys (a key queued ten times is reconciled once), delays keys for
 retries and deadlines (one timer a key, the earliest asked for: a resync that asks again does
-not add another), and never hands one key to two workers at once.
+not add another), and never hands one key to two workers at once. Keys that ``first`` picks
+(by default the cluster-wide items, keys of one part such as the estimation line's dispatch)
+go ahead of the others: a resync that queues thousands of held workloads does not hold back
+the dispatch that starts their estimation pods.
 """
 
 from __future__ import annotations
@@ -281,6 +284,11 @@ def _with_kind(obj: Obj, kind: Kind) -> Obj:
     return obj
 
 
+def _cluster_wide(key: Any) -> bool:
+    """A work item of one part (``("dispatch",)``), not about one object."""
+    return isinstance(key, tuple) and len(key) == 1
+
+
 def _newer(a: Obj, b: Obj) -> bool:
     try:
         return int(a["metadata"]["resourceVersion"]) >= int(b["metadata"]["resourceVersion"])
@@ -291,7 +299,8 @@ def _newer(a: Obj, b: Obj) -> bool:
 class WorkQueue(Generic[QueueKey]):
     """Deduplicating, delaying work queue; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: Optional[Callable[[QueueKey], bool]] = None) -> None:
+        self._first = first or _cluster_wide
         self._cond = threading.Condition()
         self._ready: List[QueueKey] = []
         self._queued: Set[QueueKey] = set()
@@ -316,8 +325,14 @@ class WorkQueue(Generic[QueueKey]):
                 self._again.add(key)
             elif key not in self._queued:
                 self._queued.add(key)
-                self._ready.append(key)
+                self._ready_add(key)
             self._cond.notify()
+
+    def _ready_add(self, key: QueueKey) -> None:
+        if self._first(key):
+            self._ready.insert(0, key)
+        else:
+            self._ready.append(key)
 
     def get(self, timeout: float = 0.5) -> Optional[QueueKey]:
         """The next key to process (mark it ``done`` afterwards), or None after ``timeout``."""
@@ -345,7 +360,7 @@ class WorkQueue(Generic[QueueKey]):
                 self._again.discard(key)
                 if key not in self._queued:
                     self._queued.add(key)
-                    self._ready.append(key)
+                    self._ready_add(key)
                 self._cond.notify()
 
     def _promote(self) -> None:
@@ -359,7 +374,7 @@ class WorkQueue(Generic[QueueKey]):
                 self._again.add(key)
             elif key not in self._queued:
                 self._queued.add(key)
-                self._ready.append(key)
+                self._ready_add(key)
 
     def close(self) -> None:
         with self._cond:
