@@ -7,7 +7,8 @@ has been unused for the policy's ``estimation.cacheTTLSeconds`` (``estimate_cach
 estimation pods are owned by it and go with it. A GME an older release made carries its
 workloads as owner references; the controller drops them on its next pass over it.
 
-``spec`` says what is estimated (fingerprint, first workload, target GPUs); ``status`` carries
+``spec`` says what is estimated (fingerprint, first workload, target GPUs, and ``trial``:
+its trial family and option values, see ``trials``); ``status`` carries
 the estimation's state and result::
 
     phase: Pending | Running | Succeeded | Failed
@@ -20,6 +21,9 @@ the estimation's state and result::
     peak: {gpu, largest, groups: [{module, category, op, bytes, size}],
            cachedBytes, fragmentationBytes}               # what holds the memory at the peak
     reproduce                                             # the `xmem estimate` command line
+    allocationDigest              # the traced allocation sequence's digest (``trials``)
+    sharedFrom: {estimate, workload, options, evidence, refuted}  # not traced: shared from
+                                  # an estimate of its trial family (``trials``)
     estimates: [{gpu, capacityBytes, peakReservedBytes, totalBytes,
                  recommendedRequestBytes, fits, migProfile, lowBytes, highBytes}]
     range                                 # the chosen GPU's range, low-high ("=" when exact)
