@@ -31,8 +31,9 @@ SUCCEEDED = {
 
 @pytest.fixture(scope="module")
 def admit():
-    [policy] = find(render({}), "ValidatingAdmissionPolicy")
-    [binding] = find(render({}), "ValidatingAdmissionPolicyBinding")
+    [policy] = find(render({}), "ValidatingAdmissionPolicy", f"{RELEASE}-xmem-admission-estimates")
+    [binding] = find(render({}), "ValidatingAdmissionPolicyBinding",
+                     f"{RELEASE}-xmem-admission-estimates")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     assert policy["spec"]["failurePolicy"] == "Fail"

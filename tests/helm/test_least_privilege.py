@@ -47,16 +47,35 @@ def test_no_rule_anywhere_uses_a_wildcard() -> None:
 
 
 def test_the_webhook_only_reads_its_policy_and_the_recorded_estimates() -> None:
-    grants = _grants(_rules_of(render({}), WEBHOOK_SA))
+    grants = _grants(_rules_of(render(VALUE_SETS["cert-manager"]), WEBHOOK_SA))
     # and a TrainJob's runtime, whose pod templates are the TrainJob's (docs/trainer.md)
     # and the ConfigMaps' versions the fingerprint holds, watched (metadata only)
     assert grants == {("", "xmem.io", r, v) for r in ("gpuadmissionpolicies", "gpumemoryestimates")
                       for v in READ} | {("", "trainer.kubeflow.org", r, "get")
                                         for r in ("trainingruntimes", "clustertrainingruntimes")} \
         | {("", "", "configmaps", v) for v in ("list", "watch")}
-    without = _grants(_rules_of(render({"webhook": {"workloads": {"trainJobs": False}}}),
-                                WEBHOOK_SA))
+    without = _grants(_rules_of(render({"webhook": {"workloads": {"trainJobs": False}},
+                                        "certificates": {"mode": "certManager"}}), WEBHOOK_SA))
     assert {g for _, g, _, _ in without} == {"xmem.io", ""}
+
+
+def test_with_the_self_signed_certificate_the_webhook_renews_it_in_its_own_objects_only(
+        ) -> None:
+    objects = render({})
+    rules = _rules_of(objects, WEBHOOK_SA)
+    writes = {(s, g, r, v) for s, g, r, v in _grants(rules) if v not in READ}
+    assert writes == {
+        (NAMESPACE, "", "secrets", "update"),
+        ("", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", "patch"),
+        ("", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "patch"),
+    }
+    for _scope, rule in rules:
+        if set(rule["resources"]) & {"secrets", "mutatingwebhookconfigurations",
+                                     "validatingwebhookconfigurations"}:
+            assert set(rule["verbs"]) <= {"get", "update", "patch"}, rule
+            assert rule["resourceNames"] in (
+                [f"{RELEASE}-xmem-admission-webhook-tls", f"{RELEASE}-xmem-admission-webhook-tls-ca"],
+                [f"{RELEASE}-xmem-admission"]), rule
 
 
 def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
@@ -90,7 +109,8 @@ def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
 
 def test_the_lease_and_the_certgen_secrets_are_limited_by_name() -> None:
     objects = render({})
-    for _scope, rule in _rules_of(objects, CONTROLLER_SA) + _rules_of(objects, CERTGEN_SA):
+    for _scope, rule in _rules_of(objects, CONTROLLER_SA) + _rules_of(objects, CERTGEN_SA) \
+            + _rules_of(objects, WEBHOOK_SA):
         writes = set(rule["verbs"]) - {"create"}
         touches = set(rule["resources"]) & {"leases", "secrets", "mutatingwebhookconfigurations",
                                             "validatingwebhookconfigurations"}

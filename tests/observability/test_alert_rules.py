@@ -67,7 +67,7 @@ def test_promtool_accepts_the_rendered_rules(tmp_path: Path) -> None:
     recording = sum(1 for g in rule_groups() for r in g["rules"] if "record" in r)
     alerting = sum(1 for g in rule_groups() for r in g["rules"] if "alert" in r)
     assert f"SUCCESS: {recording + alerting} rules found" in result.stdout
-    assert alerting == 6
+    assert alerting == 11
 
 
 def test_memory_above_request_alerts_after_five_minutes_for_that_workload_only(tmp_path: Path) -> None:

@@ -22,169 +22,30 @@ from __future__ import annotations
 
 import argparse
 import base64
-import datetime as dt
 import os
 import sys
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+# The certificate logic is the package's, shared with the running webhook, which renews the
+# serving certificate itself (xmem_admission.cluster.admission.certificates); the hook runs in
+# the chart's own image, where the package is installed.
+from xmem_admission.cluster.admission.certificates import (
+    CA_KEY,
+    CA_PRIVATE_KEY,
+    CERT_KEY,
+    KEY_KEY,
+    ca_patch,
+    ca_still_good,
+    make_ca,
+    make_serving_cert,
+    needs_new_serving_cert,
+    plan,
+    service_names,
+)
 
-# The Secret keys cert-manager uses too, so the Deployment mounts the same layout either way.
-CA_KEY = "ca.crt"
-CERT_KEY = "tls.crt"
-KEY_KEY = "tls.key"
-# The CA's private key, kept in the CA Secret only, so renewals reuse the CA.
-CA_PRIVATE_KEY = "ca.key"
-
-
-def service_names(service: str, namespace: str) -> List[str]:
-    """The DNS names the API server may use for the webhook Service."""
-    return [
-        service,
-        f"{service}.{namespace}",
-        f"{service}.{namespace}.svc",
-        f"{service}.{namespace}.svc.cluster.local",
-    ]
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
-def _key() -> ec.EllipticCurvePrivateKey:
-    # P-256: accepted by every TLS stack the API server and Python use, and fast to make.
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-
-
-def make_ca(common_name: str, days: int) -> Tuple[bytes, bytes]:
-    """A new self-signed CA: (certificate PEM, private key PEM)."""
-    key = _key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = _now()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))  # tolerate small clock skew
-        .not_valid_after(now + dt.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
-
-
-def make_serving_cert(
-    ca_pem: bytes, ca_key_pem: bytes, dns_names: Sequence[str], days: int
-) -> Tuple[bytes, bytes]:
-    """A serving certificate for ``dns_names`` signed by the CA: (certificate PEM, key PEM)."""
-    ca = x509.load_pem_x509_certificate(ca_pem)
-    ca_key = serialization.load_pem_private_key(ca_key_pem, password=None)
-    key = _key()
-    now = _now()
-    not_after = min(now + dt.timedelta(days=days), ca.not_valid_after_utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(not_after)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in dns_names]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), _pem_key(key)
-
-
-def needs_new_serving_cert(
-    cert_pem: Optional[bytes], ca_pem: bytes, dns_names: Sequence[str], renew_days: int,
-    now: Optional[dt.datetime] = None,
-) -> Optional[str]:
-    """Why the serving certificate must be reissued, or None when it is still good."""
-    if not cert_pem:
-        return "no serving certificate"
-    try:
-        cert = x509.load_pem_x509_certificate(cert_pem)
-        ca = x509.load_pem_x509_certificate(ca_pem)
-    except ValueError as exc:
-        return f"unreadable certificate ({exc})"
-    if cert.issuer != ca.subject:
-        return "not issued by the stored CA"
-    try:
-        cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, Exception) as exc:  # InvalidSignature has no common base
-        return f"signature does not verify against the CA ({type(exc).__name__})"
-    now = now or _now()
-    if cert.not_valid_after_utc - now < dt.timedelta(days=renew_days):
-        return f"expires {cert.not_valid_after_utc:%Y-%m-%d}, within {renew_days} days"
-    try:
-        sans = set(cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
-                   .value.get_values_for_type(x509.DNSName))
-    except x509.ExtensionNotFound:
-        sans = set()
-    missing = [n for n in dns_names if n not in sans]
-    if missing:
-        return f"missing names {', '.join(missing)}"
-    return None
-
-
-def ca_still_good(ca_pem: Optional[bytes], ca_key_pem: Optional[bytes], renew_days: int,
-                  now: Optional[dt.datetime] = None) -> bool:
-    """True when the stored CA can keep signing: readable, with its key, not about to expire."""
-    if not ca_pem or not ca_key_pem:
-        return False
-    try:
-        ca = x509.load_pem_x509_certificate(ca_pem)
-        serialization.load_pem_private_key(ca_key_pem, password=None)
-    except ValueError:
-        return False
-    now = now or _now()
-    return ca.not_valid_after_utc - now >= dt.timedelta(days=renew_days)
-
-
-def plan(
-    data: dict, dns_names: Sequence[str], ca_days: int, cert_days: int, renew_days: int,
-    ca_name: str, now: Optional[dt.datetime] = None,
-) -> Tuple[Optional[dict], str]:
-    """Given a Secret's decoded data, the new data to store (None: keep it) and why."""
-    ca_pem, ca_key_pem = data.get(CA_KEY), data.get(CA_PRIVATE_KEY)
-    if not ca_still_good(ca_pem, ca_key_pem, renew_days, now):
-        ca_pem, ca_key_pem = make_ca(ca_name, ca_days)
-        reason = "new CA"
-    else:
-        reason = needs_new_serving_cert(data.get(CERT_KEY), ca_pem, dns_names, renew_days, now)
-        if reason is None:
-            return None, "certificate still valid"
-    cert_pem, key_pem = make_serving_cert(ca_pem, ca_key_pem, dns_names, cert_days)
-    return {CA_KEY: ca_pem, CA_PRIVATE_KEY: ca_key_pem, CERT_KEY: cert_pem, KEY_KEY: key_pem}, reason
+__all__ = ["CA_KEY", "CA_PRIVATE_KEY", "CERT_KEY", "KEY_KEY", "ca_patch", "ca_still_good",
+           "make_ca", "make_serving_cert", "needs_new_serving_cert", "plan", "service_names"]
 
 
 # --- Kubernetes side (the hook Jobs) -------------------------------------------------------
@@ -273,16 +134,6 @@ def cmd_create(args: argparse.Namespace) -> int:
                   {CA_KEY: data[CA_KEY], CERT_KEY: data[CERT_KEY], KEY_KEY: data[KEY_KEY]})
     print(f"certgen: Secret {args.namespace}/{args.secret} written ({reason})")
     return 0
-
-
-def ca_patch(webhooks: Sequence[object], ca_b64: str) -> List[dict]:
-    """JSON patch setting caBundle on every entry; each index is guarded by a test of its name."""
-    ops: List[dict] = []
-    for index, hook in enumerate(webhooks):
-        name = hook["name"] if isinstance(hook, dict) else hook.name
-        ops.append({"op": "test", "path": f"/webhooks/{index}/name", "value": name})
-        ops.append({"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": ca_b64})
-    return ops
 
 
 def cmd_patch(args: argparse.Namespace) -> int:

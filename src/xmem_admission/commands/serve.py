@@ -38,6 +38,16 @@ ENV = {
     "hold": "XMEM_HOLD",
     "kueue_users": "XMEM_KUEUE_USERS",
     "break_glass_groups": "XMEM_BREAK_GLASS_GROUPS",
+    "cert_secret": "XMEM_CERT_SECRET",
+    "ca_secret": "XMEM_CA_SECRET",
+    "cert_namespace": "XMEM_CERT_NAMESPACE",
+    "cert_service": "XMEM_CERT_SERVICE",
+    "webhook_configuration": "XMEM_WEBHOOK_CONFIGURATION",
+    "ca_days": "XMEM_CA_DAYS",
+    "cert_days": "XMEM_CERT_DAYS",
+    "renew_days": "XMEM_RENEW_DAYS",
+    "cert_check_seconds": "XMEM_CERT_CHECK_SECONDS",
+    "cert_extra_names": "XMEM_CERT_EXTRA_NAMES",
 }
 
 
@@ -100,6 +110,35 @@ def register(subparsers: Any) -> None:
         help="never hold a workload (no controller runs to release it): one without a recorded "
         "estimate is admitted with a warning, or denied where the policy enforces "
         "[XMEM_HOLD=false]")
+    rotation = parser.add_argument_group(
+        "self-signed certificate rotation",
+        "With --cert-secret, the webhook renews its serving certificate in that Secret before "
+        "it expires (signed by the CA in --ca-secret), serves the Secret's pair as soon as it "
+        "changes, and keeps the CA in the caBundle of the webhook configurations (the chart "
+        "sets these with certificates.mode selfSigned).")
+    add = rotation.add_argument
+    add("--cert-secret", default=_env("cert_secret"),
+        help="the kubernetes.io/tls Secret of the serving certificate [XMEM_CERT_SECRET]")
+    add("--ca-secret", default=_env("ca_secret"),
+        help="the Secret with the CA and its key (ca.crt, ca.key) [XMEM_CA_SECRET]")
+    add("--cert-namespace", default=_env("cert_namespace"),
+        help="the Secrets' namespace [XMEM_CERT_NAMESPACE]")
+    add("--cert-service", default=_env("cert_service"),
+        help="the webhook's Service, whose DNS names the certificate carries [XMEM_CERT_SERVICE]")
+    add("--webhook-configuration", default=_env("webhook_configuration"),
+        help="the name of the Mutating and Validating webhook configurations whose caBundle "
+        "holds the CA [XMEM_WEBHOOK_CONFIGURATION]")
+    add("--ca-days", type=float, default=_env("ca_days", "3650"),
+        help="validity of a renewed CA [XMEM_CA_DAYS]")
+    add("--cert-days", type=float, default=_env("cert_days", "365"),
+        help="validity of a renewed serving certificate [XMEM_CERT_DAYS]")
+    add("--renew-days", type=float, default=_env("renew_days", "30"),
+        help="renew when the certificate (or the CA) expires within this [XMEM_RENEW_DAYS]")
+    add("--cert-check-seconds", type=float, default=_env("cert_check_seconds", "60"),
+        help="how often the Secret is checked [XMEM_CERT_CHECK_SECONDS]")
+    add("--cert-extra-name", dest="cert_extra_names", action="append", default=None,
+        help="another DNS name for the certificate, besides the Service's (a webhook called "
+        "by URL); repeatable [XMEM_CERT_EXTRA_NAMES, comma-separated]")
     parser.set_defaults(func=run)
 
 
@@ -162,6 +201,35 @@ def _reader(api: Any) -> Any:
     return Kube(api, attempts=2)
 
 
+def _rotation(args: argparse.Namespace, api: Any) -> Tuple[Any, Any]:
+    """The certificate rotator and the files it serves from, or (None, None) without
+    --cert-secret."""
+    if not args.cert_secret:
+        return None, None
+    missing = [flag for flag, value in (("--ca-secret", args.ca_secret),
+                                        ("--cert-namespace", args.cert_namespace),
+                                        ("--cert-service", args.cert_service),
+                                        ("--webhook-configuration", args.webhook_configuration))
+               if not value]
+    if missing:
+        raise ServeError(f"--cert-secret needs {', '.join(missing)} too")
+    if api is None:
+        raise ServeError("--cert-secret needs cluster access: it is not for --policy FILE")
+    if args.renew_days >= args.cert_days:
+        raise ServeError(f"--renew-days ({args.renew_days:g}) must be shorter than --cert-days "
+                         f"({args.cert_days:g}), or every check would renew")
+    from xmem_admission.cluster.admission.certificates import FilePair, Rotator
+
+    extra = _users(",".join(args.cert_extra_names)) if args.cert_extra_names \
+        else _users(_env("cert_extra_names") or "")
+    rotated = FilePair()
+    rotator = Rotator(api, args.cert_namespace, args.cert_secret, args.ca_secret,
+                      args.cert_service, args.webhook_configuration, rotated,
+                      ca_days=args.ca_days, cert_days=args.cert_days,
+                      renew_days=args.renew_days, extra_names=extra)
+    return rotator, rotated
+
+
 def run(args: argparse.Namespace) -> int:
     from xmem_admission.cluster.admission.metrics import AdmissionMetrics
     from xmem_admission.cluster.admission.server import AdmissionServer, ServeConfig
@@ -203,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
         raise ServeError("--controller-user is empty: nothing could release a held workload; "
                          "name the controller's service account or pass --no-hold")
     config_maps = _config_maps(api)
+    rotator, rotated = _rotation(args, api)
     server = AdmissionServer(
         Webhook(policy, store, metrics, trust=trust, hold=args.hold, reader=_reader(api),
                 versions=config_maps.versions if config_maps is not None else None),
@@ -212,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port, reload_seconds=args.reload_seconds,
             log_level=args.log_level,
         ),
+        rotator=rotator, rotated=rotated, rotate_seconds=args.cert_check_seconds,
     )
     port, health_port = server.ports
     print(

@@ -8,7 +8,11 @@ Series (all prefixed ``xmem_``):
 - ``admission_duration_seconds{endpoint}``: time from body received to response built;
 - ``admission_cpu_seconds{endpoint}``: the CPU time of the same (the thread's own: what a
   review costs the replica, whatever else runs on the machine);
-- ``workloads_held_total{kind}``: workloads suspended awaiting an estimate (not for dryRun);
+- ``workloads_held_total{kind}``: workloads suspended awaiting an estimate (not for dryRun;
+  each workload kind starts at 0, so the first hold is an increase Prometheus sees: the alert
+  on holds with no controller leading reads it);
+- ``admission_certificate_expiry_timestamp_seconds``: when the serving certificate this
+  replica serves expires (Unix time), set at each load;
 - ``estimates_applied_total{kind,gpu_model,backend}`` and
   ``estimate_request_bytes{namespace,workload,kind,gpu_model}``: the request given to each
   workload (the most recent ``WORKLOAD_SERIES`` workloads, so the series count stays bounded;
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
     from xmem_admission.cluster.policy.sizing import Plan
 
 WORKLOAD_SERIES = 5000
+HELD_KINDS = ("Job", "JobSet", "PyTorchJob", "TrainJob")  # the kinds the webhook holds
 LABEL_CHARS = 253  # a Kubernetes name (DNS subdomain) is at most 253 characters
 
 
@@ -73,6 +78,12 @@ class AdmissionMetrics:
         self.held = Counter(
             "xmem_workloads_held", "Workloads held until their GPU memory is estimated.",
             ("kind",), registry=r,
+        )
+        for kind in HELD_KINDS:
+            self.held.labels(kind)
+        self.certificate_expiry = Gauge(
+            "xmem_admission_certificate_expiry_timestamp_seconds", "When the serving "
+            "certificate this replica serves expires (Unix time).", registry=r,
         )
         self.applied = Counter(
             "xmem_estimates_applied", "Recorded estimates turned into GPU memory requests.",

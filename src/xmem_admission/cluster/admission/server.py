@@ -5,7 +5,10 @@ when its files change on disk (cert-manager and the chart's hook rotate them in 
 ``ssl.SSLContext`` the listener uses is updated with ``load_cert_chain``, which applies to every
 new handshake, so rotation needs no restart and drops no connection. A half-written pair that
 fails to load is retried on the next check while the old certificate keeps serving. The same
-periodic task refreshes the policy source (a file or the cluster object), in a worker thread.
+periodic task refreshes the policy source (a file or the cluster object), in a worker thread,
+and, with the chart's self-signed certificate, has ``certificates.Rotator`` renew it in its
+Secret before expiry and serve the Secret's pair as soon as it changes (no wait for the kubelet
+to update the mounted files).
 
 Slow clients cannot hold a replica: a connection must deliver a request's headers within
 ``header_seconds`` of opening (or of its first byte after a keep-alive pause), else it is
@@ -25,6 +28,7 @@ import signal
 import socket
 import ssl
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Tuple
 
@@ -66,6 +70,18 @@ def _stamp(paths: Tuple[str, ...]) -> Tuple[Any, ...]:
     return tuple(out)
 
 
+def _not_after(cert_file: str) -> float:
+    """When the first certificate of a PEM file expires (Unix time); 0 when unreadable."""
+    from cryptography import x509
+
+    try:
+        with open(cert_file, "rb") as handle:
+            return x509.load_pem_x509_certificate(handle.read()).not_valid_after_utc.timestamp()
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read the expiry of %s: %s", cert_file, exc)
+        return 0.0
+
+
 class ReloadingTLS:
     """A server ``SSLContext`` whose certificate follows the files on disk."""
 
@@ -84,6 +100,21 @@ class ReloadingTLS:
         except (OSError, ssl.SSLError) as exc:
             raise ServeError(f"cannot load certificate {cert_file} with key {key_file}: {exc}") from None
         self.reloads = 0
+        self.not_after = _not_after(cert_file)
+
+    def use(self, cert_file: str, key_file: str) -> bool:
+        """Serve this pair from now on (the rotator's, from the Secret); False if it does not
+        load, the current one serving on."""
+        try:
+            self.context.load_cert_chain(cert_file, key_file)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("renewed certificate does not load, keeping the current one: %s", exc)
+            return False
+        self.reloads += 1
+        self.not_after = _not_after(cert_file)
+        log.info("serving the renewed certificate, valid until %s",
+                 time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.not_after)))
+        return True
 
     def check(self) -> bool:
         """Reload if either file changed; True when a new certificate was loaded."""
@@ -101,6 +132,7 @@ class ReloadingTLS:
             return False
         self._stamp = stamp
         self.reloads += 1
+        self.not_after = _not_after(self.cert_file)
         log.info("serving certificate reloaded from %s", self.cert_file)
         return True
 
@@ -207,11 +239,17 @@ def _uvicorn_config(app: Any, log_level: str, header_seconds: float) -> uvicorn.
 class AdmissionServer:
     """The admission and health servers of one ``xmem serve`` process."""
 
-    def __init__(self, webhook: Webhook, policy: PolicySource, config: ServeConfig):
+    def __init__(self, webhook: Webhook, policy: PolicySource, config: ServeConfig,
+                 rotator: Optional[Any] = None, rotated: Optional[Any] = None,
+                 rotate_seconds: float = 60.0):
+        """``rotator``: a ``certificates.Rotator`` checked every ``rotate_seconds``, writing
+        the Secret's pair into ``rotated`` (a ``certificates.FilePair``), which is served."""
         self.webhook = webhook
+        self.rotator, self.rotated, self.rotate_seconds = rotator, rotated, rotate_seconds
         self.policy = policy
         self.config = config
         self.tls = ReloadingTLS(config.cert_file, config.key_file)
+        webhook.metrics.certificate_expiry.set(self.tls.not_after)
         self.admission_socket = bind(config.host, config.port)
         self.health_socket = bind(config.host, config.metrics_port)
         admission = _uvicorn_config(create_admission_app(webhook, config.body_seconds),
@@ -242,10 +280,30 @@ class AdmissionServer:
         for server in self._servers:
             server.should_exit = True
 
+    async def _rotate(self) -> None:
+        """Check the certificate's Secret (API calls, in a worker thread); serve a new pair
+        here, on the event loop's thread, where handshakes read the context."""
+        if self.rotator is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.rotator.check)
+        except Exception as exc:  # noqa: BLE001 - the policy refresh must go on whatever fails
+            log.warning("certificate check failed: %s: %s", type(exc).__name__, exc)
+            return
+        if self.rotated is not None and self.rotated.pending:
+            self.rotated.pending = False
+            if self.tls.use(self.rotated.cert_file, self.rotated.key_file):
+                self.webhook.metrics.certificate_expiry.set(self.tls.not_after)
+
     async def _refresh(self) -> None:
+        rotated_at = time.monotonic() - self.rotate_seconds  # the first check comes at once
         while not self._servers[0].should_exit:
             await asyncio.sleep(self.config.reload_seconds)
-            self.tls.check()
+            if self.tls.check():
+                self.webhook.metrics.certificate_expiry.set(self.tls.not_after)
+            if time.monotonic() - rotated_at >= self.rotate_seconds:
+                rotated_at = time.monotonic()
+                await self._rotate()
             await asyncio.get_running_loop().run_in_executor(None, self.policy.refresh)
 
     async def serve(self) -> None:
