@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List
 
+from tests.observability.rules import RULE_VALUES, rule_groups
 from tests.observability.test_alert_rules import _run_unit_tests
 
 JOB = "xmem-xmem-admission-controller-metrics"  # the controller's metrics Service: its scrape job
@@ -138,3 +139,10 @@ def test_a_serving_certificate_within_fourteen_days_of_expiry_alerts(tmp_path: P
             "certificate errors.")),
         _case(renewed, "XmemWebhookCertificateExpiring", "5m", []),
     ])
+
+
+def test_a_release_without_a_controller_has_no_controller_alerts() -> None:
+    values = {**RULE_VALUES, "controller": {"enabled": False}}
+    alerts = {r["alert"] for g in rule_groups(values) for r in g["rules"] if "alert" in r}
+    assert "XmemControllerDown" not in alerts and "XmemControllerNotLeading" not in alerts
+    assert {"XmemWebhookFailingOpen", "XmemWebhookCertificateExpiring"} <= alerts
