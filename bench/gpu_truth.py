@@ -741,8 +741,7 @@ def _request(total: int, high: int, gpu: str) -> int:
     """The request the default policy gives an estimate (``bench/paper/requests.py``)."""
     if str(ROOT) not in sys.path:  # that module imports the bench package by name
         sys.path.insert(0, str(ROOT))
-    return int(_sibling(Path(__file__).resolve().parent / "paper" / "requests.py")
-               .request_bytes(total, high, gpu))
+    return int(importlib.import_module("bench.paper.requests").request_bytes(total, high, gpu))
 
 
 def run_replay(archive: Path, member: str, tmp: Path) -> Dict[str, Any]:
