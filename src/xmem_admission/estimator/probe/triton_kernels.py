@@ -35,6 +35,7 @@ Python >= 3.9, standard library and torch only: the probe bundle.
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import os
 import sys
@@ -136,8 +137,14 @@ def _interpret(patches: Any, tracker: Any, module: Any) -> None:
         tracker.trace.note(
             NoteKind.MODELLED, f"Triton kernel {name}: run by Triton's interpreter on the host "
             f"(the launch itself allocates nothing)", key=f"triton {name}")
-        with _disable_current_modes():
-            return interpreter(self).run(*args, **kwargs)
+        try:
+            with _disable_current_modes():
+                return interpreter(self).run(*args, **kwargs)
+        finally:
+            # The interpreter leaves reference cycles that hold the kernel's arguments (the
+            # caller's buffers) until the next garbage collection, which a GPU launch does not
+            # do: collected now, they are freed where the caller drops them.
+            gc.collect()
 
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not _a_library_kernel(self.fn):
