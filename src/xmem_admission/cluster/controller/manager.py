@@ -30,6 +30,7 @@ from xmem_admission.cluster.controller import (
     learned_overhead,
     observed_peaks,
     oom_retries,
+    policy_status,
     records,
     scope,
     workloads,
@@ -288,6 +289,8 @@ class Controller:
             return estimation_line.dispatch(self.ctx)
         if key[0] == "collect":
             return estimate_cache.collect(self.ctx)
+        if key[0] == "policy":
+            return policy_status.reconcile(self.ctx)
         if key[0] in ("workload", "ended", "claims", "used"):
             _, kind, namespace, name = key
             if not self.ctx.workloads[kind].informer.synced.is_set():
@@ -321,6 +324,7 @@ class Controller:
         resync: a change reaches the next estimation pod within seconds."""
         while not self._stop.wait(self.policy_seconds):
             self.policy.refresh()
+            self.queue.add(("policy",))  # its status: a no-op while the verdict is unchanged
 
     def _resync(self) -> None:
         while not self._stop.wait(self.resync_seconds):

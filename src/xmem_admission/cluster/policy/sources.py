@@ -113,6 +113,9 @@ class ClusterPolicySource(_Held):
         self._policy: Optional[Policy] = None
         self._version: Optional[str] = None
         self._error: Optional[str] = "not loaded yet"
+        # The object last read and what its parse said: (uid, generation, the parser's error or
+        # None), for the controller's status conditions (``controller.policy_status``).
+        self.seen: Optional[Tuple[str, int, Optional[str]]] = None
 
     def refresh(self) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -128,14 +131,18 @@ class ClusterPolicySource(_Held):
         except Exception as exc:  # connection refused, TLS, timeouts: keep the last policy
             self._fail("fetch", f"GPUAdmissionPolicy {self.name!r}: {type(exc).__name__}: {exc}")
             return
-        version = (obj.get("metadata") or {}).get("resourceVersion")
+        meta = obj.get("metadata") or {}
+        version = meta.get("resourceVersion")
         if version is not None and version == self._version and self._policy is not None:
             return
+        seen = (str(meta.get("uid", "")), int(meta.get("generation") or 0))
         try:
             self._policy = Policy.from_object(obj)
         except PolicyError as exc:
+            self.seen = seen + (str(exc),)
             self._fail("invalid", f"GPUAdmissionPolicy {self.name!r}: {exc}")
             return
+        self.seen = seen + (None,)
         self._version = version
         self._error = None
         log.info("policy %s loaded (resourceVersion %s)", self.name, version)
