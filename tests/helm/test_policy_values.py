@@ -59,11 +59,14 @@ def test_the_charts_policy_is_the_example_policy_but_for_what_values_yaml_says()
     assert adjusted.sharing == chart.sharing
 
 
-def test_a_policy_typo_in_values_is_caught_by_the_products_parser() -> None:
-    obj = one(render({"policy": {"spec": {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
-                                          "safetyMarginPercnt": 5}}}), "GPUAdmissionPolicy")
+def test_a_policy_typo_in_values_is_refused_by_helm_and_by_the_products_parser() -> None:
+    """values.schema.json's policy.spec is generated from the CRD (policy/schema.py): helm
+    refuses the typo before anything reaches the cluster; the parser would refuse it too."""
+    spec = {"targets": [{"gpu": "A100-80GB", "backend": "hami"}], "safetyMarginPercnt": 5}
+    with pytest.raises(AssertionError, match="'safetyMarginPercnt' not allowed"):
+        render({"policy": {"spec": spec}})
     with pytest.raises(PolicyError, match="safetyMarginPercnt"):
-        Policy.from_object(obj)
+        Policy.from_spec(spec)
 
 
 def test_no_policy_object_when_it_is_managed_elsewhere() -> None:
