@@ -117,7 +117,8 @@ def test_the_running_webhook_renews_its_self_signed_certificate_and_ca_before_ex
     # The Secret's CA bundle: the new CA first, the old one while it is valid.
     assert renewed[certs.CA_KEY] == new_ca[certs.CA_KEY].strip() + b"\n" + \
         first[certs.CA_KEY].strip() + b"\n"
-    assert "renewed the serving certificate (new CA)" in log()
+    wait_for(lambda: "renewed the serving certificate (new CA)" in log(), 10,
+             "the renewal in the webhook's log")
 
     # Served at once, and the expiry metric follows.
     wait_for(lambda: _served(port) == _der(renewed[certs.CERT_KEY]), 10,
