@@ -14,6 +14,8 @@ import yaml
 
 from localkube.controlplane import wait_for
 from tests.support.schemas import ROOT
+from xmem_admission.cluster.policy.model import Policy
+from xmem_admission.contract.errors import PolicyError
 
 EXAMPLE = ROOT / "examples" / "policy.yaml"
 GROUP = ("xmem.io", "v1alpha1", "gpuadmissionpolicies")
@@ -48,7 +50,16 @@ def wrong_policies() -> List[Any]:
         pytest.param({"onEstimationFailure": no_default},
                      "spec.onEstimationFailure.defaultRequest", "action Default needs a "
                      "defaultRequest", id="default-without-request"),
+        pytest.param({"onEstimationFailure": {"action": "Release"},
+                      "overrides": [{"namespaces": ["team-*"],
+                                     "onEstimationFailure": {"action": "Default"}}]},
+                     "spec.overrides", "an override's onEstimationFailure.action Default needs a "
+                     "defaultRequest", id="override-default-without-request"),
         pytest.param({"targets": twice}, "spec.targets[2]", "Duplicate value", id="gpu-twice"),
+        pytest.param({"rightSizing": {"prometheus": {"url": "http://prometheus:9090",
+                                                     "caFile": "/etc/ca.pem"}}},
+                     "spec.rightSizing.prometheus.caFile", "caFile is for an https url",
+                     id="ca-file-on-http"),
         pytest.param({"estimation": toleration},
                      "spec.estimation.placement.tolerations[0].value",
                      "value must be empty when operator is Exists", id="exists-with-value"),
@@ -63,8 +74,10 @@ def wrong_policies() -> List[Any]:
 @pytest.mark.parametrize("change, path, message", wrong_policies())
 def test_kubectl_apply_of_a_wrong_policy_is_refused_with_the_fields_path(
         cluster: Any, change: Dict[str, Any], path: str, message: str) -> None:
-    done = kubectl(cluster, "apply", "-f", "-",
-                   stdin=yaml.safe_dump(policy("wrong-policy", **change)))
+    body = policy("wrong-policy", **change)
+    with pytest.raises(PolicyError):  # what xmem serve --policy FILE says of the same object
+        Policy.from_object(body)
+    done = kubectl(cluster, "apply", "-f", "-", stdin=yaml.safe_dump(body))
     assert done.returncode != 0, done.stdout
     assert path in done.stderr and message in done.stderr, done.stderr
     assert kubectl(cluster, "get", "gpuadmissionpolicy", "wrong-policy").returncode != 0
