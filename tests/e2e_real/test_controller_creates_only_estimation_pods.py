@@ -86,6 +86,11 @@ def test_the_controller_may_create_only_estimation_pods_in_served_namespaces(xme
                        "the API server to enforce the policy on pods")
     assert f"ValidatingAdmissionPolicy '{NAME}'" in refused, refused
     assert "the xmem controller creates only estimation pods" in refused, refused
+    # The API server type-checked every expression against the Pod schema without a warning.
+    status = wait_for(lambda: (cluster.get("admissionregistration.k8s.io/v1",
+                                           "ValidatingAdmissionPolicy", NAME) or {}).get("status"),
+                      30, "the policy's type check")
+    assert not (status.get("typeChecking") or {}).get("expressionWarnings"), status
 
     # A real estimation with the policy in force: the controller's pod is admitted and runs.
     recorder = xmem.record_estimation_pods()
