@@ -115,6 +115,9 @@ def test_the_dry_run_estimates_every_job_and_writes_the_truth_fields(dry_run):
                                                 + row["estimated_overhead_bytes"])
         assert row["estimated_reserved_peak_bytes"] >= row["estimated_allocated_peak_bytes"] > 0
         assert row["estimated_fits"] is True and row["estimated_oom"] is False
+        # the range around the point, and the request the default policy gives it covers it
+        assert (row["estimated_low_bytes"] <= row["estimated_total_bytes"]
+                <= row["estimated_high_bytes"] < row["request_bytes"])
         assert row["error_total"] is None and row["error_reserved_peak"] is None
     expandable = [r for r in rows if r["job"].endswith("-expandable")]
     assert expandable[0]["env"] == truth.EXPANDABLE
