@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from xmem_admission.cluster.controller.context import EVENT_MESSAGE_LIMIT, Context
 from xmem_admission.cluster.kube.client import EVENT, POLICY
@@ -28,7 +28,6 @@ from xmem_admission.contract.errors import KubeApiError, KubeUnavailable
 
 log = logging.getLogger(__name__)
 EVENT_NAMESPACE = "default"  # where Events on cluster-scoped objects go (as client-go's recorder)
-_written: Dict[int, Tuple[Any, ...]] = {}  # per Context (id): the verdict last written
 
 
 def conditions(generation: int, error: Optional[str],
@@ -82,12 +81,13 @@ def reconcile(ctx: Context) -> Optional[float]:
     current = source.current()
     in_force = current.generation if current is not None and current.name == name else None
     verdict = (uid, generation, error, in_force)
-    if _written.get(id(ctx)) == verdict:
+    if getattr(source, "written", None) == verdict:
         return None
     try:
         obj = ctx.kube.get_cluster(POLICY, name)
     except KubeApiError as exc:
-        if exc.not_found:
+        if exc.not_found:  # deleted: nothing to write on until one is read again
+            source.written = verdict
             return None
         raise
     meta = obj["metadata"]
@@ -105,7 +105,7 @@ def reconcile(ctx: Context) -> Optional[float]:
             log.error("GPUAdmissionPolicy %s generation %d not accepted: %s", name,
                       generation, error)
             _event(ctx, obj, error)
-    _written[id(ctx)] = verdict
+    source.written = verdict
     return None
 
 

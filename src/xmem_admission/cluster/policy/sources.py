@@ -116,6 +116,7 @@ class ClusterPolicySource(_Held):
         # The object last read and what its parse said: (uid, generation, the parser's error or
         # None), for the controller's status conditions (``controller.policy_status``).
         self.seen: Optional[Tuple[str, int, Optional[str]]] = None
+        self.written: Optional[Tuple[Any, ...]] = None  # the verdict the controller last wrote
 
     def refresh(self) -> None:
         from kubernetes.client.exceptions import ApiException
