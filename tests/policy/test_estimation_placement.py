@@ -99,4 +99,5 @@ def test_the_crd_the_values_schema_and_the_override_name_the_same_fields() -> No
             field]["enum"]
     jsonschema.Draft202012Validator(values).validate(
         {"policy": {"create": True, "name": "default",
-                    "spec": {"targets": [], "estimation": {"placement": PLACEMENT}}}})
+                    "spec": {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+                             "estimation": {"placement": PLACEMENT}}}})
