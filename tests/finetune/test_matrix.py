@@ -192,3 +192,19 @@ def test_a_fine_tuning_job_is_estimated_in_fake_mode_with_its_model_state(
     live = live_by_category_at(Trace.load(str(trace)), "step 2")
     want = expected_state(llama_checkpoint, job)
     assert {k: live.get(k, 0) for k in want} == want
+
+
+def test_grpos_estimate_bounds_the_same_job_run_with_real_values(llama_checkpoint, fake_estimates,
+                                                                 tmp_path):
+    """GRPO's generation is a bound in fake mode (every completion at its maximum length, a
+    stand-in token): the job traced with real values (profile mode: real sampling, TRL's Triton
+    kernels in Triton's interpreter) needs no more, and on this checkpoint the bound is tight
+    (a random model's completions rarely sample the end token: they run to the maximum too)."""
+    (job,) = [j for j in JOBS if j.id == "grpo"]
+    fake, _ = fake_estimate(fake_estimates, llama_checkpoint, job, tmp_path)
+    real = estimate(llama_checkpoint, job, tmp_path / "profile.json", mode="profile")
+    assert real["mode"] == "profile"
+    for bound, measured in zip(fake["gpus"], real["gpus"]):
+        assert bound["gpu"] == measured["gpu"]
+        assert measured["peak_allocated_bytes"] <= bound["peak_allocated_bytes"]
+        assert measured["total_bytes"] <= bound["total_bytes"] <= 1.01 * measured["total_bytes"]
