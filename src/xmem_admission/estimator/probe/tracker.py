@@ -983,12 +983,19 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
                     self._resized(st, block)
                 continue
             if cuda is None:
-                cuda = self._output_on_cuda(inputs)
+                cuda = self._output_on_cuda(inputs) and not self._writes_host_data(inputs)
             if not (cuda or (not inputs and self.device_flag == FLOATING_ON_GPU
                              and t.dtype.is_floating_point)):
                 self._storages[st] = None
                 continue
             self._new_block(st, self._owner(index, inputs) if not self.modules.path else "")
+
+    def _writes_host_data(self, inputs: List[torch.Tensor]) -> bool:
+        """An op that writes into real host data in fake mode (``host.copy_(gpu_tensor)``: a
+        host buffer a GPU tensor is copied into) returns that host tensor, as fake mode sees it."""
+        func = self._source
+        return (self.fake and bool(inputs) and not is_fake(_local(inputs[0]))
+                and hasattr(func, "_schema") and 0 in self._mutated_args(func))
 
     def _recorded(self, made: torch.Tensor, inputs: List[torch.Tensor]) -> torch.Tensor:
         """``made`` (a kernel's scratch tensor or output), recorded as an op's output now."""
