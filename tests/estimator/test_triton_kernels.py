@@ -33,3 +33,11 @@ def test_a_triton_kernel_runs_on_the_host_in_profile_mode(probe_run, script):
     outputs = [e for e in result.trace.events if e.op == "alloc" and e.source == "aten.empty_like"]
     assert {e.size for e in outputs} == {64 * 256 * 4}
     assert live_by_category_at(result.trace, "step 2")["parameter"] == (256 * 256 + 256) * 4
+
+
+def test_a_kernel_the_interpreter_cannot_run_is_not_estimated_in_profile_mode(probe_run, script):
+    require_module("triton")
+    result, _ = probe_run([script("triton_kernel_float_arg.py")], mode="profile")
+    assert result.status == "unsupported", result.reason + result.traceback
+    assert "Triton kernel shift_kernel needs a real GPU (Triton's interpreter cannot run it" \
+        in result.reason

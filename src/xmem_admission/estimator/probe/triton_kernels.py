@@ -46,6 +46,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from xmem_admission.estimator.probe.distributed import _AfterImport
+from xmem_admission.estimator.probe.outcomes import GPUOnlyCall
 from xmem_admission.estimator.trace import NoteKind
 
 _JIT = _AfterImport("triton.runtime.jit")
@@ -140,6 +141,13 @@ def _interpret(patches: Any, tracker: Any, module: Any) -> None:
         try:
             with _disable_current_modes():
                 return interpreter(self).run(*args, **kwargs)
+        except Exception as exc:
+            if type(exc).__name__ != "InterpreterError":  # the kernel's own error stands
+                raise
+            # Triton's interpreter does not cover every kernel (triton/runtime/interpreter.py,
+            # GridExecutor.__call__ wraps what it meets as InterpreterError)
+            raise GPUOnlyCall(f"Triton kernel {name}", f"Triton's interpreter cannot run it "
+                              f"on the host: {exc}") from exc
         finally:
             # The interpreter leaves reference cycles that hold the kernel's arguments (the
             # caller's buffers) until the next garbage collection, which a GPU launch does not
