@@ -63,6 +63,12 @@ POD_SELECTOR = f"{records.MANAGED_BY[0]}={records.MANAGED_BY[1]},{records.COMPON
 SIZED_POD_SELECTOR = f"{labels.OPT_IN}={labels.OPT_IN_VALUE}"
 
 
+def ahead(key: QueueKey) -> bool:
+    """Work that moves estimations on goes ahead of held workloads not looked at yet: the
+    cluster-wide items (the dispatch) and an estimate's reconcile (its pod, its result)."""
+    return len(key) == 1 or key[0] == "estimate"
+
+
 class Controller:
     """See the module docstring."""
 
@@ -74,7 +80,7 @@ class Controller:
                  policy_seconds: float = 2.0, kueue_check: Optional[str] = None) -> None:
         self.kube = kube
         self.metrics = metrics or ControllerMetrics()
-        self.queue: WorkQueue[QueueKey] = WorkQueue()
+        self.queue: WorkQueue[QueueKey] = WorkQueue(first=ahead)
         self.workers = workers
         self.resync_seconds = resync_seconds
         self.policy_seconds = policy_seconds
