@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -65,6 +65,7 @@ class _State:
         self.standin: Optional[int] = None
         self.steps = 0  # sampling steps of the latest generation
         self.texts: Set[str] = set()  # decoded texts that hold a stand-in completion
+        self.chosen: Dict[Tuple[int, FrozenSet[int]], Optional[int]] = {}  # by vocab and ends
 
 
 def install(patches: Any, tracker: Any, fake: bool) -> None:
@@ -155,7 +156,10 @@ def _patch_logits(patches: Any, tracker: Any, state: _State, module: Any) -> Non
         if not state.ends or not isinstance(out, torch.Tensor) or out.dim() == 0 \
                 or tracker.shadow(out) is not None:
             return out
-        token = _standin(state, int(out.shape[-1]))
+        vocab, ends = int(out.shape[-1]), frozenset().union(*state.ends)
+        token = state.chosen.get((vocab, ends), -1)
+        if token == -1:  # read the vocabularies once per generation's shape
+            token = state.chosen[(vocab, ends)] = _standin(state, vocab, ends)
         if token is None:
             return out
         with _disable_current_modes():
@@ -180,10 +184,9 @@ def _live_tokenizers(state: _State) -> Iterator[Any]:
             yield tokenizer
 
 
-def _standin(state: _State, vocab: int) -> Optional[int]:
+def _standin(state: _State, vocab: int, ends: FrozenSet[int]) -> Optional[int]:
     """The token every sampling step takes: the longest ordinary token of the first tokenizer
     that fits the model's vocabulary, or without one the lowest id that ends nothing."""
-    ends = set().union(*state.ends)
     for tokenizer in _live_tokenizers(state):
         try:
             size = len(tokenizer)
