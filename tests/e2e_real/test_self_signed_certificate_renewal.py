@@ -97,7 +97,9 @@ def test_the_running_webhook_renews_its_self_signed_certificate_and_ca_before_ex
         r"admission on https://127\.0\.0\.1:(\d+).*health on http://127\.0\.0\.1:(\d+)",
         log()), 60, "xmem serve to listen").groups())
     xmem.webhook = Webhook(cluster, name, process, port)
-    for doc in render_chart({"webhook": {"failurePolicy": "Fail"}}):
+    # Fail: a call that fails is an error, not a silent admission; 30 s: a loaded machine's
+    # first review may be slow.
+    for doc in render_chart({"webhook": {"failurePolicy": "Fail", "timeoutSeconds": 30}}):
         if doc["kind"].endswith("WebhookConfiguration"):
             for entry in doc["webhooks"]:
                 path = entry["clientConfig"]["service"]["path"]
@@ -105,6 +107,12 @@ def test_the_running_webhook_renews_its_self_signed_certificate_and_ca_before_ex
                     "url": f"https://localhost:{port}{path}",
                     "caBundle": base64.b64encode(first[certs.CA_KEY]).decode()}
             cluster.apply(doc)
+
+    # The API server calls it (a dry run; the first review also warms the webhook up).
+    batch = client.BatchV1Api(cluster.api)
+    wait_for(lambda: held(json.loads(batch.create_namespaced_job(
+        ns, job("before", ns), dry_run="All", _preload_content=False).data)), 30,
+        "the API server to call the webhook")
 
     # Renewed within its last 20 seconds: a new CA (the old one expires too) and certificate.
     renewed = wait_for(lambda: (lambda d: d if d[certs.CERT_KEY] != first[certs.CERT_KEY]
@@ -138,8 +146,7 @@ def test_the_running_webhook_renews_its_self_signed_certificate_and_ca_before_ex
     # Past the first certificate's and CA's end, the API server still calls the webhook.
     wait_for(lambda: dt.datetime.now(dt.timezone.utc) > _not_after(first[certs.CERT_KEY]), 40,
              "the first certificate to expire")
-    created = client.BatchV1Api(cluster.api).create_namespaced_job(
-        ns, job("after-expiry", ns), _preload_content=False)
+    created = batch.create_namespaced_job(ns, job("after-expiry", ns), _preload_content=False)
     assert held(json.loads(created.data))
 
     # A pair another replica wrote into the Secret is served within a check.
