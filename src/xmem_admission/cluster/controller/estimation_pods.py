@@ -251,9 +251,9 @@ def _summary(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:
                   estimate=records.human(plan.estimate_bytes), requestBytes=plan.request_bytes,
                   request=records.human(plan.request_bytes),
                   range=records.range_text(status.get("estimates") or [], plan.target.gpu.key))
-    if plan.target.backend is BackendName.DRA and plan.target.dra is not None:  # issue 40
+    if plan.target.backend is BackendName.DRA and plan.target.dra is not None:  # DRA: the claim's form
         status.update(claim=dra.claim_form(plan.target.dra, plan.target.gpu, plan.request_bytes))
-    if plan.overhead is not None:  # what the memory outside the allocator became (issue 38)
+    if plan.overhead is not None:  # what the memory outside the allocator became
         status.update(overhead=plan.overhead.status(), overheadApplied=plan.overhead.column())
 
 
