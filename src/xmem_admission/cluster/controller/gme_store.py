@@ -10,7 +10,7 @@ recently completed record wins. ``xmem serve`` uses it in a cluster instead of t
 store (``KubeStore(kube).start()``).
 
 ``retry`` answers, by (namespace, workload uid), the grant the controller recorded in a GME's
-``status.oomRetries`` after that workload's pod ran out of GPU memory (issue 31): indexed from
+``status.oomRetries`` after that workload's pod ran out of GPU memory: indexed from
 every GME whatever its phase, and only ever for the GME's own namespace.
 """
 
