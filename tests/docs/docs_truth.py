@@ -378,7 +378,6 @@ ISSUES_ALLOWED = frozenset({
     "bench/paper/benchmark.py",
     "src/xmem_admission/contract/termination.py",
     "tests/e2e_real/test_kueue_dra_quota.py",
-    "src/xmem_admission/cluster/controller/learned_overhead.py",
     "src/xmem_admission/cluster/controller/manager.py",
     "src/xmem_admission/cluster/controller/metrics.py",
     "src/xmem_admission/cluster/controller/observed_peaks.py",

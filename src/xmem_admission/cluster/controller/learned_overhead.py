@@ -1,4 +1,4 @@
-"""The memory outside the allocator, learned from every namespace's finished runs (issue 38).
+"""The memory outside the allocator, learned from every namespace's finished runs.
 
 One pass (queue key ``("overhead",)``: after a completed run with an observed peak is recorded,
 and at every resync) reads the runs of every ``GPUMemoryEstimate`` in the controller's cache,
