@@ -26,17 +26,17 @@ Series (all prefixed ``xmem_controller_``):
   memory, by the message that said so (``pytorch``, ``hami-core``, ``cuda-error``, ...);
   ``oom_retries_total{backend}``: of those, the ones whose workload's next pod was sized bigger;
   ``oom_gave_up_total{backend}``: the ones that ended their workload's retries with a terminal
-  reason (issue 31, ``controller.oom_retries``); ``oom_avoided_total{backend}``: workloads
+  reason (``controller.oom_retries``); ``oom_avoided_total{backend}``: workloads
   retried bigger after an OOM that then completed (OOMs avoided on the second try, counted
   when the workload ends, ``controller.observed_peaks``);
 - ``observed_peaks_total{source}`` and ``observed_peak_failures_total{reason}``: finished
   workloads' peaks read from Prometheus (``cluster.observations``), and reads that failed
-  (right-sizing, issue 31; what the peaks give back is the webhook's
+  (right-sizing; what the peaks give back is the webhook's
   ``xmem_right_sizing_given_back_bytes_total``);
 - ``learned_overhead_bytes{gpu_model,driver_version}`` and
   ``learned_overhead_jobs{gpu_model,driver_version}``: what each GPU model and driver kept
-  outside the allocator in recent finished jobs, as learned (issue 38,
-  ``controller.learned_overhead``), and from how many jobs; a figure no longer learned is
+  outside the allocator in recent finished jobs, as learned
+  (``controller.learned_overhead``), and from how many jobs; a figure no longer learned is
   removed.
 """
 
