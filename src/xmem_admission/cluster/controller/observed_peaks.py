@@ -1,6 +1,6 @@
 """A sized workload that finished: what became of its OOM retries, and what its pods used.
 
-Issue 31, items 1 and 2. When a workload of a kind the controller handles ends (a Job's
+When a workload of a kind the controller handles ends (a Job's
 ``Complete`` or ``Failed`` condition, a PyTorchJob's ``Succeeded`` or ``Failed``) and the
 ``GPUMemoryEstimate`` of its fingerprint is in its namespace, one pass here:
 
@@ -16,8 +16,8 @@ Issue 31, items 1 and 2. When a workload of a kind the controller handles ends (
    ``xmem.io/estimate-bytes``, the estimator's figure), the request, whether it completed, the
    peak; ``kubectl get gme`` shows the newest peak and its ratio to the estimate. The webhook
    sizes the next job of the fingerprint in the namespace from those runs
-   (``policy.right_sizing``). For the memory outside the allocator (issue 38,
-   ``controller.learned_overhead``) the run also carries the simulated reserved peak of the
+   (``policy.right_sizing``). For the memory outside the allocator
+   (``controller.learned_overhead``) the run also carries the simulated reserved peak of the
    estimate it was sized from (``peakReservedBytes``) and the NVIDIA driver version it ran
    under (``driverVersion``: the ``DCGM_FI_DRIVER_VERSION`` label of DCGM's series for the
    device, ``cluster.observations``); then the learned figures are recomputed. The node's GPU
