@@ -1,6 +1,6 @@
 """A sized workload's pod that ran out of GPU memory: record it, and size the next pod bigger.
 
-Issue 31. The mechanism, end to end:
+The mechanism, end to end:
 
 1. At Pod CREATE the webhook gives a sized pod's GPU containers ``terminationMessagePolicy:
    FallbackToLogsOnError`` (``admission.mutation.fallback_to_logs``). PyTorch writes no
@@ -381,7 +381,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
                       records.stamp(ctx.now()), owner.parts)
     if isinstance(decision.outcome, retry.Retry) and target.backend is BackendName.DRA:
         # The retry pod's claim names the workload's template of the grown request: made here,
-        # before the record that makes the webhook point a pod at it (issue 40).
+        # before the record that makes the webhook point a pod at it.
         if ctx.devices is not None and not ctx.devices.ready():
             return 1.0
         grown = decision.outcome.request_bytes
