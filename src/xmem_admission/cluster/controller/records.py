@@ -28,19 +28,19 @@ the estimation's state and result::
                  recommendedRequestBytes, fits, migProfile, lowBytes, highBytes}]
     range                                 # the chosen GPU's range, low-high ("=" when exact)
     gpu, estimateBytes, estimate, requestBytes, request   # the policy's choice, for kubectl
-    claim                                                 # dra: the claim's form (issue 40)
+    claim                                                 # dra: the claim's form
     actualBytes, actual, error                            # actualBytes: set by whoever measures
     oomRetries: [{workload: {kind, name, uid}, ooms, pod, podUID, container, time, gpu,
                   backend, failedRequestBytes, requestBytes, migProfile, claim, source,
                   exception, askedBytes, allocatedBytes, reservedBytes, inUseBytes, needBytes,
-                  gaveUp, message, outcome}]           # issue 31: see ``oom_retries``
+                  gaveUp, message, outcome}]           # see ``oom_retries``
     runs: [{workload: {kind, name, uid}, gpu, estimateBytes, requestBytes, completed,
-            finished, pods, observedPeakBytes, source, series,  # issue 31: ``observed_peaks``
-            peakReservedBytes, driverVersion}]    # issue 38: ``learned_overhead``
+            finished, pods, observedPeakBytes, source, series,  # ``observed_peaks``
+            peakReservedBytes, driverVersion}]    # ``learned_overhead``
     observedPeakBytes, observedPeak, observedRatio        # the latest run's peak, for kubectl
     overhead: {gpu, source, outsideAllocatorBytes, catalogueBytes, correctionBytes, applied,
-               jobs, driverVersion, bounded}, overheadApplied   # issue 38: what the memory
-                                                  # outside the allocator moved the request by
+               jobs, driverVersion, bounded}, overheadApplied   # what the memory outside
+                                                  # the allocator moved the request by
 
 ``oomRetries`` has one entry per workload whose pods ran out of GPU memory (the newest
 ``MAX_RETRY_ENTRIES``): what the last out-of-memory message said (bytes asked for, allocated
