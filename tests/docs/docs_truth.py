@@ -379,7 +379,6 @@ ISSUES_ALLOWED = frozenset({
     "src/xmem_admission/contract/termination.py",
     "tests/e2e_real/test_kueue_dra_quota.py",
     "src/xmem_admission/cluster/controller/manager.py",
-    "src/xmem_admission/cluster/policy/model.py",
     "src/xmem_admission/cluster/policy/overhead.py",
     "src/xmem_admission/cluster/policy/retry.py",
     "src/xmem_admission/cluster/policy/right_sizing.py",

@@ -178,7 +178,7 @@ class Estimation:
 
 @dataclass(frozen=True)
 class OomRetry:
-    """What happens after a sized workload's pod runs out of GPU memory (issue 31; the growth
+    """What happens after a sized workload's pod runs out of GPU memory (the growth
     rule is ``policy/retry.py``)."""
 
     enabled: bool = True  # retry the workload's next pod with a larger request
@@ -204,7 +204,7 @@ class Prometheus:
 
 @dataclass(frozen=True)
 class RightSizing:
-    """How the peaks that earlier runs of a workload used correct its next request (issue 31)."""
+    """How the peaks that earlier runs of a workload used correct its next request."""
 
     runs: int = 3  # how many of a fingerprint's latest runs count (0: observed peaks never do)
     lower_requests: bool = False  # whether an observed peak may lower a request or only raise it
@@ -227,7 +227,7 @@ class OverheadFigure:
 @dataclass(frozen=True)
 class LearnedOverhead:
     """How the memory outside the allocator is learned from finished jobs and applied to new
-    estimates (issue 38; the rule is ``policy/overhead.py``). Cluster-wide: the figures are
+    estimates (the rule is ``policy/overhead.py``). Cluster-wide: the figures are
     facts of a GPU model and driver, never of a tenant."""
 
     enabled: bool = True  # learn from finished jobs (false: only pins, else the catalogue)
