@@ -1,4 +1,4 @@
-"""The request a workload's next pod gets after a pod ran out of GPU memory (issue 31).
+"""The request a workload's next pod gets after a pod ran out of GPU memory.
 
 A pure function of the previous request, what the out-of-memory report says
 (``contract.oom.CudaOOM``), how many times in a row the workload has run out, its target GPU
