@@ -380,7 +380,6 @@ ISSUES_ALLOWED = frozenset({
     "tests/e2e_real/test_kueue_dra_quota.py",
     "src/xmem_admission/cluster/controller/manager.py",
     "src/xmem_admission/cluster/policy/overhead.py",
-    "src/xmem_admission/cluster/policy/right_sizing.py",
     "src/xmem_admission/cluster/policy/sizing.py",
     "src/xmem_admission/cluster/policy/store.py",
     "src/xmem_admission/estimator/conv_marks.py",

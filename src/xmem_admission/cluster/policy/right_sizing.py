@@ -1,4 +1,4 @@
-"""A repeat job's estimate, corrected by what its earlier runs used (issue 31).
+"""A repeat job's estimate, corrected by what its earlier runs used.
 
 A repeat job is one with the same fingerprint in the same namespace (estimates never cross
 namespaces here, whatever ``estimateSharing`` says: the peaks were produced by that namespace's
