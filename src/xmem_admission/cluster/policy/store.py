@@ -92,7 +92,7 @@ class WorkloadRef:
 @dataclass(frozen=True)
 class Run:
     """One earlier run of a fingerprint in a namespace, as the controller recorded it when the
-    workload finished (``GPUMemoryEstimate`` ``status.runs``; issue 31, ``policy.right_sizing``)."""
+    workload finished (``GPUMemoryEstimate`` ``status.runs``; ``policy.right_sizing``)."""
 
     gpu: str  # catalogue key of the GPU model it ran on
     estimate_bytes: int  # the estimate (total bytes for that GPU) its request was sized from
@@ -103,7 +103,7 @@ class Run:
 
 @dataclass(frozen=True)
 class EstimateRecord:
-    """Every GPU model's estimate for one fingerprint, and (issue 31) what the fingerprint's
+    """Every GPU model's estimate for one fingerprint, and what the fingerprint's
     earlier runs in the record's namespace used."""
 
     fingerprint: str
@@ -199,7 +199,7 @@ def _gpu_estimate(entry: Any, where: str) -> GPUEstimate:
 
 @dataclass(frozen=True)
 class RetryGrant:
-    """What the next pod of one workload asks for after its pods ran out of GPU memory (issue 31).
+    """What the next pod of one workload asks for after its pods ran out of GPU memory.
 
     The controller writes it on the workload's ``GPUMemoryEstimate`` (``status.oomRetries``,
     writable by the controller only); the webhook applies it at Pod CREATE to the pods that
