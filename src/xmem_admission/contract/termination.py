@@ -15,7 +15,7 @@ Format, version 2 (one JSON object)::
                recommended_request_bytes, fits, mig_profile, high_bytes, low_bytes], ...],
                                            # the ends of the estimate's range (an older
                                            # bundle's rows stop before them)
-     "peak": {"gpu": "H100-80GB",          # the first target GPU's peak, itemised (issue 32):
+     "peak": {"gpu": "H100-80GB",          # the first target GPU's peak, itemised:
               "groups": [[module, category, op, bytes], ...],   # largest first, at most 3
               "cached": cached_free_bytes, "fragmentation": bytes},
      "digest": "<32 hex>"}                 # of the traced allocation sequence and the rows
