@@ -381,7 +381,6 @@ ISSUES_ALLOWED = frozenset({
     "src/xmem_admission/cluster/policy/overhead.py",
     "src/xmem_admission/cluster/policy/sizing.py",
     "src/xmem_admission/estimator/conv_marks.py",
-    "src/xmem_admission/estimator/trace.py",
 })
 
 

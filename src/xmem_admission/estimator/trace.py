@@ -41,7 +41,7 @@ Marks are free-form labels; a prefix gives some of them a meaning the rewrite fo
 (``orchestrate``) acts on, in traces of either version: ``cublas:THREAD`` (the first BLAS op of
 a thread: its cuBLAS workspaces), ``cudnn:CALLS ...`` (a convolution run through cuDNN:
 ``conv_marks``), ``reduce:OP ...`` (a reduction that may stage partial results in global
-memory: ``reductions``; written since issue 38, older traces lack them and simulate without
+memory: ``reductions``; older traces lack them and simulate without
 those blocks). A reader that does not know a prefix keeps the mark and allocates nothing for it.
 
 Rules a valid trace obeys (``Trace.validate`` checks them): ids of live allocations are unique;
