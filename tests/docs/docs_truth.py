@@ -376,7 +376,6 @@ _ISSUE = re.compile(r"(?<![\w&/#])#\d+\b|\b[Ii]ssues?\s+#?\d+")
 ISSUES_ALLOWED = frozenset({
     "bench/gpu_truth.py",
     "bench/paper/benchmark.py",
-    "tests/e2e_real/test_kueue_dra_quota.py",
     "src/xmem_admission/cluster/controller/manager.py",
     "src/xmem_admission/cluster/policy/overhead.py",
     "src/xmem_admission/cluster/policy/sizing.py",

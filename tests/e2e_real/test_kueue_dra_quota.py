@@ -1,4 +1,4 @@
-"""Kueue's DRA quota charged xmem's estimate, not a whole GPU (issue 40, item 3), on the real
+"""Kueue's DRA quota charged xmem's estimate, not a whole GPU, on the real
 control plane with the real Kueue v0.19.0 (localkube/kueue.py).
 
 Kueue counts DRA quota through ``resources.deviceClassMappings`` (apis/config/v1beta2,
