@@ -360,16 +360,17 @@ def report(rows: Sequence[Row], results: Sequence[Dict[str, Any]]) -> str:
             table = [s for s in comparison(subset, ours)
                      if s.name.startswith(("xmem", "  ours on xmem"))]
             parts.append(format_table(f"{key} = {value}", table))
-    from bench.paper.requests import table, tally
+    from bench.paper.requests import table as requests_table
+    from bench.paper.requests import tally
 
     data = [r.data for r in rows]
-    parts.append(table("requests under the default policy (the catalogue's runtime overhead, "
+    parts.append(requests_table("requests under the default policy (the catalogue's runtime overhead, "
                        "fitted on these rows)", tally(rows, ours)))
     loo = held_out(rows, results)
     parts.append(format_table("held out: each row with the runtime overhead fitted on the other "
                               "rows of its GPU", [stats("xmem-admission (ours)",
                                                         ((r, loo.get(r["id"])) for r in data))]))
-    parts.append(table("requests, held out", tally(rows, loo)))
+    parts.append(requests_table("requests, held out", tally(rows, loo)))
     failed = [r for r in results if "error" in r]
     if failed:
         parts.append(f"{len(failed)} row(s) failed: " + "; ".join(
