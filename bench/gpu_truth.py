@@ -21,7 +21,7 @@ under ``--out``:
 - ``conv_workspaces.jsonl``: after the matrix, with ``CONV_BUDGET_S`` of the budget kept for
   it, the bytes each cuDNN convolution call holds beyond its outputs, shape by shape
   (``bench/conv_workspaces.py``: the convolutions of GPUMemNet's CNN jobs, for the workspace
-  rule of issue #18).
+  rule).
 
 This half imports only the standard library here, and the runner only torch and NVML's binding,
 because the GPU machine has Python 3.12, torch, torchvision and nvidia-ml-py and no xmem.
@@ -883,7 +883,7 @@ def _truth_for(row: Dict[str, Any], target: str, folder: Path, tmp: Path,
 
 
 def _truth_row(row: Dict[str, Any], target: str) -> Dict[str, Any]:
-    """The measured side of a truth row (the fields issue 8 names, then the context)."""
+    """The measured side of a truth row (the measured fields, then the context)."""
     return {
         "schema": TRUTH_SCHEMA,
         "gpu_name": row.get("gpu_name") or target,

@@ -143,7 +143,7 @@ PAPER_CUDA_MAJOR = 12
 # ... and its cuDNN: torch 2.6's wheels require nvidia-cudnn-cu12 9.1.0 (CUDNN_VERSION 90100),
 # which cannot plan without a GPU (cudnn_heuristics.DEVICELESS_MIN_VERSION): an estimation pod
 # beside the runs' torch sizes convolution workspaces by the fitted rule, whatever cuDNN traces
-# them here, so the rows are simulated with the trace's cuDNN set to the runs' (#38 item 5).
+# them here, so the rows are simulated with the trace's cuDNN set to the runs'.
 PAPER_CUDNN = 90100
 
 

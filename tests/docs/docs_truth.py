@@ -374,12 +374,7 @@ _ISSUE = re.compile(r"(?<![\w&/#])#\d+\b|\b[Ii]ssues?\s+#?\d+")
 # Files whose issue numbers wait for the engineers at work in them; the list only shrinks
 # (a file that no longer cites one fails the check until it leaves the list).
 ISSUES_ALLOWED = frozenset({
-    "bench/gpu_truth.py",
-    "bench/paper/benchmark.py",
     "src/xmem_admission/cluster/controller/manager.py",
-    "src/xmem_admission/cluster/policy/overhead.py",
-    "src/xmem_admission/cluster/policy/sizing.py",
-    "src/xmem_admission/estimator/conv_marks.py",
 })
 
 

@@ -2,7 +2,7 @@
 carries each one from the trace to ``orchestrate``.
 
 A mark reads ``cudnn:CALLS x=N,C,H,W w=K,C/g,R,S y=N,K,P,Q g=G b=BYTES`` followed, in traces
-made since issue 30, by ``s=`` stride, ``p=`` padding, ``d=`` dilation, ``cl=`` channels-last
+of newer probes, by ``s=`` stride, ``p=`` padding, ``d=`` dilation, ``cl=`` channels-last
 (1/0), ``dt=`` dtype, the ``torch.backends.cudnn`` flags at trace time ``bm=`` benchmark,
 ``det=`` deterministic, ``tf32=`` allow_tf32 (1/0), and ``tr=1`` for a transposed
 convolution. CALLS is ``fwd`` or the gradients a backward computes, data before filter

@@ -3,7 +3,8 @@
 On a cluster that queues jobs with Kueue, Kueue owns the suspend flag: it unsuspends a job when
 its ClusterQueue admits the job's ``Workload``. An AdmissionCheck is how an outside controller
 takes part: a ClusterQueue lists checks, Kueue puts each into the Workload's
-``status.admissionChecks`` as ``Pending`` once quota is reserved, and admits the Workload only
+``status.admissionChecks`` as ``Pending`` as soon as the Workload has a ClusterQueue, before any
+quota is reserved, and admits the Workload only
 when every check is ``Ready``, applying the checks' ``podSetUpdates`` (labels, annotations, node
 selectors, tolerations) to the job's pod templates as it starts it.
 

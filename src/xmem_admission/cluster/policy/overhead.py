@@ -1,4 +1,4 @@
-"""The memory outside PyTorch's caching allocator, learned from finished jobs (issue 38, item 3).
+"""The memory outside PyTorch's caching allocator, learned from finished jobs.
 
 An estimate's total for a GPU is the simulated reserved peak of the caching allocator plus what
 the process holds outside it: the CUDA context, the kernels of cuBLAS, cuDNN and NCCL loaded
@@ -7,7 +7,7 @@ lazily, what the driver maps per process. The catalogue gives the second term pe
 brings, and the H200 measured 751-771 MiB in every job where the catalogue said 290 MiB
 (``bench/data/H200/measurements.jsonl``, NVML's peak minus ``max_memory_reserved``). A cluster
 measures it on every job: the controller records each finished run's observed peak per GPU
-(``controller.observed_peaks``, issue 31) next to the simulated reserved peak of the estimate
+(``controller.observed_peaks``) next to the simulated reserved peak of the estimate
 that sized it. This module is the rule that turns those runs into one figure per GPU model and
 driver, and applies it to new estimates.
 

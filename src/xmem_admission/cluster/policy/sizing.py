@@ -19,13 +19,13 @@ The target GPU is the first GPU of the policy (in its order) whose capacity hold
 workload pins one with ``xmem.io/gpu-model``.
 
 A repeat job (the record carries runs: what earlier runs of the fingerprint in the workload's
-own namespace used, issue 31) is sized from E corrected by ``right_sizing.correct`` within the
+own namespace used) is sized from E corrected by ``right_sizing.correct`` within the
 policy's ``rightSizing``; E itself stays the plan's estimate (``xmem.io/estimate-bytes``), so
 each run's observed peak is compared with the estimator's figure, never with a corrected one
 (which would undo the correction on the run after). Validation's floor is taken from the lower
 of E and the corrected estimate (``Plan.judged_bytes``).
 
-The memory outside the allocator (issue 38, ``policy.overhead``): where the policy pins, or the
+The memory outside the allocator (``policy.overhead``): where the policy pins, or the
 controller has learned from finished jobs, what a GPU model keeps outside PyTorch's caching
 allocator, E's overhead term is replaced by that figure (a learned one moves E by at most
 ``learnedOverhead.maxCorrection``) before the margin, whichever path sizes the workload (the
@@ -61,11 +61,11 @@ class Plan:
     estimate_bytes: int
     request_bytes: int
     # The request E alone would get, the corrected estimate the request was sized from, and
-    # why, when earlier runs corrected it (right-sizing, issue 31); None: the request is E's.
+    # why, when earlier runs corrected it (right-sizing); None: the request is E's.
     uncorrected_request_bytes: Optional[int] = None
     correction: str = ""
     corrected_bytes: Optional[int] = None
-    # What the estimate's memory-outside-the-allocator term became (issue 38): None when the
+    # What the estimate's memory-outside-the-allocator term became: None when the
     # workload's own runs sized it, or nothing was pinned or learned for the GPU.
     overhead: Optional[overhead.Applied] = None
     # The high end of the estimate's range when above the estimate (the request covers it):
