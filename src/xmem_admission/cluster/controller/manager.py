@@ -384,7 +384,7 @@ class Controller:
     def run(self, stop: threading.Event, elector: Optional[LeaderElector]) -> None:
         """Reconcile until ``stop``. With an elector, only while leading: a leader that cannot
         renew (an API server down past the renew deadline) stops reconciling, stands by and
-        leads again when it can take the Lease, from a fresh listing (#15, item 1)."""
+        leads again when it can take the Lease, from a fresh listing."""
         if elector is None:
             self.start()
             stop.wait()
