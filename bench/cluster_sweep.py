@@ -29,7 +29,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -82,24 +82,32 @@ def main() -> None:
     sys.exit(1 if failed else 0)
 
 
-def run(cluster: Cluster, args: argparse.Namespace, sizes: List[str]) -> bool:
-    spec = policy_spec()
-    cluster.apply({"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
-                   "metadata": {"name": POLICY}, "spec": spec})
-    cluster.ensure_namespace(NAMESPACE, {labels.OPT_IN: labels.OPT_IN_VALUE})
-    wait_for(lambda: cluster.get("v1", "ServiceAccount", "default", NAMESPACE), 60,
-             "the default service account")
+def prepare(cluster: Cluster, policy_name: str, namespace: str, spec: Dict[str, Any],
+            code: Optional[Dict[str, str]] = None) -> Callable[[str], Any]:
+    """The policy applied and the opted-in namespace with the ``code`` ConfigMap (the tests'
+    scripts and ``code``'s); returns the ConfigMap versions lookup ``hold`` takes."""
     from tests.controller.support import code_map
 
-    cluster.apply(code_map(NAMESPACE))
-    api = cluster.plane.api_client()
-    kube = Kube(api)
-    policy = Policy.from_spec(spec)
+    cluster.apply({"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
+                   "metadata": {"name": policy_name}, "spec": spec})
+    cluster.ensure_namespace(namespace, {labels.OPT_IN: labels.OPT_IN_VALUE})
+    wait_for(lambda: cluster.get("v1", "ServiceAccount", "default", namespace), 60,
+             "the default service account")
+    config_map = code_map(namespace)
+    config_map["data"].update(code or {})
+    cluster.apply(config_map)
+    kube = Kube(cluster.plane.api_client())
 
     def versions(namespace: str) -> Any:
         return lambda kind, name: kube.config_map_version(namespace, name) \
             if kind == "ConfigMap" else None
+    return versions
 
+
+def run(cluster: Cluster, args: argparse.Namespace, sizes: List[str]) -> bool:
+    spec = policy_spec()
+    versions = prepare(cluster, POLICY, NAMESPACE, spec)
+    policy = Policy.from_spec(spec)
     jobs = [hold(trial(f"trial-{i:03d}", f"{1e-5 * (i + 1):.6f}", sizes[i % len(sizes)]),
                  policy, versions) for i in range(args.trials)]
     process = cluster.controller("controller", POLICY, "--no-leader-election",
