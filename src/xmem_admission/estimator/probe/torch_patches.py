@@ -123,6 +123,7 @@ def apply(patches: Patches, props: VirtualDeviceProperties, tracker: AllocationT
     _patch_checkpoint_metadata(patches, tracker)
     if fake:
         _patch_fake_tensor_device(patches, tracker)
+        _patch_fake_tolist(patches)
         _patch_init(patches)
         _patch_parameters(patches, tracker)
         _patch_parameter_check(patches)
@@ -632,6 +633,24 @@ def _apply_to_module(self: Any, fn: Any, recurse: bool) -> Any:
         if buf is not None:
             self._buffers[key] = fn(buf)
     return self
+
+
+def _patch_fake_tolist(p: Patches) -> None:
+    """``tolist`` of a fake tensor answers as ``Tensor.tolist`` does under the probe's modes
+    (its known value, else placeholders). Older torch's ``FakeTensor.tolist`` makes an unbacked
+    symbol per element from the fake mode's shape environment, which the probe's fake mode does
+    not have (torch 2.2: ``AttributeError`` on ``None``); newer torch's asks ``item()`` per
+    element, which the probe answers already."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    own = vars(FakeTensor).get("tolist")
+    if own is None or "create_unbacked_symint" not in own.__code__.co_names:
+        return
+
+    def tolist(self: Any) -> Any:
+        return torch.Tensor.tolist(self)
+
+    p.set(FakeTensor, "tolist", tolist)
 
 
 def _patch_fake_tensor_device(p: Patches, tracker: AllocationTracker) -> None:
