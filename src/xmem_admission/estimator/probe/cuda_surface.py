@@ -412,7 +412,7 @@ def public_answers(tracker: Any, props: Any) -> Dict[str, Any]:
     (the rest of ``torch.cuda``'s answers are in ``torch_patches._patch_cuda_api``)."""
     import torch
 
-    from xmem_admission.estimator.probe.torch_patches import _Inert
+    from xmem_admission.estimator.probe.inert import Inert
 
     capability = (props.major, props.minor)
 
@@ -429,7 +429,7 @@ def public_answers(tracker: Any, props: Any) -> Dict[str, Any]:
         "can_device_access_peer": lambda *a, **k: False,
         "set_stream": lambda *a, **k: None,
         "_set_stream_by_id": lambda *a, **k: None,
-        "StreamContext": _Inert,
+        "StreamContext": Inert,
         "initial_seed": zero,
         "_get_rng_state_offset": zero,
         "_set_rng_state_offset": lambda *a, **k: None,

@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from xmem_admission.estimator.probe.inert import Inert
 from xmem_admission.estimator.probe.outcomes import Refused
 from xmem_admission.estimator.probe.tracker import AllocationTracker, where_in_script
 from xmem_admission.estimator.probe.virtual_cuda import DeviceMode
@@ -39,39 +40,6 @@ class VirtualDeviceProperties:
         return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, "
                 f"minor={self.minor}, total_memory={self.total_memory // 2**20}MB, "
                 f"multi_processor_count={self.multi_processor_count})")
-
-
-class _Inert:
-    """Streams and events of the virtual device: accept every call, do nothing."""
-
-    # What torch.Stream's own attributes say of a stream on the GPU: FSDP2 passes them to its
-    # record_grad_output_stream op (2.15, fsdp/_fully_shard/_fsdp_collectives.py); CUDA is
-    # device type 1 (c10/core/DeviceType.h).
-    stream_id = 0
-    device_index = 0
-    device_type = 1
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.device = torch.device("cuda", 0)
-        self.cuda_stream = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return lambda *a, **k: None
-
-    def __enter__(self) -> _Inert:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def is_capturing(self) -> bool:
-        return False
-
-    def elapsed_time(self, other: Any) -> float:
-        return 0.0
 
 
 class Patches:
@@ -185,13 +153,13 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
         "reset_max_memory_allocated": reset_peak,
         "mem_get_info": lambda *a, **k: (props.total_memory - tracker.live_bytes,
                                          props.total_memory),
-        "device": _Inert,  # `with torch.cuda.device(i):` selects nothing on the virtual GPU
-        "device_of": _Inert,
-        "Stream": _Inert,
-        "Event": _Inert,
-        "ExternalStream": _Inert,
-        "current_stream": lambda *a, **k: _Inert(),
-        "default_stream": lambda *a, **k: _Inert(),
+        "device": Inert,  # `with torch.cuda.device(i):` selects nothing on the virtual GPU
+        "device_of": Inert,
+        "Stream": Inert,
+        "Event": Inert,
+        "ExternalStream": Inert,
+        "current_stream": lambda *a, **k: Inert(),
+        "default_stream": lambda *a, **k: Inert(),
         "stream": lambda *a, **k: contextlib.nullcontext(),
         "set_per_process_memory_fraction": lambda *a, **k: None,
     }
@@ -211,7 +179,7 @@ def _patch_cuda_api(p: Patches, props: VirtualDeviceProperties,
             "current_device_idx": lambda *a, **k: 0,
             "set_device_index": lambda *a, **k: None,
             "set_device_idx": lambda *a, **k: None,
-            "current_stream": lambda *a, **k: _Inert(),
+            "current_stream": lambda *a, **k: Inert(),
             "set_stream": lambda *a, **k: None,
             "synchronize": lambda *a, **k: None,
             "empty_cache": lambda *a, **k: tracker.trace.empty_cache(),
