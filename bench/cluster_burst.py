@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Set, Tuple
@@ -41,7 +40,13 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.cluster_scale import PodOrder, Process, create_all, metric  # noqa: E402
+from bench.cluster_scale import (  # noqa: E402
+    PodOrder,
+    Process,
+    create_all,
+    metric,
+    running_cluster,
+)
 from bench.cluster_sweep import BASE, policy_spec, prepare  # noqa: E402
 from localkube.cluster import CONTROLLER_SA, Cluster  # noqa: E402
 from localkube.cluster import NAMESPACE as CHART_NAMESPACE  # noqa: E402
@@ -78,15 +83,8 @@ def main() -> None:
                         "a new TLS connection from this process: it slows them)")
     parser.add_argument("--root", default="")
     args = parser.parse_args()
-    cluster = Cluster(Path(args.root or tempfile.mkdtemp(prefix="cluster-burst-")))
-    began = time.monotonic()
-    try:
-        cluster.start()
-        print(f"control plane up in {time.monotonic() - began:.0f} s "
-              f"({cluster.plane.version()})", flush=True)
+    with running_cluster(args.root, "cluster-burst-") as cluster:
         failed = run(cluster, args)
-    finally:
-        cluster.stop()
     sys.exit(1 if failed else 0)
 
 

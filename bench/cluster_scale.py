@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import re
@@ -34,7 +35,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import jsonpatch
 
@@ -253,6 +254,21 @@ def metric(port: int, name: str) -> Dict[str, float]:
     return found
 
 
+@contextlib.contextmanager
+def running_cluster(root: str, prefix: str) -> Iterator[Cluster]:
+    """A localkube cluster under ``root`` (a new temporary folder named ``prefix...`` when
+    empty), started with its start-up time printed, and stopped on the way out."""
+    cluster = Cluster(Path(root or tempfile.mkdtemp(prefix=prefix)))
+    began = time.monotonic()
+    try:
+        cluster.start()
+        print(f"control plane up in {time.monotonic() - began:.0f} s "
+              f"({cluster.plane.version()})", flush=True)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--held", type=int, default=1000)
@@ -270,16 +286,8 @@ def main() -> None:
                         help="then start a controller from another tree's src/ (an earlier "
                         "commit's) on the same cluster: its startup and RSS")
     args = parser.parse_args()
-
-    cluster = Cluster(Path(args.root or tempfile.mkdtemp(prefix="cluster-scale-")))
-    began = time.monotonic()
-    try:
-        cluster.start()
-        print(f"control plane up in {time.monotonic() - began:.0f} s "
-              f"({cluster.plane.version()})", flush=True)
+    with running_cluster(args.root, "cluster-scale-") as cluster:
         measure(cluster, args)
-    finally:
-        cluster.stop()
 
 
 def measure(cluster: Cluster, args: argparse.Namespace) -> None:

@@ -25,7 +25,6 @@ import argparse
 import re
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any, Callable, Dict, List, Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.cluster_scale import running_cluster  # noqa: E402
 from localkube.cluster import Cluster  # noqa: E402
 from localkube.controlplane import wait_for  # noqa: E402
 from tests.controller.support import hold, training_job  # noqa: E402
@@ -69,16 +69,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = args.batch_sizes.split(",")
 
-    root = Path(args.root or tempfile.mkdtemp(prefix="cluster-sweep-"))
-    cluster = Cluster(root)
-    t0 = time.monotonic()
-    cluster.start()
-    print(f"control plane up in {time.monotonic() - t0:.0f} s ({cluster.plane.version()})",
-          flush=True)
-    try:
+    with running_cluster(args.root, "cluster-sweep-") as cluster:
         failed = run(cluster, args, sizes)
-    finally:
-        cluster.stop()
     sys.exit(1 if failed else 0)
 
 
