@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional
 
 from xmem_admission.cluster.controller.context import EVENT_MESSAGE_LIMIT, Context
 from xmem_admission.cluster.kube.client import EVENT, POLICY
+from xmem_admission.cluster.kube.conditions import merged
 from xmem_admission.contract.errors import KubeApiError, KubeUnavailable
 
 log = logging.getLogger(__name__)
@@ -55,20 +56,6 @@ def conditions(generation: int, error: Optional[str],
     for condition in (accepted, ready):
         condition["observedGeneration"] = generation
     return [accepted, ready]
-
-
-def merged(old: Any, new: List[Dict[str, Any]], stamp: str) -> List[Dict[str, Any]]:
-    """``new`` with each condition's lastTransitionTime kept where its status did not change."""
-    before = {c.get("type"): c for c in old if isinstance(c, dict)} if isinstance(old, list) \
-        else {}
-    out = []
-    for condition in new:
-        prior = before.get(condition["type"])
-        same = prior is not None and prior.get("status") == condition["status"] and \
-            isinstance(prior.get("lastTransitionTime"), str)
-        out.append(dict(condition, lastTransitionTime=prior["lastTransitionTime"] if same
-                        and prior is not None else stamp))
-    return out
 
 
 def reconcile(ctx: Context) -> Optional[float]:
