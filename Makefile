@@ -121,17 +121,17 @@ torch-tests: $(STAMP)
 
 # Every minor release of the supported range, each with the oldest and the newest Python it
 # supports: the probe's fixed jobs and the conformance corpus traced with each, results kept in
-# bench/compat/results.jsonl (a rerun skips what is done) and the table written into
+# bench/coverage/compat/results.jsonl (a rerun skips what is done) and the table written into
 # bench/README.md ("The user's torch"). Hours on 2 cores; COMPAT_ARGS passes options
 # (e.g. COMPAT_ARGS="--only 2.6.0").
 compat: $(STAMP)
-	$(PY) bench/compat.py $(COMPAT_ARGS)
+	$(PY) bench/coverage/compat.py $(COMPAT_ARGS)
 
 # The speed benchmarks (minutes); the accuracy one is `xmem bench paper` (bench/README.md).
 bench: $(STAMP)
-	$(PY) bench/allocator_speed.py
-	$(PY) bench/webhook_load.py
-	$(PY) bench/estimator_speed.py
+	$(PY) bench/speed/allocator_speed.py
+	$(PY) bench/speed/webhook_load.py
+	$(PY) bench/speed/estimator_speed.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench examples localkube
@@ -170,7 +170,7 @@ image-test: $(STAMP) image training-images
 # playground as a user runs it; `node-tools` also builds a DRA kubelet plugin, the Kubernetes
 # project's example driver (scripts/build-dra-driver.sh, version in
 # scripts/dra-driver-versions.env), which tests/realnode runs beside the kubelet. Not part
-# of `make test`. `node-bench`: bench/realnode_release.py (bench/README.md). Both also need helm
+# of `make test`. `node-bench`: bench/cluster/realnode_release.py (bench/README.md). Both also need helm
 # (the chart is rendered and installed), the control plane and the training stack's CRDs (every
 # cluster serves them): on a clone where only `make demo` ran they build those first.
 .PHONY: node-tools node-test node-bench
@@ -182,4 +182,4 @@ node-test: $(STAMP) cli-tools control-plane training-stack node-tools image-tool
 	XMEM_REAL_NODE_TESTS=1 $(PY) -m pytest -q -s tests/realnode
 
 node-bench: $(STAMP) cli-tools control-plane training-stack node-tools image-tools
-	$(PY) bench/realnode_release.py
+	$(PY) bench/cluster/realnode_release.py

@@ -1,4 +1,4 @@
-"""bench/conv_device_fields.py: each field of the device description is changed alone, and the
+"""bench/convolution/conv_device_fields.py: each field of the device description is changed alone, and the
 survey counts the calls whose first plan moves and, with measurements, those it explains."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "conv_device_fields.py"
+SCRIPT = ROOT / "bench" / "convolution" / "conv_device_fields.py"
 _spec = importlib.util.spec_from_file_location("conv_device_fields", SCRIPT)
 fields = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fields)

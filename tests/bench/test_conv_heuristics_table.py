@@ -1,4 +1,4 @@
-"""bench/conv_heuristics_table.py: cuDNN's first workspace per shape and architecture against the
+"""bench/convolution/conv_heuristics_table.py: cuDNN's first workspace per shape and architecture against the
 fitted rule; the geometry inferred from the sizes, ambiguity reported, the rule's figures the
 contract's."""
 
@@ -14,7 +14,7 @@ from xmem_admission.estimator import cudnn_heuristics as ch
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("conv_heuristics_table",
-                                               ROOT / "bench" / "conv_heuristics_table.py")
+                                               ROOT / "bench" / "convolution" / "conv_heuristics_table.py")
 table = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(table)
 

@@ -4,7 +4,7 @@ cuDNN traced the row here."""
 
 from __future__ import annotations
 
-from bench.paper import benchmark
+from bench.yardsticks.paper import benchmark
 from tests.estimator.trace_counts import traced
 from xmem_admission.contract import gpus
 from xmem_admission.estimator.estimate import estimate_trace

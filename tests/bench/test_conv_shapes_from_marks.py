@@ -3,8 +3,8 @@ padding, dilation, dtype, layout and cuDNN flags, used as they are instead of in
 
 from __future__ import annotations
 
-from bench import conv_heuristics_table as table
-from bench import conv_workspaces as cw
+from bench.convolution import conv_heuristics_table as table
+from bench.convolution import conv_workspaces as cw
 
 # 5 -> 3 with a 3x3 kernel is stride 1 padding 0 or stride 2 padding 1: the mark says which
 MARK = ("cudnn:fwd x=4,8,5,5 w=16,8,3,3 y=4,16,3,3 g=1 b=4 s=2,2 p=1,1 d=1,1 cl=0 dt=float32"

@@ -1,4 +1,4 @@
-"""bench/conv_workspaces.py: the convolution shapes are rebuilt exactly from the probe's marks
+"""bench/convolution/conv_workspaces.py: the convolution shapes are rebuilt exactly from the probe's marks
 (stride and padding included), the comparison with the workspace rule counts what it says, and
 bad input is a clear error."""
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "conv_workspaces.py"
+SCRIPT = ROOT / "bench" / "convolution" / "conv_workspaces.py"
 _spec = importlib.util.spec_from_file_location("conv_workspaces", SCRIPT)
 cw = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(cw)

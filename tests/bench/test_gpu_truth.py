@@ -1,4 +1,4 @@
-"""The ground-truth harness (bench/gpu_truth.py): dry run end to end, bad input, the matrix.
+"""The ground-truth harness (bench/yardsticks/gpu_truth.py): dry run end to end, bad input, the matrix.
 
 The dry run is the harness's only complete run without a GPU: the measuring half runs the tiny
 jobs for real on the CPU (GPU fields zero), the estimating half runs the real ``xmem estimate``
@@ -35,11 +35,11 @@ def _load(path: Path, name: str) -> ModuleType:
     return module
 
 
-truth = _load(ROOT / "bench" / "gpu_truth.py", "gpu_truth")
+truth = _load(ROOT / "bench" / "yardsticks" / "gpu_truth.py", "gpu_truth")
 
 
 def harness(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_truth.py"), *args],
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "yardsticks" / "gpu_truth.py"), *args],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
@@ -448,7 +448,7 @@ class _ScriptedNvml:
 def test_the_nvml_sampler_keeps_the_peak_between_samples_and_takes_a_last_one():
     import time
 
-    runner = _load(ROOT / "bench" / "gpu_truth_runner.py", "gpu_truth_runner")
+    runner = _load(ROOT / "bench" / "yardsticks" / "gpu_truth_runner.py", "gpu_truth_runner")
     # Before CUDA, a rise to a peak, a fall (the allocator freed its cache), the level at the end.
     nvml = _ScriptedNvml([100, 400, 900, 300, 300])
     sampler = runner.NvmlSampler(nvml, handle=None, interval=0.001)
@@ -487,14 +487,14 @@ def _imports(path: Path) -> Dict[str, List[str]]:
 
 def test_the_measuring_half_imports_only_the_standard_library_torch_and_nvml():
     allowed = set(sys.stdlib_module_names) | {"__future__"}
-    runner = _imports(ROOT / "bench" / "gpu_truth_runner.py")
+    runner = _imports(ROOT / "bench" / "yardsticks" / "gpu_truth_runner.py")
     assert {m for ms in runner.values() for m in ms} - allowed == {"torch", "pynvml"}
-    harness_imports = _imports(ROOT / "bench" / "gpu_truth.py")
+    harness_imports = _imports(ROOT / "bench" / "yardsticks" / "gpu_truth.py")
     outside = {where: set(ms) - allowed for where, ms in harness_imports.items()}
     # pynvml for the pre-flight check; xmem only in the estimating half, which runs here.
     assert {w: ms for w, ms in outside.items() if ms} == {"_preflight": {"pynvml"},
                                                            "gpu_key": {"xmem_admission"}}
     # And the plan prints with nothing but the standard library (no site-packages at all).
-    result = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "gpu_truth.py"),
+    result = subprocess.run([sys.executable, "-S", str(ROOT / "bench" / "yardsticks" / "gpu_truth.py"),
                              "--plan"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert result.returncode == 0, result.stderr

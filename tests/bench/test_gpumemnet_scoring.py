@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from bench import gpumemnet as gmn
+from bench.yardsticks import gpumemnet as gmn
 from xmem_admission.contract.errors import RunsFileError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -226,7 +226,7 @@ def test_a_pool_that_grows_in_the_last_traced_step_is_flagged_and_a_steady_one_i
 
 
 def test_the_conv_rule_fit_counts_missed_ooms_and_under_estimates_beyond_15_percent(tmp_path):
-    from bench import fit_conv_workspace as fit
+    from bench.fits import fit_conv_workspace as fit
 
     rows = gmn.load_runs(write(tmp_path, [row(f"c{i}", family="cnn", measured_mib=1000)
                                           for i in range(10)]

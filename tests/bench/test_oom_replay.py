@@ -1,11 +1,11 @@
-"""bench/oom_replay.py: a made-up stream of jobs under HAMi-style enforcement, with and without
+"""bench/yardsticks/oom_replay.py: a made-up stream of jobs under HAMi-style enforcement, with and without
 the OOM retry loop. Each job is a small allocator trace, simulated for real."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import oom_replay as replay
+from bench.yardsticks import oom_replay as replay
 from xmem_admission.cluster.policy import retry
 from xmem_admission.cluster.policy.model import BackendName, Target
 from xmem_admission.cluster.policy.sizing import size_request

@@ -1,13 +1,13 @@
-"""bench/fit_paper_conv_workspace.py: every rule of the grid is simulated on the kept traces, the
+"""bench/fits/fit_paper_conv_workspace.py: every rule of the grid is simulated on the kept traces, the
 resident bytes count only for jobs that make a convolution, and each paper row is answered with
 the runtime overhead fitted without it."""
 
 from __future__ import annotations
 
-from bench import fit_conv_workspace as fcw
-from bench import fit_paper_conv_workspace as fit
-from bench.fit_overhead import fitted_overhead
-from bench.paper.benchmark import Row
+from bench.fits import fit_conv_workspace as fcw
+from bench.fits import fit_paper_conv_workspace as fit
+from bench.fits.fit_overhead import fitted_overhead
+from bench.yardsticks.paper.benchmark import Row
 from tests.estimator.test_conv_workspaces import FWD as CONV
 from tests.estimator.test_conv_workspaces import INPUT_BYTES, traced
 from xmem_admission.contract import cudnn, gpus

@@ -1,12 +1,12 @@
-"""The yardsticks' request scoring (bench/paper/requests.py): a job that ran is over its request
+"""The yardsticks' request scoring (bench/yardsticks/paper/requests.py): a job that ran is over its request
 when its measured peak passes what the default policy grants it; a line written before the range
 existed is sized from its estimate alone; OOM calls are counted by what was said."""
 
 from __future__ import annotations
 
-from bench.gpumemnet import Row as GPUMemNetRow
-from bench.paper.benchmark import Row
-from bench.paper.requests import request_bytes, tally
+from bench.yardsticks.gpumemnet import Row as GPUMemNetRow
+from bench.yardsticks.paper.benchmark import Row
+from bench.yardsticks.paper.requests import request_bytes, tally
 
 GiB = 1 << 30
 

@@ -45,7 +45,7 @@ def test_every_make_target_the_docs_name_is_in_the_makefile() -> None:
 
 
 @pytest.mark.parametrize("target,runs", [("node-test", "pytest -q -s tests/realnode"),
-                                         ("node-bench", "bench/realnode_release.py"),
+                                         ("node-bench", "bench/cluster/realnode_release.py"),
                                          ("playground", "localkube.playground up")])
 def test_a_target_that_runs_a_cluster_builds_helm_and_the_cluster_first(target: str,
                                                                         runs: str) -> None:

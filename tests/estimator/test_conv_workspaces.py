@@ -79,7 +79,7 @@ def test_a_workspace_that_does_not_fit_runs_a_smaller_plan_instead_of_an_oom():
 
 def test_the_a100s_architecture_has_a_fitted_rule_with_its_source():
     fitted = cudnn.rule_for(A100.compute_capability)
-    assert fitted is not None and "bench/fit_conv_workspace.py" in fitted.source
+    assert fitted is not None and "bench/fits/fit_conv_workspace.py" in fitted.source
     assert cudnn.rule_for(gpus.lookup("A100-80GB").compute_capability) is fitted
     out = for_gpu(traced(FWD), A100, env={})
     assert [e.phase for e in out.events if e.op == "alloc" and e.category == "workspace"
@@ -117,7 +117,7 @@ def test_the_fitted_a100_rule_asks_every_call_for_the_same_share_of_its_operands
 
 
 def test_the_fit_searches_one_fraction_for_every_call_unless_asked_per_call():
-    from bench import fit_conv_workspace as fit
+    from bench.fits import fit_conv_workspace as fit
 
     one = fit.fraction_grid(per_call=False)
     assert all(forward == backward for forward, backward in one)

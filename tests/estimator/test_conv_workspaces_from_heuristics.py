@@ -92,7 +92,7 @@ def test_an_older_traces_mark_keeps_the_fitted_rule_and_says_so(deviceless_cudnn
 
 
 def _older_cudnn() -> str:
-    # the torch environments of `make compat` (bench/compat.py) bring their own cuDNN; a
+    # the torch environments of `make compat` (bench/coverage/compat.py) bring their own cuDNN; a
     # process holds one libcudnn.so.9 (the dynamic loader hands back the one already loaded),
     # so each is asked in a process of its own
     pattern = os.path.expanduser("~/.cache/xmem-admission/torch/*/lib/python*/site-packages/"

@@ -9,7 +9,7 @@ built with the torch environment that has the fine-tuning stack (``NEWEST``; the
 
     <NEWEST.interpreter> tests/finetune/conftest.py --shape tiny|bench OUT_DIR
 
-``bench/finetune_matrix.py`` makes its 0.83B checkpoint the same way.
+``bench/coverage/finetune_matrix.py`` makes its 0.83B checkpoint the same way.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ def estimate(tmp_path: Path, script: str, *args: str) -> Tuple[Dict[str, Any], T
                "--trace", str(trace), "--", "python", str(SCRIPTS / script), *args]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"{' '.join(command)}\n{proc.stderr[-6000:]}"
-    # (the probe's seconds and memory are the benchmark's figures: bench/finetune_matrix.py)
+    # (the probe's seconds and memory are the benchmark's figures: bench/coverage/finetune_matrix.py)
     return json.loads(proc.stdout), Trace.load(str(trace))
 
 

@@ -293,7 +293,7 @@ def test_an_8b_sharded_checkpoint_is_estimated_from_its_headers(llama3_8b):
     # fp32 parameters, 27 MB)
     assert total <= parameter_bytes(result) <= total + 40 * 10**6
     # a 16 GB checkpoint never held in the probe's memory (its time and memory are
-    # bench/checkpoint_headers.py's figures, not a test's)
+    # bench/speed/checkpoint_headers.py's figures, not a test's)
     assert result["probe_peak_rss_bytes"] < 2 * GiB
 
 

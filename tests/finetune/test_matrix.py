@@ -8,7 +8,7 @@ mode. What a user sees is asserted: exit status 0, ``"mode": "fake"`` (no fallba
 execution), the model's parameters, gradients and optimizer state on the GPU at the second step
 (counted from the checkpoint's own safetensors header and the job's recipe, never from the
 probe). The peak against the same job run for real on the CPU is the benchmark's figure
-(``bench/finetune_matrix.py``), not a test's.
+(``bench/coverage/finetune_matrix.py``), not a test's.
 
 A job the probe cannot estimate in fake mode today is in ``FAILS_TODAY`` with the exact failure:
 it runs as ``xfail(strict=True)``, so the change that fixes it turns it into an XPASS, and its

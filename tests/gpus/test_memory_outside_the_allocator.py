@@ -22,7 +22,7 @@ MiB = 1 << 20
 
 
 def _fit_outside() -> Any:
-    spec = importlib.util.spec_from_file_location("fit_outside", ROOT / "bench" / "fit_outside.py")
+    spec = importlib.util.spec_from_file_location("fit_outside", ROOT / "bench" / "fits" / "fit_outside.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

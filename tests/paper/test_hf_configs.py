@@ -1,4 +1,4 @@
-"""The Hugging Face configs in bench/paper/hf_configs build their models.
+"""The Hugging Face configs in bench/yardsticks/paper/hf_configs build their models.
 
 Each config is built on the meta device (no weights are allocated, nothing is downloaded) and
 the parameter count must be within 1% of the count the model's publishers state.
@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "bench" / "paper" / "hf_configs"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "bench" / "yardsticks" / "paper" / "hf_configs"
 
 # model id as it appears in our data -> published parameter count.
 PUBLISHED = {

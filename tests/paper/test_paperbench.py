@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from bench.paper import benchmark as paperbench
+from bench.yardsticks.paper import benchmark as paperbench
 from xmem_admission.contract.errors import RunsFileError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,7 +1,7 @@
 """The project on a real node: the real control plane with the chart's objects (``Cluster``), a
 real kubelet for its CPU pods (``RealNode``) whose registry requires authentication, kwok GPU
 nodes, and images pushed into that registry, with the project's image as the controller's
-``--probe-image``. Shared by ``tests/realnode`` and ``bench/realnode_release.py``.
+``--probe-image``. Shared by ``tests/realnode`` and ``bench/cluster/realnode_release.py``.
 
 ``NodeCluster(root, sandbox_image, probe_image, images).start()`` starts it and pushes every
 image (``images``: role -> local podman reference; ``pushed[role]`` is its reference in the

@@ -75,7 +75,7 @@ def _checkout() -> str:
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
-    if not os.path.isfile(os.path.join(root, "bench", "paper", "benchmark.py")):
+    if not os.path.isfile(os.path.join(root, "bench", "yardsticks", "paper", "benchmark.py")):
         raise BenchError("xmem bench needs the source checkout's bench/ folder (the benchmark's "
                          f"model zoo), which is not beside this installation ({root}): install "
                          "the package from a clone with `pip install -e .` (make does)")
@@ -90,7 +90,7 @@ def _bench_on_path() -> None:
 
 def run_paper(args: argparse.Namespace) -> int:
     _bench_on_path()
-    from bench.paper import benchmark as paperbench
+    from bench.yardsticks.paper import benchmark as paperbench
     from xmem_admission.contract.errors import RunsFileError
 
     rows = paperbench.load_runs(args.runs)
@@ -128,7 +128,7 @@ def run_paper(args: argparse.Namespace) -> int:
 
 def run_gpumemnet(args: argparse.Namespace) -> int:
     _bench_on_path()
-    from bench import gpumemnet as gmn
+    from bench.yardsticks import gpumemnet as gmn
     from xmem_admission.contract.errors import RunsFileError
     from xmem_admission.contract.gpus import lookup
 

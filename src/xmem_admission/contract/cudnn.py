@@ -93,7 +93,7 @@ class ConvWorkspaceRule:
     basis: ConvBasis = ConvBasis.LARGEST
 
 
-# Ampere GA100 (compute capability 8.0: A100 40GB and 80GB): fitted by bench/fit_conv_workspace.py
+# Ampere GA100 (compute capability 8.0: A100 40GB and 80GB): fitted by bench/fits/fit_conv_workspace.py
 # on a 110-row stratified sample of GPUMemNet's A100-SXM4-40GB rows (94 CNN, 16 MLP for the
 # floor; `xmem bench gpumemnet --sample 110`), the grid's best rule on all of them; scored
 # leave-one-out there (bench/README.md, "cuDNN convolution workspaces"). One fraction for every
@@ -103,7 +103,7 @@ class ConvWorkspaceRule:
 # weight) is a fit, not a documented size (more than one copy of every operand, as a layout
 # transform would take). Not fitted on the xMem paper's rows: none of its CNN rows ran on a
 # compute capability 8.0 GPU.
-_GA100_SOURCE = ("fitted on 110 GPUMemNet A100-SXM4-40GB rows (bench/fit_conv_workspace.py; "
+_GA100_SOURCE = ("fitted on 110 GPUMemNet A100-SXM4-40GB rows (bench/fits/fit_conv_workspace.py; "
                  "bench/README.md, cuDNN convolution workspaces)")
 RULES: Dict[Tuple[int, int], ConvWorkspaceRule] = {
     (8, 0): ConvWorkspaceRule({ConvCall.FORWARD: 1.5, ConvCall.BACKWARD_DATA: 1.5,
@@ -115,7 +115,7 @@ RULES: Dict[Tuple[int, int], ConvWorkspaceRule] = {
 # What a process holds outside the caching allocator from its first cuDNN convolution on (the
 # handle, the kernels CUDA's lazy loading brings in) when cuDNN's heuristics size the
 # workspaces: no published figure, so FITTED on measured jobs of that architecture by
-# bench/fit_conv_resident.py (the median of measured minus simulated over the CNN rows, floor
+# bench/fits/fit_conv_resident.py (the median of measured minus simulated over the CNN rows, floor
 # already in), scored leave-one-out (bench/README.md, "cuDNN's heuristics in the estimate").
 # Architectures without a fit get none: their runtime overhead (the catalogue) carries it.
 HEURISTICS_RESIDENT: Dict[Tuple[int, int], Tuple[int, str]] = {
@@ -124,7 +124,7 @@ HEURISTICS_RESIDENT: Dict[Tuple[int, int], Tuple[int, str]] = {
     # 12.3% under, no OOM row predicted to fit (bench/README.md, "cuDNN's heuristics in the
     # estimate"). cuDNN 9.24.0 planned the workspaces; the runs' own cuDNN was not recorded.
     (8, 0): (512 * MiB, "fitted on 110 GPUMemNet A100-SXM4-40GB rows with cuDNN 9.24.0's "
-                        "workspaces (bench/fit_conv_resident.py; bench/README.md)"),
+                        "workspaces (bench/fits/fit_conv_resident.py; bench/README.md)"),
 }
 
 

@@ -51,7 +51,7 @@ default stream). Categories are the strings of ``Category``; an unknown category
 kept as is (a newer probe may know more), a missing one reads as ``other``.
 
 Interning makes an allocation event shorter than version 1's, so the attribution costs the
-trace no size (``bench/estimator_speed.py`` prints the figures).
+trace no size (``bench/speed/estimator_speed.py`` prints the figures).
 """
 
 from __future__ import annotations

@@ -566,7 +566,7 @@ def _patch_foreach_sharding(patches: Any) -> None:
     ``_StridedShard`` placements (``_sharding_prop.py``, ``_propagate_use_strided_shard_flag``,
     called per child of a ``TupleStrategy``): quadratic in the number of parameters, 17 of the
     34 profiled seconds DTensor spent on the first optimizer step of a 7B model's 291 parameters
-    (bench/distributed.py --speed). The scan's answer depends only on the op's input specs, so it
+    (bench/coverage/distributed.py --speed). The scan's answer depends only on the op's input specs, so it
     is made once per op here; with no ``_StridedShard`` input (FSDP2's ``Shard(0)``) the function
     does nothing, as before, and otherwise the real function runs."""
     try:
@@ -619,7 +619,7 @@ def _patch_foreach_dedupe(patches: Any, sharding_prop: Any, strided_shard: type)
     shape, stride, dtype, and its output's metadata; a ``TupleStrategy`` child sees nothing of
     the other children, ``_translate_list_op_schema``), so each distinct element is worked out
     once and shared: 6 of the 8 seconds DTensor's first optimizer step took for rank 0 of a
-    64-way FSDP2 7B job (bench/distributed.py --speed). Elements are told apart by the whole
+    64-way FSDP2 7B job (bench/coverage/distributed.py --speed). Elements are told apart by the whole
     ``DTensorSpec`` (mesh, placements, tensor metadata) and, for the output shapes, by every
     per-element argument's value; ``_StridedShard`` inputs, tensor lists among keyword
     arguments, or all elements distinct run the real functions unchanged."""
@@ -716,7 +716,7 @@ class _ShardChunks:
     ``_fsdp_common._chunk_with_empty``), made on demand: FSDP2 reads rank ``r``'s chunk and the
     0th, but the list holds all ``n`` views, and on fake tensors each costs what a real op
     costs (64 views per parameter for a 64-way job: 24 of its 51 extra seconds over the
-    single-process 7B trace, bench/distributed.py --speed). Views make no memory; the ones
+    single-process 7B trace, bench/coverage/distributed.py --speed). Views make no memory; the ones
     FSDP2 uses are the same views of the same storage."""
 
     def __init__(self, tensor: Any, num_chunks: int, dim: int) -> None:

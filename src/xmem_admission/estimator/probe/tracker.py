@@ -87,7 +87,7 @@ _HOST_OUTPUTS = {aten._pack_padded_sequence.default: (1,)}
 # Questions about a tensor's metadata that C++ asks a Python tensor (a fake tensor answers its
 # device through the dispatcher: fake_tensor.py, _DISPATCH_META_HANDLERS). They make no value and
 # no memory, and a training step asks tens of thousands of them (34,421 for one 7B step pair,
-# 93,259 as rank 0 of 64 FSDP2 ranks: bench/distributed.py --speed), so they skip the bookkeeping.
+# 93,259 as rank 0 of 64 FSDP2 ranks: bench/coverage/distributed.py --speed), so they skip the bookkeeping.
 _PRIM_DEVICE = torch.ops.prim.device.default
 _METADATA_QUERIES = frozenset({_PRIM_DEVICE, aten.size.default, aten.stride.default,
                                aten.storage_offset.default})
