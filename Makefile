@@ -122,12 +122,12 @@ torch-tests: $(STAMP)
 # Every minor release of the supported range, each with the oldest and the newest Python it
 # supports: the probe's fixed jobs and the conformance corpus traced with each, results kept in
 # bench/coverage/compat/results.jsonl (a rerun skips what is done) and the table written into
-# bench/README.md ("The user's torch"). Hours on 2 cores; COMPAT_ARGS passes options
+# bench/coverage/README.md ("The user's torch"). Hours on 2 cores; COMPAT_ARGS passes options
 # (e.g. COMPAT_ARGS="--only 2.6.0").
 compat: $(STAMP)
 	$(PY) bench/coverage/compat.py $(COMPAT_ARGS)
 
-# The speed benchmarks (minutes); the accuracy one is `xmem bench paper` (bench/README.md).
+# The speed benchmarks (minutes); the accuracy one is `xmem bench paper` (bench/yardsticks/paper.md).
 bench: $(STAMP)
 	$(PY) bench/speed/allocator_speed.py
 	$(PY) bench/speed/webhook_load.py
@@ -170,7 +170,7 @@ image-test: $(STAMP) image training-images
 # playground as a user runs it; `node-tools` also builds a DRA kubelet plugin, the Kubernetes
 # project's example driver (scripts/build-dra-driver.sh, version in
 # scripts/dra-driver-versions.env), which tests/realnode runs beside the kubelet. Not part
-# of `make test`. `node-bench`: bench/cluster/realnode_release.py (bench/README.md). Both also need helm
+# of `make test`. `node-bench`: bench/cluster/realnode_release.py (bench/cluster/README.md). Both also need helm
 # (the chart is rendered and installed), the control plane and the training stack's CRDs (every
 # cluster serves them): on a clone where only `make demo` ran they build those first.
 .PHONY: node-tools node-test node-bench

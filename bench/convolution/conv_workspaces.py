@@ -1,7 +1,7 @@
 """What cuDNN convolutions really ask the caching allocator for, shape by shape, on a GPU; and how
 the workspace rule of ``contract/cudnn.py`` compares.
 
-The rule for compute capability 8.0 is a fit on whole jobs (bench/README.md, "cuDNN convolution
+The rule for compute capability 8.0 is a fit on whole jobs (bench/fits/README.md, "cuDNN convolution
 workspaces"): what cuDNN's heuristics pick per shape is not documented, and the jobs' residual
 error is in those sizes. This measures them directly, one convolution at a time:
 

@@ -16,10 +16,10 @@ Plus one release below the range (2.1), which must be refused with the range.
 
     .venv/bin/python bench/coverage/compat.py [--only 2.6.0] [--python 3.11] [--keep-envs] [--table-only]
 
-Results go to ``bench/coverage/compat/results.jsonl``, one line per (torch, Python); a rerun skips the
-pairs already there (delete a line to redo it). The table is written into bench/README.md
-between the ``compat-table`` markers. An environment is deleted once its row is written (5 GB
-each), except the two that ``make test`` keeps (tests/support/torch_envs.py).
+Results go to ``bench/coverage/compat/results.jsonl``, one line per (torch, Python); a rerun
+skips the pairs already there (delete a line to redo it). The table is written into
+bench/coverage/README.md between the ``compat-table`` markers. An environment is deleted once its
+row is written (5 GB each), except the two that ``make test`` keeps (tests/support/torch_envs.py).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ sys.path.insert(0, ROOT)
 from tests.support.torch_envs import NEWEST, OLDEST  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "bench", "coverage", "compat", "results.jsonl")
-README = os.path.join(ROOT, "bench", "README.md")
+README = os.path.join(ROOT, "bench", "coverage", "README.md")
 BEGIN, END = "<!-- compat-table -->", "<!-- /compat-table -->"
 GPU = "A100-80GB"
 

@@ -7,7 +7,7 @@ plain CPU run of a torchvision ResNet-50 (the issue's ImageNet case, batch ``--r
 
     .venv/bin/python bench/coverage/conformance.py [--only NAME] [--skip-costs] [--resnet-batch 16]
 
-Prints one table row per script and one line per cost figure (markdown, for bench/README.md).
+Prints one table row per script and one line per cost figure (markdown, for bench/coverage/README.md).
 Minutes on a 2-core machine; every run is a subprocess, one at a time.
 """
 

@@ -1,6 +1,6 @@
 """The fine-tuning matrix (``tests/finetune/test_matrix.py``'s jobs) at a ~0.83B Llama shape, as
 a user estimates it: ``xmem estimate --python <torch 2.15 env> --json --gpu H100-80GB,H200`` in
-the default mode, batch 4 x 1024 tokens. Printed per job (markdown, for ``bench/README.md``): the
+the default mode, batch 4 x 1024 tokens. Printed per job (markdown, for ``bench/coverage/README.md``): the
 mode the estimate ended in, the probe's seconds and peak RSS, trace events, the H200 total, or
 the failure's first line.
 

@@ -27,7 +27,7 @@ What cuDNN's heuristics pick is not documented per shape, so the size is a rule 
 architecture with few parameters: a fraction of the bytes the convolution touches (the larger of
 its input and output, or input + output + weight), one fraction per kind of call (the fitted
 rule uses one for all three), fitted on measured jobs and scored on jobs it was not fitted on
-(``bench/README.md``, "cuDNN convolution workspaces").
+(``bench/fits/README.md``, "cuDNN convolution workspaces").
 Architectures without a fitted rule get none (no workspace is modelled there).
 
 Standard library only (probe bundle and cluster side both read the contract).
@@ -96,7 +96,7 @@ class ConvWorkspaceRule:
 # Ampere GA100 (compute capability 8.0: A100 40GB and 80GB): fitted by bench/fits/fit_conv_workspace.py
 # on a 110-row stratified sample of GPUMemNet's A100-SXM4-40GB rows (94 CNN, 16 MLP for the
 # floor; `xmem bench gpumemnet --sample 110`), the grid's best rule on all of them; scored
-# leave-one-out there (bench/README.md, "cuDNN convolution workspaces"). One fraction for every
+# leave-one-out there (bench/fits/README.md, "cuDNN convolution workspaces"). One fraction for every
 # call: the earlier rule with a forward and a backward fraction (0.2 and 1.5, 512 MiB) scored
 # worse on rows it was not fitted on (leave-one-out p90 22.7% against 19.0%, 26% of rows under
 # against 16%) because the left-out fits jumped between distant pairs. 1.5 x (input + output +
@@ -104,7 +104,7 @@ class ConvWorkspaceRule:
 # transform would take). Not fitted on the xMem paper's rows: none of its CNN rows ran on a
 # compute capability 8.0 GPU.
 _GA100_SOURCE = ("fitted on 110 GPUMemNet A100-SXM4-40GB rows (bench/fits/fit_conv_workspace.py; "
-                 "bench/README.md, cuDNN convolution workspaces)")
+                 "bench/fits/README.md, cuDNN convolution workspaces)")
 RULES: Dict[Tuple[int, int], ConvWorkspaceRule] = {
     (8, 0): ConvWorkspaceRule({ConvCall.FORWARD: 1.5, ConvCall.BACKWARD_DATA: 1.5,
                                ConvCall.BACKWARD_FILTER: 1.5}, 576 * MiB, _GA100_SOURCE,
@@ -116,15 +116,15 @@ RULES: Dict[Tuple[int, int], ConvWorkspaceRule] = {
 # handle, the kernels CUDA's lazy loading brings in) when cuDNN's heuristics size the
 # workspaces: no published figure, so FITTED on measured jobs of that architecture by
 # bench/fits/fit_conv_resident.py (the median of measured minus simulated over the CNN rows, floor
-# already in), scored leave-one-out (bench/README.md, "cuDNN's heuristics in the estimate").
+# already in), scored leave-one-out (bench/convolution/README.md, "cuDNN's heuristics in the estimate").
 # Architectures without a fit get none: their runtime overhead (the catalogue) carries it.
 HEURISTICS_RESIDENT: Dict[Tuple[int, int], Tuple[int, str]] = {
     # FITTED, not documented: 512 MiB on GPUMemNet's 110-row A100-SXM4-40GB sample (57 CNN rows
     # that ran; every left-out fit chose 512 too); leave-one-out CNN median 7.62%, p90 19.81%,
-    # 12.3% under, no OOM row predicted to fit (bench/README.md, "cuDNN's heuristics in the
+    # 12.3% under, no OOM row predicted to fit (bench/convolution/README.md, "cuDNN's heuristics in the
     # estimate"). cuDNN 9.24.0 planned the workspaces; the runs' own cuDNN was not recorded.
     (8, 0): (512 * MiB, "fitted on 110 GPUMemNet A100-SXM4-40GB rows with cuDNN 9.24.0's "
-                        "workspaces (bench/fits/fit_conv_resident.py; bench/README.md)"),
+                        "workspaces (bench/fits/fit_conv_resident.py; bench/convolution/README.md)"),
 }
 
 

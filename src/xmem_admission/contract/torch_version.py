@@ -40,7 +40,7 @@ class TorchVersion(NamedTuple):
 # PEP 440 as torch's builds spell it: the release, then anything (pre-release, dev, local).
 _RELEASE = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 
-# The oldest and newest releases the probe is tested with (`make compat`, bench/README.md "The
+# The oldest and newest releases the probe is tested with (`make compat`, bench/coverage/README.md "The
 # user's torch": every minor release between them, each with the oldest and newest Python it
 # supports). Older ones are refused with this range; a newer one is traced (what breaks there
 # is reported as the script's error, with torch's traceback).
