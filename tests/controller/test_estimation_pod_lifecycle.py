@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 
 from tests.controller.support import Harness, policy_spec, training_job, wait
+from tests.helm.chart import run, tool
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller.estimation_line import QUOTA_REFUSED
 
@@ -39,17 +40,53 @@ def test_an_estimation_pod_is_named_after_its_workload_and_deleted_once_its_resu
     wait(lambda: not harness.estimation_pods(), 30, "the succeeded estimation pod to be deleted")
 
 
-def test_a_failed_estimation_pod_is_kept_for_kubectl_logs(harness):
+def _kubectl(harness: Harness, *args: str, timeout: float = 60) -> str:
+    return run([tool("kubectl"), "--kubeconfig", str(harness.cluster.plane.admin_kubeconfig),
+                "-n", harness.namespace, *args], timeout=timeout).stdout
+
+
+def _condition(gme: dict, kind: str) -> dict:
+    [found] = [c for c in gme["status"]["conditions"] if c["type"] == kind]
+    return found
+
+
+def test_kubectl_waits_on_an_estimates_conditions_and_a_failed_pod_is_kept_for_kubectl_logs(
+        harness):
     harness.controller()
     harness.submit(training_job("broken", script="fails_before_step.py", args=()))
+    [gme] = wait(harness.gmes, 60, "the estimate of broken")
+    failed = f"gme/{gme['metadata']['name']}"
+    _kubectl(harness, "wait", "--for=condition=Failed", failed, "--timeout=120s", timeout=130)
     harness.wait_released("broken", 120)
     [gme] = harness.gmes()
     assert (gme["status"]["phase"], gme["status"]["reason"]) == ("Failed", "ScriptFailed")
+    assert gme["status"]["observedGeneration"] == gme["metadata"]["generation"]
+    why = _condition(gme, "Failed")
+    assert (why["status"], why["reason"]) == ("True", "ScriptFailed")
+    assert "fails_before_step.py" in why["message"]  # the script's last lines, as the status
+    assert (_condition(gme, "Estimated")["status"], _condition(gme, "Estimating")["status"]) \
+        == ("False", "False")
     name = gme["status"]["podName"]
     assert re.fullmatch(r"broken-xmem-[0-9a-f]{8}", name), name
     # Another estimation starts, finishes and is cleaned up meanwhile: the failed pod stays.
     harness.submit(training_job("fine"))
+    fine = wait(lambda: [g for g in harness.gmes() if g["spec"]["workload"]["name"] == "fine"],
+                60, "the estimate of fine")[0]
+    _kubectl(harness, "wait", "--for=condition=Estimated", f"gme/{fine['metadata']['name']}",
+             "--timeout=180s", timeout=190)
+    fine = harness.get("xmem.io/v1alpha1", "GPUMemoryEstimate", fine["metadata"]["name"])
+    estimated = _condition(fine, "Estimated")
+    assert (estimated["status"], estimated["reason"]) == ("True", "Traced")
+    assert estimated["message"].startswith(
+        f"{fine['status']['estimate']} on {fine['status']['gpu']}, request ")
     harness.wait_released("fine", 180)
+    # `kubectl get gme`: six columns, the phase and the first true condition's reason in them.
+    header, *rows = _kubectl(harness, "get", "gme").splitlines()
+    assert header.split() == ["NAME", "WORKLOAD", "GPU", "ESTIMATE", "PHASE", "REASON", "AGE"]
+    shown = {row.split()[1]: row.split() for row in rows}
+    assert shown["broken"][2:4] == ["Failed", "ScriptFailed"]
+    assert shown["fine"][2:6] == [fine["status"]["gpu"], fine["status"]["estimate"], "Succeeded",
+                                  "Traced"]
     wait(lambda: [p["metadata"]["name"] for p in harness.estimation_pods()] == [name], 30,
          "only the failed pod left")
     pod = _pod(harness, name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
-from typing import Any, Dict, Iterator
+from typing import Any, Dict, Iterator, Tuple
 
 import pytest
 
@@ -54,6 +54,12 @@ def gpu_node(harness: Harness) -> Iterator[ProcessNode]:
         process_node.DIGESTS.pop(IMAGE, None)
 
 
+def _condition(gme: Dict[str, Any], kind: str) -> Tuple[str, str, str, str]:
+    """A condition's status, reason, message and lastTransitionTime."""
+    [found] = [c for c in gme["status"]["conditions"] if c["type"] == kind]
+    return found["status"], found["reason"], found["message"], found["lastTransitionTime"]
+
+
 def _on(node: ProcessNode, job: Dict[str, Any]) -> Dict[str, Any]:
     """The job with its pods placed on ``node`` (placement is not part of the fingerprint)."""
     out = copy.deepcopy(job)
@@ -87,6 +93,11 @@ def test_a_new_digest_behind_the_same_tag_marks_the_estimate_stale_and_the_next_
     assert marked["status"]["stale"]["imageID"] == f"pytorch/pytorch@{NEW}"
     assert marked["status"]["stale"]["reason"] == "ImageChanged"
     assert OLD in marked["status"]["stale"]["message"]
+    # Its conditions say so; the estimate is still recorded, and Estimated did not transition.
+    assert _condition(gme, "Stale")[:2] == ("False", "Current")
+    assert _condition(marked, "Stale")[:2] == ("True", "ImageChanged")
+    assert OLD in _condition(marked, "Stale")[2]
+    assert _condition(marked, "Estimated") == _condition(gme, "Estimated")
     events = wait(lambda: [e for e in harness.events("second") if e["reason"] == STALE_EVENT],
                   30, "a Warning event on the job whose pod ran the new digest")
     assert events[0]["type"] == "Warning" and NEW in events[0]["message"]
@@ -103,6 +114,8 @@ def test_a_new_digest_behind_the_same_tag_marks_the_estimate_stale_and_the_next_
     assert again["status"]["attempt"] == 2
     assert again["status"]["imageID"] == f"pytorch/pytorch@{NEW}"
     assert not records.is_stale(again)
+    assert _condition(again, "Stale")[:2] == ("False", "Current")
+    assert _condition(again, "Estimated")[:2] == ("True", "Traced")
     assert again["status"]["podName"] != gme["status"]["podName"]  # a new estimation pod
     assert again["status"]["completionTime"] >= marked["status"]["stale"]["time"]
 

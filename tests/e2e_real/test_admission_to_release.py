@@ -87,9 +87,10 @@ def test_a_job_is_held_estimated_on_the_process_node_released_and_its_pod_sized(
     assert code == 200, data
     table = json.loads(data)
     columns = [c["name"] for c in table["columnDefinitions"]]
-    assert columns[:5] == ["Name", "Workload", "GPU", "Estimate", "Request"]
+    assert columns[:7] == ["Name", "Workload", "GPU", "Estimate", "Phase", "Reason", "Age"]
     row = dict(zip(columns, table["rows"][0]["cells"]))
     assert row["Workload"].endswith("train") and row["GPU"] == "A100-80GB"
+    assert (row["Phase"], row["Reason"]) == ("Succeeded", "Traced")
 
     # The same training again: the recorded estimate sizes it at CREATE, nothing is held.
     again, warning = _create(cluster, job("train-again", xmem.namespace, node_selector=selector))

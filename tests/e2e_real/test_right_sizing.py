@@ -137,7 +137,7 @@ def test_the_peak_a_run_used_lands_on_the_estimate_and_sizes_the_repeat_job(
         assert ran["gpu"] == GPU and ran["requestBytes"] == _request(first_pod)
         status = _gme(xmem)["status"]
         assert status["observedPeak"] == "3.0Gi"
-        assert status["observedRatio"] == f"{FIRST_PEAK / estimate:.2f}"
+        assert status["observedPercent"] == round(100 * FIRST_PEAK / estimate)
 
         # 2. The repeat Job is sized at CREATE from that peak; its GPU alone, DCGM counts.
         second, second_pod = _run(xmem, "second", exporter, series, "dcgm",
@@ -152,12 +152,12 @@ def test_the_peak_a_run_used_lands_on_the_estimate_and_sizes_the_repeat_job(
         assert _gme(xmem)["status"]["observedPeak"] == "5.0Gi"
         listed = subprocess.run(
             [tool("kubectl"), "--kubeconfig", str(cluster.plane.admin_kubeconfig), "get", "gme",
-             "-n", xmem.namespace], capture_output=True, text=True, timeout=60, check=True).stdout
+             "-n", xmem.namespace, "-o", "wide"], capture_output=True, text=True, timeout=60, check=True).stdout
         header, row = listed.splitlines()[:2]
         columns = header.split()
-        assert columns.index("ESTIMATE") < columns.index("OBSERVED") < columns.index("RATIO")
+        assert columns.index("ESTIMATE") < columns.index("OBSERVED") < columns.index("OBSERVED%")
         assert "5.0Gi" in row.split()
-        assert f"{SECOND_PEAK_MIB * MiB / estimate:.2f}" in row
+        assert str(round(100 * SECOND_PEAK_MIB * MiB / estimate)) in row.split()
 
         # 3. Prometheus down: the next Job is sized from both runs and ends as sized; nothing
         #    is recorded for it, and the controller says why and counts it.

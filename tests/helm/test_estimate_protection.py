@@ -75,6 +75,10 @@ def test_nobody_else_creates_an_estimate(admit, user):
 @pytest.mark.parametrize("change", [
     lambda o: o["status"]["estimates"][0].update(totalBytes=1 << 30),  # a forged small estimate
     lambda o: o["status"].update(phase="Failed"),
+    lambda o: o["status"].update(conditions=[
+        {"type": "Failed", "status": "True", "reason": "ScriptFailed", "message": "forged",
+         "lastTransitionTime": "2026-01-31T12:00:00Z"}]),
+    lambda o: o["status"].update(observedGeneration=7),
     lambda o: o["status"].update(requestBytes=1),
     lambda o: o["status"].pop("estimates"),
     lambda o: o["spec"].update(fingerprint="b" * 32),
@@ -107,7 +111,7 @@ def test_only_the_controller_writes_what_sizes_a_retry_after_an_oom(admit, chang
 
 
 def test_a_measuring_tool_may_record_the_actual_peak_and_the_garbage_collector_its_owners(admit):
-    measured = _changed(actualBytes=40 << 30, actual="40.0Gi", error="+2.5%")
+    measured = _changed(actualBytes=40 << 30, actual="40.0Gi", relativeErrorPercent=3)
     assert admit("system:serviceaccount:monitoring:gpu-meter", "UPDATE", measured, SUCCEEDED)
     regarbaged = copy.deepcopy(SUCCEEDED)
     regarbaged["metadata"]["ownerReferences"] = []
@@ -120,7 +124,7 @@ RUN = {"workload": {"kind": "Job", "name": "train", "uid": "u-1"}, "gpu": "A100-
        "finished": "2026-01-31T12:00:00Z", "pods": 1, "observedPeakBytes": 38 << 30,
        "source": "hami", "series": 1}
 OBSERVED = {"runs": [RUN], "observedPeakBytes": 38 << 30, "observedPeak": "38.0Gi",
-            "observedRatio": "0.93"}
+            "observedPercent": 93}
 
 
 @pytest.mark.parametrize("change", [
@@ -128,7 +132,7 @@ OBSERVED = {"runs": [RUN], "observedPeakBytes": 38 << 30, "observedPeak": "38.0G
     lambda o: o["status"]["runs"].append(dict(RUN, workload=dict(RUN["workload"], uid="u-2"),
                                               observedPeakBytes=1 << 30)),  # a run never run
     lambda o: o["status"].pop("runs"),  # forget what was used
-    lambda o: o["status"].update(observedRatio="0.10"),
+    lambda o: o["status"].update(observedPercent=10),
 ])
 def test_only_the_controller_writes_what_finished_runs_used(admit, change):
     """status.runs sizes the fingerprint's next job (right-sizing), and the observed

@@ -194,7 +194,7 @@ def test_jobs_that_used_more_outside_the_allocator_move_the_next_new_jobs_reques
         assert overhead["correctionBytes"] == correction and overhead["driverVersion"] == DRIVER
         listed = subprocess.run(
             [tool("kubectl"), "--kubeconfig", str(cluster.plane.admin_kubeconfig), "get", "gme",
-             "-n", xmem.namespace, new_row["gme"]["metadata"]["name"]],
+             "-n", xmem.namespace, "-o", "wide", new_row["gme"]["metadata"]["name"]],
             capture_output=True, text=True, timeout=60, check=True).stdout
         header, line = listed.splitlines()[:2]
         assert "OVERHEAD" in header.split()

@@ -117,7 +117,7 @@ def test_the_runs_the_controller_recorded_on_the_estimate_reach_the_record():
 
     assert found is not None
     assert found.runs == (Run(GPUS[0], 20 * GiB, 23 * GiB, True, 1769860800.0),)
-    assert gme["status"]["observedPeak"] == "23.0Gi" and gme["status"]["observedRatio"] == "1.15"
+    assert gme["status"]["observedPeak"] == "23.0Gi" and gme["status"]["observedPercent"] == 115
     assert [e["workload"]["uid"] for e in gme["status"]["runs"]] == ["u-1", "u-2"]
 
 

@@ -116,7 +116,7 @@ def touch(ctx: Context, gme: Obj, when: Optional[datetime.datetime] = None) -> O
         return gme  # not created yet (a test's or a dry run's object)
     status[LAST_USED] = records.stamp(when)
     try:
-        written = ctx.kube.replace_status(GME, dict(gme, status=status))
+        written = ctx.kube.replace_status(GME, records.with_status(gme, status, ctx.now()))
     except KubeApiError as exc:
         if exc.conflict or exc.not_found:
             return gme
@@ -410,7 +410,7 @@ def check_image(ctx: Context, namespace: str, name: str) -> Optional[float]:
     status = dict(gme.get("status") or {})
     status["stale"] = {"reason": "ImageChanged", "message": message, "imageID": other,
                        "pod": name, "time": records.stamp(ctx.now())}
-    written = ctx.kube.replace_status(GME, dict(gme, status=status))
+    written = ctx.kube.replace_status(GME, records.with_status(gme, status, ctx.now()))
     ctx.estimates.put(written)
     ctx.emit(written, "Warning", STALE_EVENT, f"xmem: {message}")
     ctx.emit(owner, "Warning", STALE_EVENT, f"xmem: estimate {gme['metadata']['name']} is "
@@ -431,10 +431,10 @@ def _controlling_workload(ctx: Context, pod: Obj) -> Optional[Obj]:
 
 def new_attempt(gme: Obj) -> Dict[str, Any]:
     """The status of a new estimation attempt for a failed or stale estimate: what sizes
-    running workloads (``oomRetries``) and when it was used are kept."""
+    running workloads (``oomRetries``) and when it was used are kept; its conditions say so."""
     status = gme.get("status") or {}
     out: Dict[str, Any] = {"phase": records.PENDING, "attempt": records.attempt(gme) + 1}
     for key in (records.OOM_RETRIES, LAST_USED):
         if key in status:
             out[key] = status[key]
-    return out
+    return records.with_conditions(gme, out)

@@ -24,8 +24,12 @@ next reconcile continues from):
    holds everything it said), or ``Failed`` with a reason and a message that quotes the
    script's last log lines, keeping a finished pod for ``kubectl logs`` (it goes with the next
    attempt or with its estimate);
-4. ``actualBytes`` set by whoever measures the job on a GPU: the ``actual`` and ``error`` columns
-   are filled in.
+4. ``actualBytes`` set by whoever measures the job on a GPU: the ``actual`` and
+   ``relativeErrorPercent`` columns are filled in.
+
+Every status write brings the conditions along (``records.with_status``); an estimate whose
+conditions lag its status (an older release wrote it) is written once more, and one queued
+for its pod is written ``Pending`` with ``Estimating=True`` (``Queued``).
 
 Failure reasons: ``ScriptFailed``, ``NoOptimizerStep``, ``NeedsRealValues``, ``Unsupported``,
 ``ProbeError``, ``NoResult``, ``OOMKilled``, ``DeadlineExceeded``, ``ImagePullFailed``,
@@ -263,7 +267,7 @@ def needs_summary(gme: Obj) -> bool:
 
 
 def _write_status(ctx: Context, gme: Obj, status: Dict[str, Any]) -> Obj:
-    written = ctx.kube.replace_status(GME, dict(gme, status=status))
+    written = ctx.kube.replace_status(GME, records.with_status(gme, status, ctx.now()))
     ctx.estimates.put(written)
     return written
 
@@ -291,7 +295,8 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
             _summary(ctx, gme, status)  # recorded by someone else (KubeStore.put, an older run)
             if "gpu" in status:
                 gme = _write_status(ctx, gme, status)
-        _fill_error(ctx, gme, status)
+        if not _fill_error(ctx, gme, status) and records.conditions_lag(gme):
+            _write_status(ctx, gme, status)  # written by an older release, or the spec changed
         if pod is not None and "deletionTimestamp" not in pod["metadata"] and (
                 phase == records.SUCCEEDED or (pod.get("status") or {}).get("phase") in
                 (None, "Pending", "Running")):
@@ -333,6 +338,8 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
     namespace = gme["metadata"]["namespace"]
     key = (namespace, gme["metadata"]["name"])
     if not ctx.line.granted(key):
+        if records.conditions_lag(gme):  # kubectl shows it queued, not a blank row
+            _write_status(ctx, gme, dict(status, phase=records.PENDING))
         estimation_line.wake(ctx)  # the dispatch queues it when its turn comes
         return None
     why = "the workload has no GPU container to estimate"
@@ -516,14 +523,17 @@ def _probe_mode(pod: Obj) -> str:
     return ""
 
 
-def _fill_error(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:
-    """Fill the ``actual`` and ``error`` columns once someone recorded ``actualBytes``."""
+def _fill_error(ctx: Context, gme: Obj, status: Dict[str, Any]) -> bool:
+    """Fill the ``actual`` and ``relativeErrorPercent`` columns once someone recorded
+    ``actualBytes``; whether it wrote."""
     actual = status.get("actualBytes")
     estimate = status.get("estimateBytes")
     if not isinstance(actual, int) or not isinstance(estimate, int) or actual <= 0:
-        return
-    text = records.error_text(estimate, actual)
-    if status.get("error") == text and status.get("actual") == records.human(actual):
-        return
-    status.update(actual=records.human(actual), error=text)
+        return False
+    percent = records.relative_error_percent(estimate, actual)
+    if status.get("relativeErrorPercent") == percent and \
+            status.get("actual") == records.human(actual):
+        return False
+    status.update(actual=records.human(actual), relativeErrorPercent=percent)
     _write_status(ctx, gme, status)
+    return True

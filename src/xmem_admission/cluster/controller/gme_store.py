@@ -70,7 +70,7 @@ class KubeStore:
             if not exc.already_exists:
                 raise
             created = self.kube.get(GME, namespace, obj["metadata"]["name"])
-        written = self.kube.replace_status(GME, dict(created, status=status))
+        written = self.kube.replace_status(GME, records.with_status(created, status))
         self._on_event("MODIFIED", written)
 
     def _on_event(self, kind: str, gme: Obj) -> None:

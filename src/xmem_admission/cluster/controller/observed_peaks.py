@@ -14,7 +14,7 @@ When a workload of a kind the controller handles ends (a Job's
    spike shorter than a scrape interval's worth of samples counts) and recorded as a run in
    ``status.runs``: the GPU model, the estimate the request was sized from (the pod's
    ``xmem.io/estimate-bytes``, the estimator's figure), the request, whether it completed, the
-   peak; ``kubectl get gme`` shows the newest peak and its ratio to the estimate. The webhook
+   peak; ``kubectl get gme`` shows the newest peak as a percent of the estimate. The webhook
    sizes the next job of the fingerprint in the namespace from those runs
    (``policy.right_sizing``). For the memory outside the allocator
    (``controller.learned_overhead``) the run also carries the simulated reserved peak of the
@@ -291,13 +291,14 @@ def _record(ctx: Context, kind: str, obj: Obj, gme: Obj, completed: bool, mine: 
                 if peak is not None and completed:
                     ctx.queue.add(("overhead",), 1.0)  # after the write below lands
                 if peak is not None:
-                    ratio = records.ratio_text(peak.peak_bytes, estimate or 0)
-                    log.info("%s %s/%s used %s GiB per GPU at its peak (%s, %s x its estimate "
-                             "%s)", kind, namespace, name, gib(peak.peak_bytes),
-                             peak.source.value, ratio or "?", gme["metadata"]["name"])
+                    percent = records.observed_percent(peak.peak_bytes, estimate or 0)
+                    log.info("%s %s/%s used %s GiB per GPU at its peak (%s, %s%% of its "
+                             "estimate %s)", kind, namespace, name, gib(peak.peak_bytes),
+                             peak.source.value, "?" if percent is None else percent,
+                             gme["metadata"]["name"])
     if status == (gme.get("status") or {}):
         return pods
-    written = ctx.kube.replace_status(GME, dict(gme, status=status))
+    written = ctx.kube.replace_status(GME, records.with_status(gme, status, ctx.now()))
     ctx.estimates.put(written)
     if avoided is not None:
         ctx.metrics.oom_avoided.labels(str(avoided.get("backend", ""))).inc()

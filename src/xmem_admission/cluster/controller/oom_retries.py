@@ -397,7 +397,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
     if decision.entry is not None:
         status = with_entry(dict(gme.get("status") or {}), decision.entry)
         status = trials.after_oom(ctx, gme, workload, status)  # shared: not neutral after all
-        written = ctx.kube.replace_status(GME, dict(gme, status=status))
+        written = ctx.kube.replace_status(GME, records.with_status(gme, status, ctx.now()))
         ctx.estimates.put(written)
         entry = decision.entry
         if decision.counted:

@@ -11,7 +11,9 @@ workloads as owner references; the controller drops them on its next pass over i
 its trial family and option values, see ``trials``); ``status`` carries
 the estimation's state and result::
 
-    phase: Pending | Running | Succeeded | Failed
+    conditions: [{type, status, reason, message, observedGeneration, lastTransitionTime}]
+    observedGeneration                                    # see "Conditions" below
+    phase: Pending | Running | Succeeded | Failed         # what the conditions say, in a word
     attempt, podName, startTime, completionTime, reason, message
     mode, steps, seconds, fallbackReason                  # from the probe
     lastUsedTime                  # when a workload last joined it or was sized from it
@@ -29,7 +31,7 @@ the estimation's state and result::
     range                                 # the chosen GPU's range, low-high ("=" when exact)
     gpu, estimateBytes, estimate, requestBytes, request   # the policy's choice, for kubectl
     claim                                                 # dra: the claim's form
-    actualBytes, actual, error                            # actualBytes: set by whoever measures
+    actualBytes, actual, relativeErrorPercent             # actualBytes: set by whoever measures
     oomRetries: [{workload: {kind, name, uid}, ooms, pod, podUID, container, time, gpu,
                   backend, failedRequestBytes, requestBytes, migProfile, claim, source,
                   exception, askedBytes, allocatedBytes, reservedBytes, inUseBytes, needBytes,
@@ -37,7 +39,7 @@ the estimation's state and result::
     runs: [{workload: {kind, name, uid}, gpu, estimateBytes, requestBytes, completed,
             finished, pods, observedPeakBytes, source, series,  # ``observed_peaks``
             peakReservedBytes, driverVersion}]    # ``learned_overhead``
-    observedPeakBytes, observedPeak, observedRatio        # the latest run's peak, for kubectl
+    observedPeakBytes, observedPeak, observedPercent      # the latest run's peak, for kubectl
     overhead: {gpu, source, outsideAllocatorBytes, catalogueBytes, correctionBytes, applied,
                jobs, driverVersion, bounded}, overheadApplied   # what the memory outside
                                                   # the allocator moved the request by
@@ -57,6 +59,21 @@ completed, and the peak its pods used per GPU as Prometheus saw it (absent when 
 covered the pods). ``policy.right_sizing`` corrects the next run's estimate from them.
 A new attempt (the same fingerprint held again after a failure) bumps ``attempt`` and names a
 new pod ``<name>-<attempt>``.
+
+Conditions (``metav1.Condition``, written with every status write: ``with_status``), in this
+order, so that the first true one's reason says where the estimate stands (the kubectl column):
+
+- ``Failed``: the estimation failed (reason ``ScriptFailed``, ``OOMKilled``, ... as
+  ``status.reason``; the message quotes the script's last lines);
+- ``Stale``: the estimate no longer matches what runs (reason ``ImageChanged``: a sized
+  workload's pod ran another image digest); the next workload is estimated again;
+- ``Estimating``: an attempt is in progress (``Queued``: waiting for its estimation pod;
+  ``PodRunning``);
+- ``Estimated``: an estimate is recorded (``Traced``; ``SharedFromTrial``: shared from a traced
+  estimate of its trial family; ``Recorded``: put by ``xmem serve``'s store).
+
+``lastTransitionTime`` moves only when a condition's status changes; each condition and
+``status.observedGeneration`` carry the ``metadata.generation`` written from.
 """
 
 from __future__ import annotations
@@ -67,6 +84,7 @@ from typing import Any, Dict, List, Optional
 
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.client import GME, Obj
+from xmem_admission.cluster.kube.conditions import merged, without_times
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.policy.store import (
     EstimateRecord,
@@ -78,6 +96,8 @@ from xmem_admission.cluster.policy.store import (
 
 PENDING, RUNNING, SUCCEEDED, FAILED = "Pending", "Running", "Succeeded", "Failed"
 TERMINAL = (SUCCEEDED, FAILED)
+ESTIMATED, STALE, ESTIMATING = "Estimated", "Stale", "Estimating"  # and FAILED: condition types
+CONDITION_MESSAGE_LIMIT = 32768  # metav1.Condition's message
 OOM_RETRIES = "oomRetries"
 MAX_RETRY_ENTRIES = 50  # workloads of one fingerprint with out-of-memory history kept
 RUNS = "runs"
@@ -283,11 +303,12 @@ def human(size: int) -> str:
     return f"{gib(size)}Gi"
 
 
-def error_text(estimate_bytes: int, actual_bytes: int) -> str:
-    """Estimate vs measured, signed: ``+3.1%`` over-estimates, ``-2.0%`` under-estimates."""
+def relative_error_percent(estimate_bytes: int, actual_bytes: int) -> Optional[int]:
+    """(estimate - measured) / measured in whole percent, signed: ``3`` over-estimates, ``-2``
+    under-estimates (None without a measurement)."""
     if actual_bytes <= 0:
-        return ""
-    return f"{100.0 * (estimate_bytes - actual_bytes) / actual_bytes:+.1f}%"
+        return None
+    return round(100 * (estimate_bytes - actual_bytes) / actual_bytes)
 
 
 def _entries(gme: Optional[Obj], field: str) -> List[Dict[str, Any]]:
@@ -362,9 +383,9 @@ def _run(entry: Dict[str, Any]) -> Optional[Run]:
     return Run(gpu, estimate, peak, entry.get("completed") is True, finished.timestamp())
 
 
-def ratio_text(peak_bytes: int, estimate_bytes: int) -> str:
-    """Observed peak / estimate for the kubectl column: ``1.08`` (above 1: used more)."""
-    return f"{peak_bytes / estimate_bytes:.2f}" if estimate_bytes > 0 else ""
+def observed_percent(peak_bytes: int, estimate_bytes: int) -> Optional[int]:
+    """Observed peak as a whole percent of the estimate: ``108`` (above 100: used more)."""
+    return round(100 * peak_bytes / estimate_bytes) if estimate_bytes > 0 else None
 
 
 def with_run(status: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
@@ -377,5 +398,107 @@ def with_run(status: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
     peak, estimate = _count(entry.get("observedPeakBytes")), _count(entry.get("estimateBytes"))
     if peak is not None and estimate is not None:
         out.update(observedPeakBytes=peak, observedPeak=human(peak),
-                   observedRatio=ratio_text(peak, estimate))
+                   observedPercent=observed_percent(peak, estimate))
     return out
+
+
+# --- conditions -----------------------------------------------------------------------------
+
+def _condition(kind: str, true: bool, reason: str, message: str) -> Dict[str, Any]:
+    return {"type": kind, "status": "True" if true else "False", "reason": reason,
+            "message": message[-CONDITION_MESSAGE_LIMIT:]}
+
+
+def _estimated(status: Dict[str, Any], at: str) -> Dict[str, Any]:
+    """The ``Estimated`` condition of a status (``at``: its phase)."""
+    if at != SUCCEEDED:
+        return _condition(ESTIMATED, False, "EstimationFailed" if at == FAILED else "InProgress",
+                          "no estimate is recorded: " + ("the estimation failed" if at == FAILED
+                                                         else "its estimation is in progress"))
+    shared = status.get("sharedFrom")
+    if isinstance(shared, dict) and shared.get("estimate"):
+        options = ", ".join(str(o) for o in shared.get("options") or [])
+        how, reason = (f"shared from {shared['estimate']}, which differs only in {options} "
+                       "(options that do not change the program's memory)"), "SharedFromTrial"
+    else:
+        how, reason = "", "Traced" if status.get("mode") else "Recorded"
+    gpu, estimate, request = status.get("gpu"), status.get("estimate"), status.get("request")
+    if gpu == "none fits":
+        what = f"fits none of the policy's GPU models (the smallest estimate is {estimate})"
+    elif isinstance(gpu, str) and gpu and estimate:
+        what = f"{estimate} on {gpu}" + (f", request {request}" if request else "")
+    else:
+        gpus = ", ".join(str(e.get("gpu")) for e in status.get("estimates") or []
+                         if isinstance(e, dict))
+        what = f"estimated for {gpus or 'no GPU model'}"
+    return _condition(ESTIMATED, True, reason, what + (f"; {how}" if how else ""))
+
+
+def conditions(gme: Obj, status: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The conditions a status stands for (without lastTransitionTime), in the order of the
+    module docstring."""
+    at = status.get("phase") or PENDING
+    tries = f"attempt {int(status.get('attempt') or 1)}"
+    if at == FAILED:
+        reason = str(status.get("reason") or "Error")
+        failed = _condition(FAILED, True, reason, str(status.get("message") or reason))
+    else:
+        failed = _condition(FAILED, False, "Succeeded" if at == SUCCEEDED else "InProgress",
+                            "the estimation succeeded" if at == SUCCEEDED
+                            else f"{tries} is in progress")
+    stale_entry = status.get("stale")
+    if isinstance(stale_entry, dict) and stale_entry:
+        stale = _condition(STALE, True, str(stale_entry.get("reason") or "Stale"),
+                           str(stale_entry.get("message") or "the estimate is stale"))
+    elif at == SUCCEEDED:
+        stale = _condition(STALE, False, "Current", "no pod sized from it ran another image "
+                           "digest than its estimation pod")
+    else:
+        stale = _condition(STALE, False, "NoEstimate", "no estimate is recorded")
+    if at == RUNNING:
+        pod = status.get("podName")
+        estimating = _condition(ESTIMATING, True, "PodRunning", f"{tries}: estimation pod "
+                                f"{pod} runs" if pod else f"{tries}: its estimation pod runs")
+    elif at == PENDING:
+        estimating = _condition(ESTIMATING, True, "Queued", f"{tries} waits for its estimation "
+                                "pod (the estimation line: the policy's concurrency caps)")
+    else:
+        estimating = _condition(ESTIMATING, False, at, "no estimation is in progress")
+    out = [failed, stale, estimating, _estimated(status, at)]
+    generation = _generation(gme)
+    if generation is not None:
+        for condition in out:
+            condition["observedGeneration"] = generation
+    return out
+
+
+def _generation(gme: Obj) -> Optional[int]:
+    found = (gme.get("metadata") or {}).get("generation")
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
+def with_conditions(gme: Obj, status: Dict[str, Any],
+                    now: Optional[datetime.datetime] = None) -> Dict[str, Any]:
+    """``status`` with its conditions and ``observedGeneration`` (lastTransitionTime kept
+    from ``gme``'s conditions where a condition's status did not change)."""
+    old = (gme.get("status") or {}).get("conditions")
+    out = dict(status, conditions=merged(old, conditions(gme, status), stamp(now)))
+    generation = _generation(gme)
+    if generation is not None:
+        out["observedGeneration"] = generation
+    return out
+
+
+def with_status(gme: Obj, status: Dict[str, Any],
+                now: Optional[datetime.datetime] = None) -> Obj:
+    """The GME to write with ``status`` (``replace_status``), its conditions brought along."""
+    return dict(gme, status=with_conditions(gme, status, now))
+
+
+def conditions_lag(gme: Obj) -> bool:
+    """Whether the GME's conditions or observedGeneration do not say what its status does (an
+    estimate an older release wrote, or a spec changed since)."""
+    status = gme.get("status") or {}
+    generation = _generation(gme)
+    return without_times(status.get("conditions")) != conditions(gme, status) or \
+        (generation is not None and status.get("observedGeneration") != generation)

@@ -287,7 +287,7 @@ def share(ctx: Context, obj: Obj, fp: str, gpu_keys: Sequence[str],
                 break
             gme = ctx.kube.create(GME, namespace, mark(records.new(obj, fp, list(gpu_keys),
                                                                    image), trial))
-        written = ctx.kube.replace_status(GME, dict(gme, status=status))
+        written = ctx.kube.replace_status(GME, records.with_status(gme, status, ctx.now()))
     except KubeApiError as exc:
         if exc.conflict:  # someone else wrote it first: the next pass reads what they wrote
             return None
