@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build a DRA kubelet plugin for the real node (#40): sigs.k8s.io/dra-example-driver's
+# Build a DRA kubelet plugin for the real node: sigs.k8s.io/dra-example-driver's
 # cmd/dra-example-kubeletplugin, the Kubernetes project's example driver, which publishes
 # simulated GPUs in a ResourceSlice for its node and prepares claims by writing CDI specs (env
 # vars only). localkube/dra_plugin.py runs it beside the real node's kubelet as a host process;

