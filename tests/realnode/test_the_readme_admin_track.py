@@ -297,10 +297,11 @@ def test_the_readme_admin_track_ends_with_a_released_job_and_uninstall_leaves_wh
     assert [g["spec"]["workload"]["name"] for g in estimates] == [JOB], estimates
     assert not any(g["metadata"].get("ownerReferences") for g in estimates), estimates
     shown = [track.run(track.as_run(command)) for command in after_watch]
-    # `kubectl get gme`: the Job's estimate, with the GPU model it was sized for and a request
+    # `kubectl get gme`: the Job's estimate, with the GPU model it was sized for, recorded
     [gme] = [r for ran in shown if ran.command.startswith("kubectl get gme")
              for r in table(ran.output)]
-    assert gme["WORKLOAD"].endswith(JOB) and gme["GPU"] and gme["REQUEST"], shown[-1].output
+    assert gme["WORKLOAD"].endswith(JOB) and gme["GPU"] and gme["ESTIMATE"], shown[-1].output
+    assert (gme["PHASE"], gme["REASON"]) == ("Succeeded", "Traced"), shown[-1].output
 
     def sized_pod() -> Optional[Dict[str, Any]]:
         pods = track.kubectl_json("get", "pods", "-n", TENANT, "-l", f"job-name={JOB}")
