@@ -717,7 +717,7 @@ def run_estimate(row: Dict[str, Any], gpu: str, python: Optional[str] = None) ->
     return {
         "estimated_total_bytes": entry["total_bytes"],
         # the range (an older xmem's output has none: the point for both ends), the OOM call
-        # on it, and the request the default policy gives the job (bench/yardsticks/paper/requests.py)
+        # on it, and the request the default policy gives the job (bench/yardsticks/paper/request_sizes.py)
         "estimated_low_bytes": entry.get("low_bytes") or entry["total_bytes"],
         "estimated_high_bytes": high,
         "estimated_fit": entry.get("fit"),
@@ -738,10 +738,10 @@ def run_estimate(row: Dict[str, Any], gpu: str, python: Optional[str] = None) ->
 
 
 def _request(total: int, high: int, gpu: str) -> int:
-    """The request the default policy gives an estimate (``bench/yardsticks/paper/requests.py``)."""
+    """The request the default policy gives an estimate (``bench/yardsticks/paper/request_sizes.py``)."""
     if str(ROOT) not in sys.path:  # that module imports the bench package by name
         sys.path.insert(0, str(ROOT))
-    return int(importlib.import_module("bench.yardsticks.paper.requests").request_bytes(total, high, gpu))
+    return int(importlib.import_module("bench.yardsticks.paper.request_sizes").request_bytes(total, high, gpu))
 
 
 def run_replay(archive: Path, member: str, tmp: Path) -> Dict[str, Any]:

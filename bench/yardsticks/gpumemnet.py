@@ -306,7 +306,7 @@ def _answer(row_id: str, sim: Dict[str, Any], floor: int, capacity_bytes: int) -
     """A row's answer under a floor: the point, the ends of its range, its request under the
     default policy and the OOM call ("does not fit" only where the low end does not; traces
     simulated before the range existed have the point for both ends)."""
-    from bench.yardsticks.paper.requests import request_bytes
+    from bench.yardsticks.paper.request_sizes import request_bytes
 
     estimate_bytes = sim["peak_reserved_bytes"] + floor
     low_bytes = sim.get("low_reserved_bytes", sim["peak_reserved_bytes"]) + floor
@@ -383,7 +383,7 @@ def report(rows: Sequence[Row], sims: Dict[str, Dict[str, Any]],
                      f"{len(growing)} of "
                      f"{sum('peak_reserved_bytes' in sims.get(r.id, {}) for r in rows)}"
                      + (f" ({', '.join(growing[:10])})" if growing else ""))
-    from bench.yardsticks.paper.requests import table, tally
+    from bench.yardsticks.paper.request_sizes import table, tally
 
     lines.append(table("requests under the default policy (each row with the floor fitted on "
                        "the others)", tally(rows, answers)))

@@ -1,12 +1,16 @@
-"""The yardsticks' request scoring (bench/yardsticks/paper/requests.py): a job that ran is over its request
-when its measured peak passes what the default policy grants it; a line written before the range
-existed is sized from its estimate alone; OOM calls are counted by what was said."""
+"""The yardsticks' request scoring (bench/yardsticks/paper/request_sizes.py): a job that ran is over
+its request when its measured peak passes what the default policy grants it; a line written
+before the range existed is sized from its estimate alone; OOM calls are counted by what was said.
+No module beside the paper's job script takes the name of a package its jobs import."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 from bench.yardsticks.gpumemnet import Row as GPUMemNetRow
-from bench.yardsticks.paper.benchmark import Row
-from bench.yardsticks.paper.requests import request_bytes, tally
+from bench.yardsticks.paper.benchmark import JOBS_SCRIPT, Row
+from bench.yardsticks.paper.request_sizes import request_bytes, tally
 
 GiB = 1 << 30
 
@@ -36,3 +40,12 @@ def test_the_high_end_adds_its_excess_to_the_request():
     # 9 GiB x 1.05 = 9.45 GiB, in 256 MiB steps 9.5 GiB; with a 1 GiB excess 10.45, so 10.5
     assert request_bytes(9 * GiB, None, "A100-40GB") == 9.5 * GiB
     assert request_bytes(9 * GiB, 10 * GiB, "A100-40GB") == 10.5 * GiB
+
+
+def test_no_module_beside_the_paper_job_script_shadows_a_package_the_jobs_import():
+    # python puts the script's folder first on sys.path: a requests.py there made
+    # transformers' `import requests` fail in every transformer row
+    folder = Path(JOBS_SCRIPT).parent
+    for path in folder.glob("*.py"):
+        found = importlib.util.find_spec(path.stem)
+        assert found is None or Path(str(found.origin)).parent == folder, (path.name, found)

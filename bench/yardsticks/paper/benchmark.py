@@ -174,7 +174,7 @@ def paper_runtime_overhead(gpu: str, result: Any) -> int:
 
 def _answer(row: Row, result: Any, runtime_overhead_bytes: int, seconds: float,
             mode: str) -> Dict[str, Any]:
-    from bench.yardsticks.paper.requests import request_bytes
+    from bench.yardsticks.paper.request_sizes import request_bytes
 
     # measured_peak_bytes excludes the CUDA context (sampled after CUDA init): so do we, and so
     # do the ends of the range (the same figures outside the allocator as the point's).
@@ -197,7 +197,7 @@ def held_out(rows: Sequence[Row], results: Sequence[Dict[str, Any]]) -> Dict[str
     reserved), so that no row is scored with a figure fitted on itself: the point, its range
     and the request move by the difference; the OOM calls stay the simulation's."""
     from bench.fits.fit_overhead import fitted_overhead
-    from bench.yardsticks.paper.requests import request_bytes
+    from bench.yardsticks.paper.request_sizes import request_bytes
 
     by_id = {r["id"]: r for r in results if "estimate_bytes" in r}
     residuals: Dict[str, Dict[str, int]] = {}
@@ -360,8 +360,8 @@ def report(rows: Sequence[Row], results: Sequence[Dict[str, Any]]) -> str:
             table = [s for s in comparison(subset, ours)
                      if s.name.startswith(("xmem", "  ours on xmem"))]
             parts.append(format_table(f"{key} = {value}", table))
-    from bench.yardsticks.paper.requests import table as requests_table
-    from bench.yardsticks.paper.requests import tally
+    from bench.yardsticks.paper.request_sizes import table as requests_table
+    from bench.yardsticks.paper.request_sizes import tally
 
     data = [r.data for r in rows]
     parts.append(requests_table("requests under the default policy (the catalogue's runtime overhead, "

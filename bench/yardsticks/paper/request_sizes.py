@@ -12,7 +12,7 @@ The OOM call of a line: "does not fit" (``predicted_oom``: the low end does not 
 fit" (``fit``: only the point or the high end does not), else "fits".
 
 Usage (both benches' ``--out`` files, or an older one for the figures before):
-``.venv/bin/python -m bench.yardsticks.paper.requests RUNS.jsonl OUT.jsonl`` (the paper's rows: also with
+``.venv/bin/python -m bench.yardsticks.paper.request_sizes RUNS.jsonl OUT.jsonl`` (the paper's rows: also with
 each row's runtime overhead held out, ``benchmark.held_out``)
 """
 
