@@ -56,9 +56,9 @@ INVALID = [
     ({"tolerations": [{"key": "a", "colour": "blue"}]},
      "spec.estimation.placement.tolerations[0]: unknown field 'colour'", True),
     ({"nodeSelector": ["pool=cpu"]},
-     "spec.estimation.placement.nodeSelector: must be a map", True),
+     "spec.estimation.placement.nodeSelector: must be an object", True),
     ({"nodeSelector": {"pool": 3}},
-     "spec.estimation.placement.nodeSelector['pool']: must be a label value", True),
+     "spec.estimation.placement.nodeSelector['pool']: must be a string", True),
     ({"zone": "a"}, "spec.estimation.placement: unknown field 'zone'", True),
     ({"tolerations": [{"key": "a", "tolerationSeconds": 5, "effect": "NoSchedule"}]},
      "tolerations[0].tolerationSeconds: is for effect NoExecute only", False),
@@ -66,7 +66,7 @@ INVALID = [
      "tolerations[0].value: must be empty when operator is Exists", False),
     ({"nodeSelector": {"bad key!": "x"}}, "'bad key!' is not a label key", False),
     ({"priorityClassName": "Low_Priority"},
-     "spec.estimation.placement.priorityClassName: must be a PriorityClass name", False),
+     "spec.estimation.placement.priorityClassName: 'Low_Priority' is not an object name", True),
 ]
 
 

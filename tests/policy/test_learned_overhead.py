@@ -215,7 +215,7 @@ def test_the_policy_fields_are_checked_with_their_paths():
             make_policy(learnedOverhead=learned)
         return str(caught.value)
 
-    assert "spec.learnedOverhead.minJobs: must be an integer >= 1" in fails(minJobs=0)
+    assert "spec.learnedOverhead.minJobs: must be at least 1" in fails(minJobs=0)
     assert "spec.learnedOverhead.minJobs: is above recentJobs" in fails(minJobs=9, recentJobs=8)
     assert "spec.learnedOverhead.quantile: must be at least 0.5" in fails(quantile=0.2)
     assert "spec.learnedOverhead.maxCorrection" in fails(maxCorrection="lots")

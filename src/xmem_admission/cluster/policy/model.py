@@ -9,22 +9,25 @@ name because an AdmissionReview carries the namespace's name, not its labels.
 
 Parsing is strict: an unknown field, a wrong type or an unknown GPU model is an error that names
 the field (``spec.overrides[0].targets[1].backend: ...``), because a silently ignored typo in an
-admission policy is an outage waiting to happen.
+admission policy is an outage waiting to happen. The typed models of ``policy.api`` validate (the
+CRD is generated from them); this module resolves them into per-namespace ``Settings``, once per
+policy change: the webhook's requests read ``Settings`` only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import fnmatch
 import re
-import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
+
+from pydantic import ValidationError
 
 from xmem_admission.cluster.kube import quantity
+from xmem_admission.cluster.policy import api
 from xmem_admission.contract import gpus
-from xmem_admission.contract.errors import PolicyError, QuantityError, UnknownGPUError
+from xmem_admission.contract.errors import PolicyError, UnknownGPUError
 
 API_GROUP = "xmem.io"
 API_VERSION = "v1alpha1"
@@ -32,78 +35,22 @@ KIND = "GPUAdmissionPolicy"
 PLURAL = "gpuadmissionpolicies"
 DEFAULT_NAME = "default"
 
-
-class BackendName(str, enum.Enum):
-    """How a GPU memory request is expressed to the scheduler (``cluster/backends``: one each)."""
-
-    ANNOTATION = "annotation"  # xmem.io/ annotations only: for dashboards, or a custom scheduler
-    HAMI = "hami"
-    VOLCANO = "volcano"
-    GPUSHARE = "gpushare"
-    KAI = "kai"
-    MIG_MIXED = "mig-mixed"
-    MIG_SINGLE = "mig-single"
-    DRA = "dra"  # a resource.k8s.io/v1 claim (docs/dra.md; settings: spec.dra)
-
-
-class Enforcement(str, enum.Enum):
-    """Whether policy violations are denied or only reported as kubectl warnings."""
-
-    WARN = "Warn"
-    ENFORCE = "Enforce"
-
-
-class UntrustedAnnotations(str, enum.Enum):
-    """What the webhook does with ``xmem.io/`` sizing annotations that anyone but the xmem
-    controller wrote (``admission.trust``)."""
-
-    STRIP = "Strip"  # remove them and size (or hold) the workload as if they were not there
-    DENY = "Deny"  # refuse the request, saying which annotation
-
-
-class IntegrationMode(str, enum.Enum):
-    """Who holds a workload until it is estimated (``docs/kueue.md``)."""
-
-    SUSPEND = "suspend"  # the webhook suspends it and the controller releases it (no Kueue)
-    KUEUE = "kueue"  # Kueue holds it; the controller serves an AdmissionCheck instead, and the
-    # webhook never touches the suspend flag of a workload that names a Kueue queue
-
-
-class FailureAction(str, enum.Enum):
-    """What the controller does with a held workload whose estimation failed or timed out."""
-
-    RELEASE = "Release"  # release it unchanged, with a warning Event
-    DEFAULT = "Default"  # release it with the policy's defaultRequest
-    HOLD = "Hold"  # keep it held (until maxHoldSeconds) and report
-
-
-class DraDriver(str, enum.Enum):
-    """Whose DRA conventions a claim follows (``backends/dra.py`` cites each driver's slices)."""
-
-    NVIDIA = "nvidia"  # sigs.k8s.io/dra-driver-nvidia-gpu, shared GPUs (ConsumableShares memory)
-    NVIDIA_MIG = "nvidia-mig"  # the same driver's MIG devices, chosen by their memory capacity
-    HAMI = "hami"  # Project-HAMi/k8s-dra-driver: memory and cores, enforced by HAMi-core
-
-
-class ExistingClaim(str, enum.Enum):
-    """What the webhook does with a GPU container that already references a claim."""
-
-    LEAVE = "Leave"  # keep the user's claim; the Event says it was left
-    REPLACE = "Replace"  # point that claim at xmem's template, sized by the estimate
-
-
-class DraFallback(str, enum.Enum):
-    """What the controller does when the policy's DeviceClass has no shareable device with a
-    ``memory`` capacity (a claim would never be allocated)."""
-
-    RELEASE = "Release"  # release it as it was written (whole GPUs), with a Warning Event
-    HOLD = "Hold"  # keep it held (until maxHoldSeconds), with a Warning Event
-
-
-# The DeviceClass each driver's chart installs (dra-driver-nvidia-gpu deployments/helm:
-# gpu.nvidia.com, mig.nvidia.com; HAMi k8s-dra-driver demo: hami-core-gpu.project-hami.io).
-DRA_CLASSES = {DraDriver.NVIDIA: "gpu.nvidia.com", DraDriver.NVIDIA_MIG: "mig.nvidia.com",
-               DraDriver.HAMI: "hami-core-gpu.project-hami.io"}
+# The policy's enums and bounds live with its models (``policy.api``); read from here too.
+BackendName = api.BackendName
+DraDriver = api.DraDriver
+DraFallback = api.DraFallback
+Enforcement = api.Enforcement
+ExistingClaim = api.ExistingClaim
+FailureAction = api.FailureAction
+IntegrationMode = api.IntegrationMode
+UntrustedAnnotations = api.UntrustedAnnotations
+DRA_CLASSES = api.DRA_CLASSES
+MAX_GROWTH_PERCENT = api.MAX_GROWTH_PERCENT
+MAX_OVERHEAD_JOBS = api.MAX_OVERHEAD_JOBS
+MAX_PINNED_OVERHEAD = api.MAX_PINNED_OVERHEAD
+MAX_PROMETHEUS_SECONDS = api.MAX_PROMETHEUS_SECONDS
+MAX_RIGHT_SIZING_RUNS = api.MAX_RIGHT_SIZING_RUNS
+TOP_LEVEL_FIELDS = api.TOP_LEVEL_FIELDS
 
 
 @dataclass(frozen=True)
@@ -287,377 +234,137 @@ class Settings:
         return None
 
 
-SPEC_FIELDS = (
-    "enabled", "targets", "safetyMarginPercent", "overcommitPercent", "minimumRequest",
-    "granularity", "enforcement", "onEstimationFailure", "estimation", "untrustedAnnotations",
-    "integration", "oomRetry", "rightSizing", "dra",
-)
-# spec only, never in an override (learnedOverhead: what a GPU model and driver keep outside the
-# allocator is no namespace's)
-TOP_LEVEL_FIELDS = ("overrides", "estimateSharing", "learnedOverhead")
-# Defaults: choices of this project, not GPU facts. 5 % margin = the estimator's default
-# (`xmem estimate --margin`); 256 MiB granularity keeps requests readable; a 1 GiB floor because
-# the CUDA context alone is 527 MiB on an H200 (contract.overhead) and no training process needs
-# less.
-DEFAULTS: Dict[str, Any] = {
-    "enabled": True,
-    "safetyMarginPercent": 5,
-    "overcommitPercent": 0,
-    "minimumRequest": "1Gi",
-    "granularity": "256Mi",
-    "enforcement": Enforcement.WARN.value,
-    "onEstimationFailure": {"action": FailureAction.RELEASE.value},
-    "estimation": {},
-    "untrustedAnnotations": UntrustedAnnotations.STRIP.value,
-    "integration": IntegrationMode.SUSPEND.value,
-    "oomRetry": {},
-    "rightSizing": {},
-    "dra": {},
-}
-# Bounds that keep arithmetic on policy input finite: a retry grows at most elevenfold per OOM,
-# and at most the last 100 runs of a fingerprint count (choices of this project).
-MAX_GROWTH_PERCENT = 1000
-MAX_RIGHT_SIZING_RUNS = 100
-MAX_PROMETHEUS_SECONDS = 300  # a read runs in a controller worker: minutes would stall others
-# learnedOverhead: at most the runs a GME keeps per fingerprint (records.MAX_RUNS) per GPU model,
-# and a pinned figure of at most 64 GiB (the CUDA context and libraries are well under 1 GiB on
-# every GPU measured: 751-771 MiB on the H200, bench/data/H200/measurements.jsonl).
-MAX_OVERHEAD_JOBS = 1000
-MAX_PINNED_OVERHEAD = 64 << 30
 STATUS_FIGURES = 200  # learned figures read from a policy's status (GPU models x drivers)
 
 
-def _fail(where: str, message: str) -> PolicyError:
-    return PolicyError(f"{where}: {message}")
+def _where(prefix: str, loc: Tuple[Any, ...]) -> str:
+    out, above = prefix, None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(part, str) and part.isidentifier() and above != "nodeSelector":
+            out += f".{part}"
+        else:
+            out += f"[{part!r}]"
+        above = part
+    return out
 
 
-def _check_keys(raw: Mapping[str, Any], allowed: Tuple[str, ...], where: str) -> None:
-    unknown = sorted(set(raw) - set(allowed))
-    if unknown:
-        raise _fail(where, f"unknown field {unknown[0]!r} (allowed: {', '.join(allowed)})")
+def _choices(expected: str) -> str:
+    """pydantic's "'a', 'b' or 'c'" as "a, b, c"."""
+    return ", ".join(re.findall(r"'([^']*)'", expected)) or expected
 
 
-def _enum(cls: Any, value: Any, where: str) -> Any:
-    try:
-        return cls(value)
-    except ValueError:
-        choices = ", ".join(m.value for m in cls)
-        raise _fail(where, f"{value!r} is not one of {choices}") from None
+def _problem(error: Mapping[str, Any], prefix: str) -> str:
+    """One of pydantic's errors as ``path: what is wrong``, the path as the admin wrote it."""
+    loc, kind = tuple(error["loc"]), error["type"]
+    ctx, value = error.get("ctx") or {}, error.get("input")
+    if kind == "extra_forbidden":
+        inner = ".".join(str(p) for p in loc[2:])
+        if loc[:1] == ("overrides",) and inner in api.CLUSTER_WIDE:
+            return f"{_where(prefix, loc)}: {api.CLUSTER_WIDE[inner]}"
+        return f"{_where(prefix, loc[:-1])}: unknown field {loc[-1]!r}"
+    cause = ctx.get("error")
+    if isinstance(cause, api.FieldError):
+        where = _where(prefix, loc)
+        said = str(cause)  # a rule's message names its field first: the path names it here
+        said = said[len(cause.field) + 1:] if said.startswith(cause.field + " ") else said
+        return f"{where}{'' if cause.field.startswith('[') else '.'}{cause.field}: {said}"
+    where = _where(prefix, loc)
+    if kind in ("enum", "literal_error"):
+        message = f"{value!r} is not one of {_choices(str(ctx.get('expected', '')))}"
+    elif kind == "missing":
+        message = "is required"
+    elif kind in ("int_type", "int_parsing", "int_from_float"):
+        message = f"must be an integer, got {value!r}"
+    elif kind == "bool_type":
+        message = f"must be true or false, got {value!r}"
+    elif kind == "string_type":
+        message = f"must be a string, got {value!r}"
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        message = f"must be an object, got {value!r}"
+    elif kind == "list_type":
+        message = f"must be a list, got {value!r}"
+    elif kind == "too_short":
+        least = ctx.get("min_length", 1)
+        message = "must be a non-empty list" if least == 1 else \
+            f"must list at least {least} items, got {len(value or ())}"
+    elif kind == "string_too_short":
+        message = "must not be empty"
+    elif kind == "string_too_long":
+        message = f"must be at most {ctx.get('max_length')} characters"
+    elif kind == "string_pattern_mismatch":
+        words = api.PATTERN_WORDS.get(str(ctx.get("pattern")))
+        message = (f"{words}, got {value!r}" if words.startswith("must") else
+                   f"{value!r} {words}") if words else f"{value!r} does not match {ctx.get('pattern')}"
+    elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        word = {"greater_than_equal": "at least", "greater_than": "above",
+                "less_than_equal": "at most", "less_than": "below"}[kind]
+        bound = next(iter(ctx.values()), "?")
+        message = f"must be {word} {bound}, got {value!r}"
+    elif cause is not None:
+        message = str(cause)
+    else:
+        message = str(error.get("msg"))
+    return f"{where}: {message}"
 
 
-def _number(value: Any, where: str, low: float, high: float, high_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(where, f"must be a number, got {value!r}")
-    if value < low or value > high or (high_open and value == high):
-        bound = f"below {high}" if high_open else f"at most {high}"
-        raise _fail(where, f"must be at least {low} and {bound}, got {value}")
-    return float(value)
+def _invalid(exc: ValidationError, prefix: str = "spec",
+             origin: Optional[Mapping[str, str]] = None) -> PolicyError:
+    """A PolicyError naming each wrong field; ``origin`` maps a resolved field to where it was
+    written (``spec.overrides[1]``)."""
+    problems: List[str] = []
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        where = origin.get(str(loc[0]), prefix) if origin and loc else prefix
+        problems.append(_problem(error, where))
+    return PolicyError("; ".join(dict.fromkeys(problems)))
 
 
-def _bytes(value: Any, where: str, positive: bool = True) -> int:
-    try:
-        size = quantity.parse_bytes(value)
-    except QuantityError as exc:
-        raise _fail(where, str(exc)) from None
-    if positive and size <= 0:
-        raise _fail(where, f"must be positive, got {value!r}")
-    return size
+def _bytes(value: Union[int, str]) -> int:
+    return quantity.parse_bytes(value)
 
 
-def _int(value: Any, where: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _fail(where, f"must be an integer >= {low}, got {value!r}")
-    return value
+def _toleration(spec: api.TolerationSpec) -> Toleration:
+    return Toleration(spec.key, spec.operator, spec.value, spec.effect, spec.toleration_seconds)
 
 
-def _gpu_entry(item: Any, keys: Tuple[str, ...], at: str) -> gpus.GPU:
-    """The GPU model of a list entry that names one (``{gpu, ...}``), its fields checked."""
-    if not isinstance(item, dict):
-        raise _fail(at, f"must be an object with {' and '.join(keys)}")
-    _check_keys(item, keys, at)
-    if not isinstance(item.get("gpu"), str):
-        raise _fail(f"{at}.gpu", "must be a GPU name")
-    try:
-        return gpus.lookup(item["gpu"])
-    except UnknownGPUError as exc:
-        raise _fail(f"{at}.gpu", str(exc)) from None
-
-
-def _targets(raw: Any, where: str) -> Tuple[Target, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise _fail(where, "must be a non-empty list of {gpu, backend}")
-    out: List[Target] = []
-    for index, item in enumerate(raw):
-        at = f"{where}[{index}]"
-        gpu = _gpu_entry(item, ("gpu", "backend"), at)
-        if any(t.gpu.key == gpu.key for t in out):
-            raise _fail(f"{at}.gpu", f"{gpu.key} is listed twice")
-        backend = _enum(BackendName, item.get("backend"), f"{at}.backend")
-        if backend in (BackendName.MIG_MIXED, BackendName.MIG_SINGLE) and not gpu.mig_profiles:
-            raise _fail(f"{at}.backend", f"{gpu.key} has no MIG profiles")
-        out.append(Target(gpu, backend))
-    return tuple(out)
-
-
-# Label keys and values, and object names, as the API server checks them
-# (k8s.io/apimachinery/pkg/util/validation: IsQualifiedName, IsValidLabelValue, IsDNS1123Subdomain).
-_NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-TOLERATION_OPERATORS = ("Equal", "Exists")
-TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
-
-
-def _label_key(key: Any, where: str) -> str:
-    if not isinstance(key, str) or not key:
-        raise _fail(where, f"must be a label key, got {key!r}")
-    prefix, _, name = key.rpartition("/")
-    if not _NAME_PART.fullmatch(name) or (prefix and (
-            len(prefix) > 253 or not _SUBDOMAIN.fullmatch(prefix))) or key.startswith("/"):
-        raise _fail(where, f"{key!r} is not a label key ([prefix/]name: name up to 63 "
-                    "alphanumerics, '-', '_' or '.', beginning and ending alphanumeric)")
-    return key
-
-
-def _label_value(value: Any, where: str) -> str:
-    if not isinstance(value, str) or (value and not _NAME_PART.fullmatch(value)):
-        raise _fail(where, f"must be a label value (up to 63 alphanumerics, '-', '_' or '.', "
-                    f"beginning and ending alphanumeric), got {value!r}")
-    return value
-
-
-def _placement(raw: Any, where: str) -> Placement:
-    if not isinstance(raw, dict):
-        raise _fail(where, "must be an object with nodeSelector, tolerations, priorityClassName")
-    _check_keys(raw, ("nodeSelector", "tolerations", "priorityClassName"), where)
-    selector = raw.get("nodeSelector") or {}
-    if not isinstance(selector, dict):
-        raise _fail(f"{where}.nodeSelector", "must be a map of node label keys to values")
-    pairs = tuple(sorted((_label_key(k, f"{where}.nodeSelector"),
-                         _label_value(v, f"{where}.nodeSelector[{k!r}]"))
-                        for k, v in selector.items()))
-    items = raw.get("tolerations") or []
-    if not isinstance(items, list):
-        raise _fail(f"{where}.tolerations", "must be a list of tolerations")
-    tolerations: List[Toleration] = []
-    for index, item in enumerate(items):
-        at = f"{where}.tolerations[{index}]"
-        if not isinstance(item, dict):
-            raise _fail(at, "must be an object with key, operator, value, effect")
-        _check_keys(item, ("key", "operator", "value", "effect", "tolerationSeconds"), at)
-        operator = item.get("operator", "Equal")
-        if operator not in TOLERATION_OPERATORS:
-            raise _fail(f"{at}.operator", f"{operator!r} is not one of Equal, Exists")
-        key = _label_key(item["key"], f"{at}.key") if item.get("key") not in (None, "") else ""
-        value = _label_value(item.get("value", ""), f"{at}.value")
-        if operator == "Exists" and value:
-            raise _fail(f"{at}.value", "must be empty when operator is Exists")
-        if not key and operator != "Exists":
-            raise _fail(f"{at}.operator", "must be Exists when key is empty (a toleration of "
-                        "every taint)")
-        effect = item.get("effect", "")
-        if effect not in TAINT_EFFECTS:
-            raise _fail(f"{at}.effect", f"{effect!r} is not one of NoSchedule, "
-                        "PreferNoSchedule, NoExecute (or empty: every effect)")
-        seconds = None
-        if item.get("tolerationSeconds") is not None:
-            if effect != "NoExecute":
-                raise _fail(f"{at}.tolerationSeconds", "is for effect NoExecute only")
-            seconds = _int(item["tolerationSeconds"], f"{at}.tolerationSeconds", 0)
-        tolerations.append(Toleration(key, operator, value, effect, seconds))
-    priority = raw.get("priorityClassName")
-    if priority is not None and (not isinstance(priority, str) or len(priority) > 253
-                                 or not _SUBDOMAIN.fullmatch(priority)):
-        raise _fail(f"{where}.priorityClassName", f"must be a PriorityClass name (a DNS "
-                    f"subdomain), got {priority!r}")
-    return Placement(pairs, tuple(tolerations), priority or None)
-
-
-def _estimation(raw: Any, where: str) -> Estimation:
-    if not isinstance(raw, dict):
-        raise _fail(where, "must be an object")
-    keys = ("steps", "mode", "activeDeadlineSeconds", "maxHoldSeconds", "resources",
-            "maxConcurrentPerNamespace", "maxConcurrent", "cacheTTLSeconds", "placement")
-    _check_keys(raw, keys, where)
-    base = Estimation()
-    resources = raw.get("resources", {})
-    if not isinstance(resources, dict):
-        raise _fail(f"{where}.resources", "must be an object with cpu and memory")
-    _check_keys(resources, ("cpu", "memory"), f"{where}.resources")
-    for key in ("cpu", "memory"):
-        if key in resources:
-            _bytes(resources[key], f"{where}.resources.{key}")
-    mode = raw.get("mode", base.mode)
-    if mode not in ("auto", "fake", "profile"):
-        raise _fail(f"{where}.mode", f"{mode!r} is not one of auto, fake, profile")
+def _estimation(spec: api.EstimationSpec) -> Estimation:
+    placement = spec.placement
     return Estimation(
-        steps=_int(raw.get("steps", base.steps), f"{where}.steps", 1),
-        mode=mode,
-        active_deadline_seconds=_int(
-            raw.get("activeDeadlineSeconds", base.active_deadline_seconds),
-            f"{where}.activeDeadlineSeconds", 1,
-        ),
-        max_hold_seconds=_int(
-            raw.get("maxHoldSeconds", base.max_hold_seconds), f"{where}.maxHoldSeconds", 1
-        ),
-        cpu=str(resources.get("cpu", base.cpu)),
-        memory=str(resources.get("memory", base.memory)),
-        max_concurrent_per_namespace=_int(
-            raw.get("maxConcurrentPerNamespace", base.max_concurrent_per_namespace),
-            f"{where}.maxConcurrentPerNamespace", 1,
-        ),
-        max_concurrent=_int(raw.get("maxConcurrent", base.max_concurrent),
-                            f"{where}.maxConcurrent", 1),
-        cache_ttl_seconds=_int(raw.get("cacheTTLSeconds", base.cache_ttl_seconds),
-                               f"{where}.cacheTTLSeconds", 1),
-        placement=_placement(raw.get("placement", {}), f"{where}.placement"),
+        steps=spec.steps, mode=spec.mode.value,
+        active_deadline_seconds=spec.active_deadline_seconds,
+        max_hold_seconds=spec.max_hold_seconds,
+        cpu=str(spec.resources.cpu), memory=str(spec.resources.memory),
+        max_concurrent_per_namespace=spec.max_concurrent_per_namespace,
+        max_concurrent=spec.max_concurrent,
+        placement=Placement(tuple(sorted(placement.node_selector.items())),
+                            tuple(_toleration(t) for t in placement.tolerations),
+                            placement.priority_class_name or None),
+        cache_ttl_seconds=spec.cache_ttl_seconds,
     )
 
 
-def _oom_retry(raw: Any, where: str) -> OomRetry:
-    if not isinstance(raw, dict):
-        raise _fail(where, "must be an object")
-    _check_keys(raw, ("enabled", "maxRequest", "growthPercent"), where)
-    base = OomRetry()
-    enabled = raw.get("enabled", base.enabled)
-    if not isinstance(enabled, bool):
-        raise _fail(f"{where}.enabled", "must be true or false")
-    cap = _bytes(raw["maxRequest"], f"{where}.maxRequest") if "maxRequest" in raw else None
-    growth = _number(raw.get("growthPercent", base.growth_percent), f"{where}.growthPercent",
-                     0, MAX_GROWTH_PERCENT)
-    if growth == 0:
-        raise _fail(f"{where}.growthPercent", "must be above 0: a repeated OOM must grow the "
-                    "request")
-    return OomRetry(enabled=enabled, max_request_bytes=cap, growth_percent=growth)
-
-
-def _text(raw: Mapping[str, Any], key: str, where: str) -> Optional[str]:
-    value = raw.get(key)
-    if value is None:
+def _prometheus(spec: Optional[api.PrometheusSpec]) -> Optional[Prometheus]:
+    if spec is None:
         return None
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(f"{where}.{key}", f"must be a non-empty string, got {value!r}")
-    return value
+    return Prometheus(url=spec.url, bearer_token_file=spec.bearer_token_file,
+                      ca_file=spec.ca_file, tenant=spec.tenant,
+                      timeout_seconds=spec.timeout_seconds, slack_seconds=spec.slack_seconds)
 
 
-def _prometheus(raw: Any, where: str) -> Prometheus:
-    if not isinstance(raw, dict):
-        raise _fail(where, "must be an object with url")
-    _check_keys(raw, ("url", "bearerTokenFile", "caFile", "tenant", "timeoutSeconds",
-                      "slackSeconds"), where)
-    url = _text(raw, "url", where)
-    if url is None:
-        raise _fail(f"{where}.url", "is required (the Prometheus query API's base URL)")
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
-        raise _fail(f"{where}.url", f"must be http(s)://host[:port][/path], got {url!r}")
-    for key in ("bearerTokenFile", "caFile"):
-        path = _text(raw, key, where)
-        if path is not None and not path.startswith("/"):
-            raise _fail(f"{where}.{key}", f"must be an absolute path in the controller's "
-                        f"container, got {path!r}")
-    if raw.get("caFile") is not None and parts.scheme != "https":
-        raise _fail(f"{where}.caFile", "is for an https url")
-    base = Prometheus(url)
-    timeout = _number(raw.get("timeoutSeconds", base.timeout_seconds), f"{where}.timeoutSeconds",
-                      0, MAX_PROMETHEUS_SECONDS)
-    if timeout == 0:
-        raise _fail(f"{where}.timeoutSeconds", "must be above 0")
-    return Prometheus(url=url, bearer_token_file=_text(raw, "bearerTokenFile", where),
-                      ca_file=_text(raw, "caFile", where), tenant=_text(raw, "tenant", where),
-                      timeout_seconds=timeout,
-                      slack_seconds=_number(raw.get("slackSeconds", base.slack_seconds),
-                                            f"{where}.slackSeconds", 0, MAX_PROMETHEUS_SECONDS))
+def _dra(spec: api.DraSpec) -> Dra:
+    return Dra(driver=spec.driver, device_class=spec.device_class or DRA_CLASSES[spec.driver],
+               pin_product=spec.pin_product, existing_claim=spec.existing_claim,
+               fallback=spec.fallback, cores_percent=spec.cores)
 
 
-def _right_sizing(raw: Any, where: str) -> RightSizing:
-    if not isinstance(raw, dict):
-        raise _fail(where, "must be an object")
-    _check_keys(raw, ("runs", "lowerRequests", "prometheus"), where)
-    base = RightSizing()
-    runs = _int(raw.get("runs", base.runs), f"{where}.runs", 0)
-    if runs > MAX_RIGHT_SIZING_RUNS:
-        raise _fail(f"{where}.runs", f"must be at most {MAX_RIGHT_SIZING_RUNS}, got {runs}")
-    lower = raw.get("lowerRequests", base.lower_requests)
-    if not isinstance(lower, bool):
-        raise _fail(f"{where}.lowerRequests", "must be true or false")
-    prometheus = _prometheus(raw["prometheus"], f"{where}.prometheus") \
-        if raw.get("prometheus") is not None else None
-    return RightSizing(runs=runs, lower_requests=lower, prometheus=prometheus)
-
-
-def _dra(raw: Any, where: str) -> Dra:
-    if not isinstance(raw, dict):
-        raise _fail(where, "must be an object")
-    _check_keys(raw, ("driver", "deviceClass", "pinProduct", "existingClaim", "fallback",
-                      "cores"), where)
-    driver = _enum(DraDriver, raw.get("driver", DraDriver.NVIDIA.value), f"{where}.driver")
-    device_class = raw.get("deviceClass", DRA_CLASSES[driver])
-    # A DeviceClass name is a DNS subdomain (resource.k8s.io/v1 ObjectMeta): at most 253.
-    if not isinstance(device_class, str) or not device_class or len(device_class) > 253:
-        raise _fail(f"{where}.deviceClass", f"must be a DeviceClass name, got {device_class!r}")
-    pin = raw.get("pinProduct", True)
-    if not isinstance(pin, bool):
-        raise _fail(f"{where}.pinProduct", "must be true or false")
-    cores = raw.get("cores")
-    if cores is not None:
-        if driver is not DraDriver.HAMI:
-            raise _fail(f"{where}.cores", "is HAMi's capacity (driver: hami) only")
-        # HAMi-core's SM limit is a percentage (CUDA_DEVICE_SM_LIMIT, HAMi-core README).
-        if _int(cores, f"{where}.cores", 0) > 100:
-            raise _fail(f"{where}.cores", f"must be a percentage, at most 100, got {cores}")
-    return Dra(driver=driver, device_class=device_class, pin_product=pin,
-               existing_claim=_enum(ExistingClaim, raw.get("existingClaim", "Leave"),
-                                    f"{where}.existingClaim"),
-               fallback=_enum(DraFallback, raw.get("fallback", "Release"), f"{where}.fallback"),
-               cores_percent=cores)
-
-
-def _learned_overhead(raw: Any, where: str) -> LearnedOverhead:
-    if not isinstance(raw, dict):
-        raise _fail(where, "must be an object")
-    _check_keys(raw, ("enabled", "minJobs", "recentJobs", "jobsPerNamespace", "quantile",
-                      "maxCorrection", "pinned"), where)
-    base = LearnedOverhead()
-    enabled = raw.get("enabled", base.enabled)
-    if not isinstance(enabled, bool):
-        raise _fail(f"{where}.enabled", "must be true or false")
-    counts: Dict[str, int] = {}
-    for key, default in (("minJobs", base.min_jobs), ("recentJobs", base.recent_jobs),
-                         ("jobsPerNamespace", base.jobs_per_namespace)):
-        counts[key] = _int(raw.get(key, default), f"{where}.{key}", 1)
-        if counts[key] > MAX_OVERHEAD_JOBS:
-            raise _fail(f"{where}.{key}", f"must be at most {MAX_OVERHEAD_JOBS}, got "
-                        f"{counts[key]}")
-    if counts["minJobs"] > counts["recentJobs"]:
-        raise _fail(f"{where}.minJobs", f"is above recentJobs ({counts['recentJobs']}): no "
-                    "figure could ever be learned")
-    quantile = _number(raw.get("quantile", base.quantile), f"{where}.quantile", 0.5, 1)
-    bound = _bytes(raw["maxCorrection"], f"{where}.maxCorrection", positive=False) \
-        if "maxCorrection" in raw else base.max_correction_bytes
-    if bound > MAX_PINNED_OVERHEAD:
-        raise _fail(f"{where}.maxCorrection", f"must be at most 64Gi, got {raw['maxCorrection']!r}")
-    pins = raw.get("pinned", [])
-    if not isinstance(pins, list):
-        raise _fail(f"{where}.pinned", "must be a list of {gpu, outsideAllocator}")
-    pinned: List[Tuple[str, int]] = []
-    for index, item in enumerate(pins):
-        at = f"{where}.pinned[{index}]"
-        key = _gpu_entry(item, ("gpu", "outsideAllocator"), at).key
-        if any(k == key for k, _ in pinned):
-            raise _fail(f"{at}.gpu", f"{key} is pinned twice")
-        if "outsideAllocator" not in item:
-            raise _fail(f"{at}.outsideAllocator", "is required (the bytes outside PyTorch's "
-                        "allocator on this GPU: nvidia-smi's figure minus "
-                        "torch.cuda.max_memory_reserved())")
-        value = _bytes(item["outsideAllocator"], f"{at}.outsideAllocator")
-        if value > MAX_PINNED_OVERHEAD:
-            raise _fail(f"{at}.outsideAllocator", f"must be at most 64Gi, got "
-                        f"{item['outsideAllocator']!r}")
-        pinned.append((key, value))
-    return LearnedOverhead(enabled=enabled, min_jobs=counts["minJobs"],
-                           recent_jobs=counts["recentJobs"],
-                           jobs_per_namespace=counts["jobsPerNamespace"], quantile=quantile,
-                           max_correction_bytes=bound, pinned=tuple(pinned))
+def _learned_overhead(spec: api.LearnedOverheadSpec) -> LearnedOverhead:
+    return LearnedOverhead(
+        enabled=spec.enabled, min_jobs=spec.min_jobs, recent_jobs=spec.recent_jobs,
+        jobs_per_namespace=spec.jobs_per_namespace, quantile=spec.quantile,
+        max_correction_bytes=_bytes(spec.max_correction),
+        pinned=tuple((p.gpu, _bytes(p.outside_allocator)) for p in spec.pinned))
 
 
 def overhead_figures(status: Any) -> Tuple[OverheadFigure, ...]:
@@ -685,58 +392,51 @@ def overhead_figures(status: Any) -> Tuple[OverheadFigure, ...]:
 
 
 def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
-    """Build Settings from merged raw fields; ``origin`` says where each field was written."""
+    """A namespace's settings from its resolved fields (``spec``'s, an override merged on
+    top): the models' every check, including the rules that read inherited fields; an error
+    names where its field was written (``origin``)."""
 
     def at(key: str) -> str:
         return f"{origin.get(key, 'spec')}.{key}"
 
-    if "targets" not in raw:
-        raise _fail("spec.targets", "is required (the GPU models workloads may run on)")
-    enabled = raw["enabled"]
-    if not isinstance(enabled, bool):
-        raise _fail(at("enabled"), "must be true or false")
-    failure = raw["onEstimationFailure"]
-    if not isinstance(failure, dict):
-        raise _fail(at("onEstimationFailure"), "must be an object")
-    _check_keys(failure, ("action", "defaultRequest"), at("onEstimationFailure"))
-    action = _enum(
-        FailureAction, failure.get("action", "Release"), at("onEstimationFailure") + ".action"
-    )
-    default_request = None
-    if "defaultRequest" in failure:
-        default_request = _bytes(failure["defaultRequest"], at("onEstimationFailure") + ".defaultRequest")
-    if action is FailureAction.DEFAULT and default_request is None:
-        raise _fail(at("onEstimationFailure"), "action Default needs a defaultRequest")
-    minimum = _bytes(raw["minimumRequest"], at("minimumRequest"), positive=False)
-    oom_retry = _oom_retry(raw["oomRetry"], at("oomRetry"))
-    if oom_retry.max_request_bytes is not None and oom_retry.max_request_bytes < minimum:
-        raise _fail(at("oomRetry") + ".maxRequest", "is below minimumRequest: no retry could grow")
-    dra = _dra(raw["dra"], at("dra"))
-    targets = tuple(dataclasses.replace(t, dra=dra) if t.backend is BackendName.DRA else t
-                    for t in _targets(raw["targets"], at("targets")))
+    try:
+        spec = api.SettingsSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise _invalid(exc, "spec", origin) from None
+    failure = spec.on_estimation_failure
+    minimum = _bytes(spec.minimum_request)
+    retry = spec.oom_retry
+    cap = _bytes(retry.max_request) if retry.max_request is not None else None
+    if cap is not None and cap < minimum:
+        raise PolicyError(f"{at('oomRetry')}.maxRequest: is below minimumRequest: no retry "
+                          "could grow")
+    dra = _dra(spec.dra)
+    targets = tuple(Target(gpus.lookup(t.gpu), t.backend,
+                           dra if t.backend is BackendName.DRA else None) for t in spec.targets)
     if dra.driver is DraDriver.NVIDIA_MIG:
         for index, target in enumerate(targets):
             if target.backend is BackendName.DRA and not target.gpu.mig_profiles:
-                raise _fail(f"{at('targets')}[{index}].backend",
-                            f"{target.gpu.key} has no MIG profiles (spec.dra.driver nvidia-mig)")
+                raise PolicyError(f"{at('targets')}[{index}].backend: {target.gpu.key} has no "
+                                  "MIG profiles (spec.dra.driver nvidia-mig)")
+    sizing = spec.right_sizing
     return Settings(
-        enabled=enabled,
+        enabled=spec.enabled,
         targets=targets,
-        safety_margin_percent=_number(raw["safetyMarginPercent"], at("safetyMarginPercent"), 0, 100),
-        overcommit_percent=_number(
-            raw["overcommitPercent"], at("overcommitPercent"), 0, 100, high_open=True
-        ),
+        safety_margin_percent=spec.safety_margin_percent,
+        overcommit_percent=spec.overcommit_percent,
         minimum_request_bytes=minimum,
-        granularity_bytes=_bytes(raw["granularity"], at("granularity")),
-        enforcement=_enum(Enforcement, raw["enforcement"], at("enforcement")),
-        on_failure=action,
-        default_request_bytes=default_request,
-        estimation=_estimation(raw["estimation"], at("estimation")),
-        untrusted_annotations=_enum(UntrustedAnnotations, raw["untrustedAnnotations"],
-                                    at("untrustedAnnotations")),
-        integration=_enum(IntegrationMode, raw["integration"], at("integration")),
-        oom_retry=oom_retry,
-        right_sizing=_right_sizing(raw["rightSizing"], at("rightSizing")),
+        granularity_bytes=_bytes(spec.granularity),
+        enforcement=spec.enforcement,
+        on_failure=failure.action,
+        default_request_bytes=_bytes(failure.default_request)
+        if failure.default_request is not None else None,
+        estimation=_estimation(spec.estimation),
+        untrusted_annotations=spec.untrusted_annotations,
+        integration=spec.integration,
+        oom_retry=OomRetry(enabled=retry.enabled, max_request_bytes=cap,
+                           growth_percent=retry.growth_percent),
+        right_sizing=RightSizing(runs=sizing.runs, lower_requests=sizing.lower_requests,
+                                 prometheus=_prometheus(sizing.prometheus)),
     )
 
 
@@ -749,32 +449,6 @@ def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> Dict[str, Any]:
         out[key] = merge(below, value) if isinstance(below, dict) and isinstance(value, dict) \
             else value
     return out
-
-
-def _sharing(raw: Any) -> Tuple[FrozenSet[str], ...]:
-    """``spec.estimateSharing``: groups of named namespaces that may use each other's
-    estimates (estimates are otherwise never used outside the namespace that recorded them)."""
-    where = "spec.estimateSharing"
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise _fail(where, "must be a list of {namespaces: [...]}")
-    groups: List[FrozenSet[str]] = []
-    for index, item in enumerate(raw):
-        at = f"{where}[{index}]"
-        if not isinstance(item, dict):
-            raise _fail(at, "must be an object with namespaces")
-        _check_keys(item, ("namespaces",), at)
-        names = item.get("namespaces")
-        if not isinstance(names, list) or len(names) < 2 or not all(
-                isinstance(n, str) and n for n in names):
-            raise _fail(f"{at}.namespaces", "must list at least two namespace names")
-        for position, name in enumerate(names):
-            if any(c in name for c in "*?[]"):
-                raise _fail(f"{at}.namespaces[{position}]", f"{name!r}: sharing names namespaces "
-                            "exactly; patterns are not allowed")
-        groups.append(frozenset(names))
-    return tuple(groups)
 
 
 class Policy:
@@ -849,47 +523,26 @@ class Policy:
 
     @classmethod
     def from_spec(cls, spec: Any, name: str = DEFAULT_NAME) -> Policy:
-        """Parse a ``GPUAdmissionPolicy`` spec."""
+        """Parse a ``GPUAdmissionPolicy`` spec: the models check every field where it was
+        written, then each namespace's resolved settings (``spec``, and each override merged
+        onto it) pass the checks that read inherited fields."""
         if not isinstance(spec, dict):
-            raise _fail("spec", "must be an object")
-        _check_keys(spec, SPEC_FIELDS + TOP_LEVEL_FIELDS, "spec")
-        base = {k: v for k, v in spec.items() if k not in TOP_LEVEL_FIELDS}
-        merged = merge(DEFAULTS, base)
-        defaults = _settings(merged, {})
+            raise PolicyError("spec: must be an object")
+        try:
+            parsed = api.PolicySpec.model_validate(spec, context={api.SKIP_INHERITED: True})
+        except ValidationError as exc:
+            raise _invalid(exc) from None
+        base = {k: v for k, v in spec.items() if k not in api.TOP_LEVEL_FIELDS}
+        defaults = _settings(base, {})
         overrides: List[Tuple[Tuple[str, ...], Settings]] = []
-        raw_overrides = spec.get("overrides", [])
-        if not isinstance(raw_overrides, list):
-            raise _fail("spec.overrides", "must be a list")
-        for index, item in enumerate(raw_overrides):
+        for index, item in enumerate(spec.get("overrides") or ()):
             where = f"spec.overrides[{index}]"
-            if not isinstance(item, dict):
-                raise _fail(where, "must be an object")
-            if "learnedOverhead" in item:
-                raise _fail(f"{where}.learnedOverhead", "is cluster-wide (what a GPU model and "
-                            "driver keep outside the allocator is no namespace's): set it in "
-                            "spec.learnedOverhead")
-            _check_keys(item, ("namespaces",) + SPEC_FIELDS, where)
-            patterns = item.get("namespaces")
-            if (
-                not isinstance(patterns, list)
-                or not patterns
-                or not all(isinstance(p, str) and p for p in patterns)
-            ):
-                raise _fail(f"{where}.namespaces", "must be a non-empty list of names or patterns")
             fields = {k: v for k, v in item.items() if k != "namespaces"}
-            if "maxConcurrent" in (fields.get("estimation") or {}):
-                raise _fail(f"{where}.estimation.maxConcurrent", "is cluster-wide: set it in "
-                            "spec.estimation")
-            if isinstance(fields.get("rightSizing"), dict) and \
-                    "prometheus" in fields["rightSizing"]:
-                raise _fail(f"{where}.rightSizing.prometheus", "is cluster-wide (the "
-                            "controller reads every namespace's peaks from it): set it in "
-                            "spec.rightSizing")
-            origin = {k: where for k in fields}
-            overrides.append((tuple(patterns), _settings(merge(merged, fields), origin)))
-        learned = _learned_overhead(spec.get("learnedOverhead", {}), "spec.learnedOverhead")
-        policy = cls(name, defaults, tuple(overrides), sharing=_sharing(spec.get("estimateSharing")))
-        return policy.with_overhead(learned)
+            overrides.append((tuple(item["namespaces"]),
+                              _settings(merge(base, fields), {k: where for k in fields})))
+        sharing = tuple(frozenset(group.namespaces) for group in parsed.estimate_sharing)
+        policy = cls(name, defaults, tuple(overrides), sharing=sharing)
+        return policy.with_overhead(_learned_overhead(parsed.learned_overhead))
 
     @classmethod
     def from_object(cls, obj: Any) -> Policy:
@@ -902,7 +555,10 @@ class Policy:
                 f"expected apiVersion {expected} and kind {KIND}, got "
                 f"{obj.get('apiVersion')!r} and {obj.get('kind')!r}"
             )
-        _check_keys(obj, ("apiVersion", "kind", "metadata", "spec", "status"), "policy")
+        unknown = sorted(set(obj) - {"apiVersion", "kind", "metadata", "spec", "status"})
+        if unknown:
+            raise PolicyError(f"policy: unknown field {unknown[0]!r} (allowed: apiVersion, "
+                              "kind, metadata, spec, status)")
         metadata = obj.get("metadata") or {}
         name = metadata.get("name", DEFAULT_NAME) if isinstance(metadata, dict) else DEFAULT_NAME
         policy = cls.from_spec(obj.get("spec"), name=str(name))

@@ -1,15 +1,13 @@
-"""The chart's ``values.schema.json`` policy part, generated from the GPUAdmissionPolicy CRD.
+"""The GPUAdmissionPolicy CRD and the chart's ``values.schema.json`` policy part, generated.
 
-The CRD's ``openAPIV3Schema`` (``helm/xmem-admission/crds/``) is the schema of a policy's spec:
-the API server applies it, with its CEL rules (``x-kubernetes-validations``), to every policy
-applied. The chart's ``values.schema.json`` checks ``policy.spec`` at ``helm install`` with the
-same fields, types, enums and bounds: its ``properties.policy.properties.spec`` is this module's
-output, never edited by hand. The CEL rules and the GPU catalogue stay the API server's and the
-controller's to check (a values schema has no cross-field rules; the catalogue grows with the
-webhook, not with a CRD that ``helm upgrade`` never updates).
+One path: the typed models of ``policy.api`` -> the CRD's ``openAPIV3Schema`` for ``spec``
+(types, bounds, enums, defaults, descriptions, and the models' cross-field rules as CEL
+``x-kubernetes-validations``) -> the chart's ``values.schema.json`` ``policy.spec`` (the same
+node in the JSON Schema dialect Helm checks values with). Neither file is edited by hand; the
+CRD's frame (names, printer columns, status) is ``CRD_FRAME`` below.
 
     python -m xmem_admission.cluster.policy.schema --check   # exit 1 and a diff when stale
-    python -m xmem_admission.cluster.policy.schema --write   # regenerate values.schema.json
+    python -m xmem_admission.cluster.policy.schema --write   # regenerate both files
 """
 
 from __future__ import annotations
@@ -22,12 +20,242 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from xmem_admission.cluster.policy import api
+
 CHART = Path(__file__).resolve().parents[4] / "helm" / "xmem-admission"
 CRD_FILE = "crds/gpuadmissionpolicies.xmem.io.yaml"
 VALUES_SCHEMA = "values.schema.json"
-SPEC_DESCRIPTION = ("GPUAdmissionPolicy spec (generated from the CRD by python -m "
+SPEC_DESCRIPTION = ("GPUAdmissionPolicy spec (generated from the policy's models by python -m "
                     "xmem_admission.cluster.policy.schema --write; the CRD's CEL rules and the "
                     "GPU catalogue are checked in the cluster)")
+CRD_HEADER = """\
+# GPUAdmissionPolicy: the cluster admin's policy for xmem-admission (cluster-scoped).
+# GENERATED from src/xmem_admission/cluster/policy/api.py (its models) and the frame in
+# policy/schema.py: do not edit; run python -m xmem_admission.cluster.policy.schema --write.
+# The same object, saved as YAML, is what `xmem serve --policy FILE.yaml` reads.
+"""
+
+# Everything of the CRD but spec's schema: names, printer columns, the status the controller
+# writes (its own, not the admin's: no model validates it).
+CRD_FRAME = """
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: gpuadmissionpolicies.xmem.io
+  labels:
+    app.kubernetes.io/name: xmem-admission
+spec:
+  group: xmem.io
+  scope: Cluster
+  names:
+    kind: GPUAdmissionPolicy
+    listKind: GPUAdmissionPolicyList
+    plural: gpuadmissionpolicies
+    singular: gpuadmissionpolicy
+    shortNames: [gap]
+    categories: [xmem]
+  versions:
+    - name: v1alpha1
+      served: true
+      storage: true
+      subresources:
+        status: {}
+      additionalPrinterColumns:
+        - name: Targets
+          type: string
+          jsonPath: .spec.targets
+        - name: Enforcement
+          type: string
+          jsonPath: .spec.enforcement
+        - name: Accepted
+          type: string
+          description: Whether the controller could load the newest generation.
+          jsonPath: .status.conditions[?(@.type=="Accepted")].status
+        - name: Reason
+          type: string
+          jsonPath: .status.conditions[?(@.type=="Accepted")].reason
+        - name: Learned
+          type: string
+          description: The memory outside the allocator learned per GPU model and driver.
+          jsonPath: .status.learned
+        - name: Age
+          type: date
+          jsonPath: .metadata.creationTimestamp
+      schema:
+        openAPIV3Schema:
+          type: object
+          required: [spec]
+          properties:
+            apiVersion: {type: string}
+            kind: {type: string}
+            metadata: {type: object}
+            spec: {}
+            status:
+              type: object
+              description: Written by the xmem controller (the status subresource).
+              properties:
+                observedGeneration:
+                  type: integer
+                  description: The generation the controller last judged (the conditions say what it found).
+                conditions:
+                  type: array
+                  description: >-
+                    Accepted - the controller and the webhook could load this generation (False - the
+                    message names the field, e.g. a GPU model the catalogue lacks); Ready - a generation of
+                    this policy is in force.
+                  x-kubernetes-list-type: map
+                  x-kubernetes-list-map-keys: [type]
+                  items:
+                    type: object
+                    required: [type, status, lastTransitionTime, reason, message]
+                    properties:
+                      type: {type: string, maxLength: 316}
+                      status: {type: string, enum: ["True", "False", Unknown]}
+                      observedGeneration: {type: integer, minimum: 0}
+                      lastTransitionTime: {type: string, format: date-time}
+                      reason: {type: string, maxLength: 1024}
+                      message: {type: string, maxLength: 32768}
+                learned:
+                  type: string
+                  description: The learned figures in words, for kubectl get.
+                learnedAt: {type: string}
+                learnedOverhead:
+                  type: array
+                  description: >-
+                    What each GPU model and driver kept outside the allocator in recent
+                    finished jobs (observed peak minus simulated reserved peak), learned by the
+                    controller under spec.learnedOverhead; the webhook applies it to new estimates.
+                  items:
+                    type: object
+                    properties:
+                      gpu: {type: string}
+                      driverVersion: {type: string}
+                      outsideAllocatorBytes: {type: integer}
+                      outsideAllocator: {type: string}
+                      jobs: {type: integer}
+                      namespaces: {type: integer}
+"""
+
+
+def _openapi(node: Any, defs: Dict[str, Any]) -> Any:
+    """A pydantic JSON Schema node as a Kubernetes structural schema node: references inlined,
+    optional (nullable) fields as plain ones, OpenAPI 3.0's boolean exclusive bounds, no titles,
+    no defaults of objects or lists (the API server defaults the fields of an object present)."""
+    if isinstance(node, list):
+        return [_openapi(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    ref = node.pop("$ref", None)
+    if ref is not None:
+        target = dict(defs[ref.rsplit("/", 1)[-1]])
+        if "enum" in target:  # an enum's docstring describes the Python class, not the field
+            target = {"type": target["type"], "enum": target["enum"]}
+        node = {**target, **node}
+    options = node.get("anyOf")
+    if options and {"type": "null"} in options:
+        rest = [o for o in options if o != {"type": "null"}]
+        del node["anyOf"]
+        if len(rest) == 1:
+            node = {**rest[0], **node}
+        else:
+            node["anyOf"] = rest
+        if node.get("default", 0) is None:
+            del node["default"]
+        if "$ref" in node:
+            return _openapi(node, defs)
+    out: Dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" or (key == "additionalProperties" and value is False):
+            continue
+        if key == "default" and isinstance(value, (dict, list)):
+            continue
+        if key == "properties":
+            out[key] = {k: _openapi(v, defs) for k, v in value.items()}
+        elif key == "description":
+            out[key] = " ".join(str(value).split())
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        else:
+            out[key] = _openapi(value, defs)
+    required = out.get("required")
+    if required is not None:
+        out["required"] = [r for r in required if r in out.get("properties", {})]
+    return _ordered(out)
+
+
+_ORDER = ("type", "x-kubernetes-int-or-string", "anyOf", "pattern", "enum", "minimum",
+          "exclusiveMinimum", "maximum", "exclusiveMaximum", "minLength", "maxLength",
+          "minItems", "default", "description", "required", "x-kubernetes-list-type",
+          "x-kubernetes-list-map-keys", "x-kubernetes-validations", "additionalProperties",
+          "items", "properties")
+
+
+def _ordered(node: Dict[str, Any]) -> Dict[str, Any]:
+    """Keys in a reader's order: what it is, its bounds, its default, then what it holds."""
+    rank = {k: i for i, k in enumerate(_ORDER)}
+    return {k: node[k] for k in sorted(node, key=lambda k: (rank.get(k, len(_ORDER)), k))}
+
+
+def _without(node: Any) -> Any:
+    """An override's node: no defaults (an unset field keeps the value ``spec`` resolved), no
+    rule that reads a field the override may inherit."""
+    if isinstance(node, list):
+        return [_without(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out: Dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "default":
+            continue
+        if key == "x-kubernetes-validations":
+            rules = [r for r in value if not r.get(api.INHERITED)]
+            if rules:
+                out[key] = rules
+        elif key == "properties":
+            out[key] = {k: _without(v) for k, v in value.items()}
+        else:
+            out[key] = _without(value)
+    return out
+
+
+def _strip_marks(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_strip_marks(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: _strip_marks(v) for k, v in node.items() if k != api.INHERITED}
+
+
+def spec_schema() -> Dict[str, Any]:
+    """The CRD's ``openAPIV3Schema.properties.spec``, generated from ``api.PolicySpec``."""
+    raw = api.PolicySpec.model_json_schema(by_alias=True)
+    defs = raw.pop("$defs", {})
+    spec: Dict[str, Any] = _openapi(raw, defs)
+    overrides = spec["properties"]["overrides"]
+    overrides["items"] = _without(overrides["items"])
+    out: Dict[str, Any] = _strip_marks(spec)
+    return out
+
+
+def crd() -> Dict[str, Any]:
+    import yaml  # server extra; imported where used
+
+    out: Dict[str, Any] = yaml.safe_load(CRD_FRAME)
+    [version] = out["spec"]["versions"]
+    root = version["schema"]["openAPIV3Schema"]
+    spec = spec_schema()
+    root["description"] = spec["description"]
+    root["properties"]["spec"] = spec
+    return out
+
+
+def render_crd(obj: Dict[str, Any]) -> str:
+    import yaml
+
+    text: str = yaml.safe_dump(obj, sort_keys=False, width=100, allow_unicode=True)
+    return CRD_HEADER + text
 
 
 def values_schema_of(node: Any) -> Any:
@@ -58,35 +286,35 @@ def values_schema_of(node: Any) -> Any:
     return out
 
 
-def crd_spec(chart: Path = CHART) -> Dict[str, Any]:
-    import yaml  # server extra; imported where used
-
-    crd = yaml.safe_load((chart / CRD_FILE).read_text(encoding="utf-8"))
-    [version] = crd["spec"]["versions"]
-    spec: Dict[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    return spec
-
-
-def generated(values_schema: Dict[str, Any], chart: Path = CHART) -> Dict[str, Any]:
-    """``values_schema`` with its ``policy.spec`` generated from the chart's CRD."""
+def generated_values(values_schema: Dict[str, Any]) -> Dict[str, Any]:
+    """``values_schema`` with its ``policy.spec`` generated from the models (through the CRD's
+    node: one path)."""
     out = copy.deepcopy(values_schema)
-    spec = values_schema_of(crd_spec(chart))
+    spec = values_schema_of(spec_schema())
     spec["description"] = SPEC_DESCRIPTION
     out["properties"]["policy"]["properties"]["spec"] = spec
     return out
 
 
-def render(schema: Dict[str, Any]) -> str:
+def render_values(schema: Dict[str, Any]) -> str:
     return json.dumps(schema, indent=2) + "\n"
 
 
+def wanted(chart: Path = CHART) -> Dict[str, str]:
+    """Each generated file's relative path and the text it should hold."""
+    values = json.loads((chart / VALUES_SCHEMA).read_text(encoding="utf-8"))
+    return {CRD_FILE: render_crd(crd()), VALUES_SCHEMA: render_values(generated_values(values))}
+
+
 def drift(chart: Path = CHART) -> List[str]:
-    """The unified diff between the committed values.schema.json and the generated one."""
-    path = chart / VALUES_SCHEMA
-    text = path.read_text(encoding="utf-8")
-    wanted = render(generated(json.loads(text), chart))
-    return list(difflib.unified_diff(text.splitlines(), wanted.splitlines(),
-                                     f"{path} (committed)", f"{path} (generated)", lineterm=""))
+    """The unified diffs between the committed files and the generated ones."""
+    lines: List[str] = []
+    for name, text in wanted(chart).items():
+        path = chart / name
+        have = path.read_text(encoding="utf-8") if path.exists() else ""
+        lines += difflib.unified_diff(have.splitlines(), text.splitlines(),
+                                      f"{path} (committed)", f"{path} (generated)", lineterm="")
+    return lines
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -95,18 +323,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--chart", type=Path, default=CHART, help="the chart's directory")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="exit 1, with a diff, when stale")
-    mode.add_argument("--write", action="store_true", help="write values.schema.json")
+    mode.add_argument("--write", action="store_true", help="write the CRD and values.schema.json")
     args = parser.parse_args(argv)
     lines = drift(args.chart)
     if args.write:
-        path = args.chart / VALUES_SCHEMA
-        path.write_text(render(generated(json.loads(path.read_text(encoding="utf-8")),
-                                         args.chart)), encoding="utf-8")
-        print(f"{path}: {'regenerated' if lines else 'already up to date'}")
+        for name, text in wanted(args.chart).items():
+            path = args.chart / name
+            stale = not path.exists() or path.read_text(encoding="utf-8") != text
+            path.write_text(text, encoding="utf-8")
+            print(f"{path}: {'regenerated' if stale else 'already up to date'}")
         return 0
     if lines:
         print("\n".join(lines))
-        print(f"\n{args.chart / VALUES_SCHEMA} is stale: run python -m "
+        print(f"\n{args.chart / CRD_FILE} or {args.chart / VALUES_SCHEMA} is stale: run python -m "
               "xmem_admission.cluster.policy.schema --write", file=sys.stderr)
         return 1
     return 0
