@@ -49,3 +49,22 @@ def test_no_module_beside_the_paper_job_script_shadows_a_package_the_jobs_import
     for path in folder.glob("*.py"):
         found = importlib.util.find_spec(path.stem)
         assert found is None or Path(str(found.origin)).parent == folder, (path.name, found)
+
+
+def test_held_out_a_cnns_high_end_covers_what_the_other_convolution_rows_needed_beyond_theirs():
+    from bench.yardsticks.paper.benchmark import held_out
+
+    MiB = 1 << 20
+    gpu = "NVIDIA GeForce RTX 3060"
+    # three CNN rows measured 100, 300 and 600 MiB over their convolutions' high end
+    rows = [Row({"id": ident, "family": "cnn", "gpu_name": gpu, "measured_oom": False,
+                 "measured_peak_bytes": 4 * GiB + over * MiB})
+            for ident, over in (("a", 100), ("b", 300), ("c", 600))]
+    answers = [{"id": r.id, "estimate_bytes": 4 * GiB, "high_bytes": 4 * GiB,
+                "peak_reserved_bytes": 4 * GiB, "high_reserved_bytes": 4 * GiB,
+                "convolutions": True} for r in rows]
+    out = held_out(rows, answers)
+    # "c" is held out: its high end covers what "b" needed (300 MiB), not its own 600
+    assert out["c"]["high_bytes"] == 4 * GiB + 300 * MiB
+    assert out["a"]["high_bytes"] == out["b"]["high_bytes"] == 4 * GiB + 600 * MiB
+    assert all(out[k]["request_bytes"] >= out[k]["high_bytes"] for k in "abc")

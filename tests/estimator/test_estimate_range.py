@@ -46,9 +46,8 @@ def a_transformer_step() -> Trace:
 def test_a_cnns_estimate_has_a_wide_range_naming_its_convolution_workspaces(deviceless_cudnn):
     est = estimate_trace(traced(MARK, BACKWARD), [A100])[0]
     assert est.low_bytes < est.total_bytes < est.high_bytes
-    [why] = est.uncertain
-    assert why["what"] == "convolution workspaces"
-    assert why["low_bytes"] == est.low_bytes and why["high_bytes"] == est.high_bytes
+    [why] = [w for w in est.uncertain if w["what"] == "convolution workspaces"]
+    assert est.low_bytes <= why["low_bytes"] < why["high_bytes"] <= est.high_bytes
     assert "3 convolution call(s)" in why["detail"]
     assert f"cuDNN {deviceless_cudnn.version_text}" in why["detail"]
     assert est.fit == FITS and est.fits
@@ -71,11 +70,37 @@ def test_the_high_end_runs_each_convolution_at_the_largest_workspace_cudnn_ranks
     assert ends[LOW] == []
 
 
-def test_a_transformers_estimate_is_exact_and_pays_only_the_margin():
+def test_a_transformers_range_is_narrow_and_it_pays_only_the_margin():
+    # CUDA 13 (the trace names none): the H200's runtime figure is the largest of its rows
+    # (240 MiB, bf16), the fp32 rows took 224: the low end is 16 MiB under, the high end is
+    # the point
     est = estimate_trace(a_transformer_step(), [A100], margin=0.05)[0]
-    assert est.low_bytes == est.total_bytes == est.high_bytes
-    assert est.uncertain == []
+    assert est.high_bytes == est.total_bytes
+    assert est.total_bytes - est.low_bytes == 16 * MIB
+    [why] = est.uncertain
+    assert why["what"] == "memory outside the allocator" and "224-240 MiB" in why["detail"]
     assert est.recommended_request_bytes == math.ceil(est.total_bytes * 1.05)
+
+
+def _on_the_papers_cuda(t: Trace) -> Trace:
+    t.meta["cuda"] = "12.4"
+    return t
+
+
+def test_a_cnns_request_covers_what_the_papers_convolution_jobs_needed_outside_the_allocator(
+        deviceless_cudnn):
+    # on the RTX 3060 the paper's convolution jobs needed up to 472 MiB more than the runtime
+    # figure beyond their simulated high end; its jobs without convolutions never did
+    rtx3060 = gpus.lookup("RTX-3060")
+    cnn = estimate_trace(_on_the_papers_cuda(traced(MARK, BACKWARD)), [rtx3060])[0]
+    [conv] = [w for w in cnn.uncertain if w["what"] == "convolution workspaces"]
+    [outside] = [w for w in cnn.uncertain if w["what"] == "memory outside the allocator"]
+    assert cnn.high_bytes == conv["high_bytes"] + 472 * MIB
+    assert outside["high_bytes"] - cnn.overhead_bytes == 472 * MIB
+    assert "MnasNet SGD b323" in outside["detail"]
+    plain = estimate_trace(_on_the_papers_cuda(a_transformer_step()), [rtx3060])[0]
+    assert plain.high_bytes == plain.total_bytes
+    assert plain.recommended_request_bytes == math.ceil(plain.total_bytes * 1.05)
 
 
 def test_the_request_is_the_high_end_plus_the_margin_on_the_point(deviceless_cudnn):
@@ -90,7 +115,7 @@ def test_a_bounded_size_makes_the_point_the_high_end_and_its_low_end_unknown():
     t.note(NoteKind.BOUNDED, "nonzero: taken at its largest (every element)")
     est = estimate_trace(t, [A100])[0]
     assert est.high_bytes == est.total_bytes
-    [why] = est.uncertain
+    [why] = [w for w in est.uncertain if w["what"].startswith("upper bound")]
     assert why["what"] == "upper bound (bounded)" and why["low_bytes"] is None
     assert "nonzero" in why["detail"] and "low end is not known" in why["detail"]
 

@@ -66,13 +66,15 @@ def test_a_cnns_request_is_its_high_end_plus_the_margin_on_the_point(deviceless_
     assert "high end" in plan.range_text() and "cuDNN" in plan.range_text()
 
 
-def test_the_gme_column_shows_a_cnns_range_and_a_transformers_exact_one(deviceless_cudnn):
+def test_the_gme_column_shows_a_cnns_range_and_a_transformers_narrow_one(deviceless_cudnn):
     def column(trace) -> str:
         [est] = estimate_trace(trace, [A100])
         decoded = termination.decode(termination.encode_ok("fake", 3, 1.0, [est.to_dict()]))
         return records.range_text(records.estimates_from(decoded.gpus), A100.key)
 
-    assert column(a_transformer_step()) == "exact"
+    # the transformer's range is the runtime figure's spread (16 MiB under the point)
+    low, high = column(a_transformer_step()).removesuffix("Gi").split("-")
+    assert low == high
     low, high = column(traced(MARK, BACKWARD)).removesuffix("Gi").split("-")
     assert float(low) < float(high)
 

@@ -13,7 +13,7 @@ Two parts, each a figure with its basis and source:
 
 Every figure says whether it was **measured** (read off a GPU run in this repository's data),
 **fitted** (a quantile of measured rows, scored on rows it was not fitted on:
-``bench/fit_overhead.py``) or **inferred** (no measurement for this GPU and CUDA major: taken from
+``bench/fits/fit_overhead.py``) or **inferred** (no measurement for this GPU and CUDA major: taken from
 the one that was measured, and why). Inference always reaches for the largest figure known,
 because on a shared GPU a request below what the job takes is a failed job.
 
@@ -25,19 +25,22 @@ The figures, and where they come from:
   before). NVML's peak minus ``max_memory_reserved`` minus that context, over the 14 jobs that
   ran to completion and whose NVML peak saw the allocator's peak: 224-240 MiB for the jobs
   without convolutions (fp32 GEMMs 224, bf16 autocast 240), 240-244 MiB with convolutions.
-  ``bench/fit_overhead.py --h200`` fits the runtime figure as the largest value of the jobs
+  ``bench/fits/fit_overhead.py --h200`` fits the runtime figure as the largest value of the jobs
   without convolutions and cuDNN's as the largest excess of the jobs with them, each
   leave-one-out (every job scored with the figure fitted on the others).
 - RTX 3060, RTX 4060, A100-40GB, CUDA 12 (torch 2.6 + CUDA 12.4, the xMem paper's runs): the
   runtime figure fitted on the paper's rows (85th percentile of measured minus simulated peak
-  reserved, NVML measured after CUDA init so the context is excluded; ``bench/fit_overhead.py``
-  on ``xmem bench paper`` output, scored leave-one-out by ``bench/fit_paper_conv_workspace.py``).
+  reserved, NVML measured after CUDA init so the context is excluded; ``bench/fits/fit_overhead.py``
+  on ``xmem bench paper`` output, scored leave-one-out by ``bench/fits/fit_paper_conv_workspace.py``).
   Those rows include convolution jobs, so cuDNN's modules are inside that figure.
 - A GPU without a measured context is given one inferred from the H200's: the driver backs a
   1 KiB stack for every thread the GPU can hold resident (SMs x threads per SM), the part of a
   context that grows with the GPU; the rest is taken as it was measured (``_context``). On an
   RTX 4060 (24 SMs of 1536 threads) that is 299 MiB, where the conservative "largest figure"
   would give 527 MiB and call jobs that ran on the paper's RTX 4060 out of memory.
+- Each fitted figure carries the spread of the rows it was fitted on (``Figure.low``/``high``):
+  the H200's runtime 224-240 MiB, its cuDNN 0-4 MiB; on the paper's GPUs, what their
+  convolution jobs needed beyond their simulated high end. An estimate's range carries it.
 - The documented figure (PyTorch PR 86509: "about 290 MB" of context with lazy loading) was
   1.8x low on the one GPU measured, so it is used nowhere.
 
@@ -77,9 +80,26 @@ class Figure:
     bytes: int
     basis: Basis
     source: str
+    # How far the rows the figure was measured or fitted on spread around it (``spread`` says
+    # which rows): the job's figure lies in [low, high]. None: exact as far as is known.
+    low: Optional[int] = None
+    high: Optional[int] = None
+    spread: str = ""
+
+    @property
+    def low_bytes(self) -> int:
+        return self.bytes if self.low is None else min(self.low, self.bytes)
+
+    @property
+    def high_bytes(self) -> int:
+        return self.bytes if self.high is None else max(self.high, self.bytes)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"bytes": self.bytes, "basis": self.basis.value, "source": self.source}
+        out: Dict[str, Any] = {"bytes": self.bytes, "basis": self.basis.value,
+                               "source": self.source}
+        if self.low_bytes != self.bytes or self.high_bytes != self.bytes:
+            out.update(low_bytes=self.low_bytes, high_bytes=self.high_bytes, spread=self.spread)
+        return out
 
 
 @dataclass(frozen=True)
@@ -103,10 +123,23 @@ class Overhead:
     def total_bytes(self) -> int:
         return self.context.bytes + self.runtime_bytes
 
+    def _parts(self) -> List[Figure]:
+        return [self.context, self.runtime] + ([self.cudnn] if self.uses_cudnn else [])
+
+    @property
+    def low_bytes(self) -> int:
+        """The low end of the figures' spreads, summed (``total_bytes`` lies in the range)."""
+        return sum(f.low_bytes for f in self._parts())
+
+    @property
+    def high_bytes(self) -> int:
+        return sum(f.high_bytes for f in self._parts())
+
     def to_dict(self) -> Dict[str, Any]:
         return {"gpu": self.gpu, "cuda_major": self.cuda_major,
                 "cuda_major_known": self.cuda_major_known, "uses_cudnn": self.uses_cudnn,
-                "total_bytes": self.total_bytes, "context": self.context.to_dict(),
+                "total_bytes": self.total_bytes, "low_bytes": self.low_bytes,
+                "high_bytes": self.high_bytes, "context": self.context.to_dict(),
                 "runtime": self.runtime.to_dict(), "cudnn": self.cudnn.to_dict()}
 
 
@@ -114,7 +147,7 @@ class Overhead:
 
 _H200_RUN = ("bench/data/H200/measurements.jsonl (H200, driver 580.159.04, torch 2.11.0+cu130, "
              "cuDNN 9.19, 2026-12-04)")
-_H200_FIT = "bench/fit_overhead.py --h200, leave-one-out"
+_H200_FIT = "bench/fits/fit_overhead.py --h200, leave-one-out"
 
 # (GPU key, CUDA major) -> figure. Keys are the catalogue's (contract.gpus).
 _CONTEXT: Dict[Tuple[str, int], Figure] = {
@@ -129,7 +162,8 @@ _RUNTIME: Dict[Tuple[str, int], Figure] = {
     ("H200", 13): Figure(240 * MiB, Basis.FITTED,
                          f"largest of NVML peak - reserved peak - context over the jobs without "
                          f"convolutions of {_H200_RUN} (fp32 224 MiB, bf16 240 MiB); "
-                         f"{_H200_FIT}"),
+                         f"{_H200_FIT}",
+                         low=224 * MiB, spread="the 8 jobs without convolutions: 224-240 MiB"),
 }
 
 
@@ -137,10 +171,10 @@ def _paper(mib: int, rows: int) -> Figure:
     return Figure(mib * MiB, Basis.FITTED,
                   f"{mib} MiB fitted from {rows} rows of the xMem paper's measured runs (torch 2.6,"
                   " CUDA 12.4; 85th percentile of NVML peak after CUDA init minus simulated peak"
-                  " reserved; bench/fit_overhead.py), convolution jobs included")
+                  " reserved; bench/fits/fit_overhead.py), convolution jobs included")
 
 
-# The xMem paper's runs (bench/README.md, "The fitted runtime overhead").
+# The xMem paper's runs (bench/fits/README.md, "The fitted runtime overhead").
 _RUNTIME.update({
     ("RTX-3060", 12): _paper(92, 54),
     ("RTX-4060", 12): _paper(84, 18),
@@ -153,11 +187,28 @@ _CUDNN: Dict[Tuple[str, int], Figure] = {
     ("H200", 13): Figure(4 * MiB, Basis.FITTED,
                          f"largest of NVML peak - reserved peak - context over the convolution "
                          f"jobs of {_H200_RUN} (240-244 MiB) minus the runtime figure; "
-                         f"{_H200_FIT}"),
+                         f"{_H200_FIT}",
+                         low=0, spread="the 6 convolution jobs: 240-244 MiB, 0-4 MiB over the "
+                         "runtime figure"),
 }
 # Where the runtime figure was fitted on rows that include convolution jobs, cuDNN is inside it.
+# Its spread is what those convolution jobs needed beyond their simulated high end (the
+# largest plan workspaces cuDNN ranks): NVML's peak after CUDA init minus that end's simulated
+# reserved peak, minus the runtime figure, at its largest over the rows
+# (``bench/fits/fit_overhead.py`` on ``xmem bench paper`` output). It holds cuDNN's modules and
+# what the deviceless ranking cannot see of the plans the runs' cuDNN 9.1 picked.
+_PAPER_CONV_SPREAD = {
+    ("RTX-3060", 12): (472, "25 convolution jobs: up to 564 MiB over their high end's reserved "
+                            "peak (MnasNet SGD b323), 472 MiB over the runtime figure"),
+    ("RTX-4060", 12): (52, "10 convolution jobs: up to 136 MiB over their high end's reserved "
+                           "peak (RegNetY-400MF Adam b698), 52 MiB over the runtime figure"),
+}
 for _key in (("RTX-3060", 12), ("RTX-4060", 12), ("A100-40GB", 12)):
-    _CUDNN[_key] = Figure(0, Basis.FITTED, "inside the runtime figure: " + _RUNTIME[_key].source)
+    _over, _rows = _PAPER_CONV_SPREAD.get(_key) or max(_PAPER_CONV_SPREAD.values())
+    if _key not in _PAPER_CONV_SPREAD:  # the paper ran no convolution job on it: the largest
+        _rows = "no convolution job measured on it; the largest of the others': " + _rows
+    _CUDNN[_key] = Figure(0, Basis.FITTED, "inside the runtime figure: " + _RUNTIME[_key].source,
+                          low=0, high=_over * MiB, spread=_rows)
 
 
 def _figure(table: Dict[Tuple[str, int], Figure], what: str, gpu: str, major: int) -> Figure:
@@ -172,7 +223,10 @@ def _figure(table: Dict[Tuple[str, int], Figure], what: str, gpu: str, major: in
     (other, other_major), figure = max(pool, key=lambda item: (item[1].bytes, item[0]))
     return Figure(figure.bytes, Basis.INFERRED,
                   f"no {what} figure for {gpu} with CUDA {major}: the largest related one, "
-                  f"{other} with CUDA {other_major} ({figure.basis.value}: {figure.source})")
+                  f"{other} with CUDA {other_major} ({figure.basis.value}: {figure.source})",
+                  low=figure.low, high=figure.high,
+                  spread=f"{other}'s with CUDA {other_major}: {figure.spread}"
+                  if figure.spread else "")
 
 
 # The per-thread stack the driver backs with local memory for every thread a GPU can hold

@@ -255,6 +255,7 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
             if low.total != total or high.total != total or ranged.get("unknown_calls"):
                 uncertain.append(_conv_reason(ranged, min(low.total, total, high.total),
                                               max(high.total, total, low.total)))
+        low, high = _outside_range(figures, point, low, high, uncertain)
         # a size fake execution could not know, taken at its largest: the point is the high end
         # and the low end is not known (the range's low end is that of the rest)
         for note in bounded:
@@ -285,6 +286,28 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
             uncertain=uncertain, fit=fit, low_oom=low.oom, high_oom=high.oom,
         ))
     return results
+
+
+def _outside_range(figures: outside.Overhead, point: _End, low: _End, high: _End,
+                   uncertain: List[Dict[str, Any]]) -> Tuple[_End, _End]:
+    """The ends moved by the spread of the memory outside the allocator (``contract.overhead``:
+    each figure's rows spread around it), noted in ``uncertain`` where it has one: below the
+    lowest simulated stream and above the highest. The simulated allocator keeps the room the
+    point leaves it: the spread moves the total, not the pool."""
+    below = figures.total_bytes - figures.low_bytes
+    above = figures.high_bytes - figures.total_bytes
+    if not below and not above:
+        return low, high
+    spreads = [f"{name} {f.low_bytes / 2**20:.0f}-{f.high_bytes / 2**20:.0f} MiB ({f.spread})"
+               for name, f in (("context", figures.context), ("runtime", figures.runtime),
+                               ("cuDNN", figures.cudnn))
+               if f.spread and (name != "cuDNN" or figures.uses_cudnn)]
+    uncertain.append({"what": "memory outside the allocator",
+                      "low_bytes": figures.low_bytes, "high_bytes": figures.high_bytes,
+                      "detail": f"the figures for {figures.gpu} with CUDA {figures.cuda_major} "
+                                f"spread over the rows they were fitted on: " + "; ".join(spreads)})
+    totals = (low.total, point.total, high.total)
+    return _End(min(totals) - below, low.oom), _End(max(totals) + above, high.oom)
 
 
 def _fits(gpu: catalogue.GPU, end: _End) -> bool:

@@ -9,7 +9,9 @@ per driver version), learns the figures under the policy's ``spec.learnedOverhea
 ``..._jobs`` per GPU model and driver, and, when they changed, writes them on the policy's
 ``status.learnedOverhead`` (the status subresource: only the controller writes it). The webhook
 and this controller read them back with the policy (``policy.model.overhead_figures``) and
-``sizing.plan`` applies them to new estimates.
+``sizing.plan`` applies them to new estimates. The same pass learns where in their range the
+jobs with one land per GPU model (``policy.range_position``) and publishes it to this
+controller's sizing.
 
 Samples cross namespaces on purpose: what a GPU model and driver keep outside the allocator is a
 fact of the hardware and driver, not of a tenant. How that stays safe when a tenant forges its
@@ -25,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.controller.context import Context
 from xmem_admission.cluster.kube.client import POLICY
+from xmem_admission.cluster.policy import range_position
 from xmem_admission.cluster.policy.model import OverheadFigure
 from xmem_admission.cluster.policy.overhead import UNKNOWN_DRIVER, Sample, describe, learn
 from xmem_admission.contract.errors import KubeApiError
@@ -57,6 +60,29 @@ def samples(ctx: Context) -> List[Sample]:
     return out
 
 
+def landings(ctx: Context) -> List[range_position.Landing]:
+    """Every recorded completed run whose estimate had a range above its point on the run's
+    GPU (the GME's ``estimates`` entry for it, the same point the run was sized from)."""
+    out: List[range_position.Landing] = []
+    for gme in ctx.estimates.items():
+        namespace = gme["metadata"].get("namespace", "")
+        ranges = {e.get("gpu"): e for e in (gme.get("status") or {}).get("estimates") or []
+                  if isinstance(e, dict)}
+        for entry in records.run_entries(gme):
+            estimate = ranges.get(entry.get("gpu"))
+            peak, point = _count(entry.get("observedPeakBytes")), _count(entry.get("estimateBytes"))
+            finished = records.parse_time(entry.get("finished"))
+            if entry.get("completed") is not True or estimate is None or peak is None or \
+                    point is None or finished is None or estimate.get("totalBytes") != point:
+                continue
+            found = range_position.landing(entry["gpu"], namespace, point,
+                                           _count(estimate.get("highBytes")), peak,
+                                           finished.timestamp())
+            if found is not None:
+                out.append(found)
+    return out
+
+
 def status_entries(figures: Tuple[OverheadFigure, ...]) -> List[Dict[str, Any]]:
     """The policy's ``status.learnedOverhead``."""
     return [{"gpu": f.gpu, "driverVersion": f.driver, "outsideAllocatorBytes": f.outside_bytes,
@@ -77,6 +103,10 @@ def reconcile(ctx: Context) -> Optional[float]:
     if policy is None:
         return None
     settings = policy.learned_overhead
+    positions = range_position.learn(landings(ctx), settings)
+    if range_position.publish(positions):  # this controller's sizing narrows with them
+        for gpu, text in range_position.summary(positions).items():
+            log.info("learned for %s: %s", gpu, text)
     figures = learn(samples(ctx), settings)
     ctx.metrics.set_overhead((f.gpu, f.driver, f.outside_bytes, f.jobs) for f in figures)
     if figures == settings.figures:

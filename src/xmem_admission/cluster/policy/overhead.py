@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Protocol, Sequence, Tuple, TypeVar
 
 from xmem_admission.cluster.kube.quantity import gib
 from xmem_admission.cluster.policy.model import LearnedOverhead, OverheadFigure
@@ -120,7 +120,10 @@ def _signed_mib(size: int) -> str:
     return f"{size / (1 << 20):+.0f}"
 
 
-def quantile_lower(values: Sequence[int], q: float) -> int:
+_Number = TypeVar("_Number", int, float)
+
+
+def quantile_lower(values: Sequence[_Number], q: float) -> _Number:
     """numpy.quantile(values, q, method="lower"): the sorted value at floor(q * (n - 1))."""
     if not values:
         raise ValueError("no values")
@@ -130,10 +133,23 @@ def quantile_lower(values: Sequence[int], q: float) -> int:
     return ordered[math.floor(q * (len(ordered) - 1))]
 
 
-def window(samples: Iterable[Sample], settings: LearnedOverhead) -> Dict[str, List[Sample]]:
-    """Per GPU model, the samples that count: newest first, at most ``jobs_per_namespace``
-    from one namespace, at most ``recent_jobs`` in all."""
-    by_gpu: Dict[str, List[Sample]] = {}
+class _Finished(Protocol):
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def finished(self) -> float: ...
+
+
+_Run = TypeVar("_Run", bound=_Finished)
+
+
+def window(samples: Iterable[_Run], settings: LearnedOverhead) -> Dict[str, List[_Run]]:
+    """Per GPU model, the samples that count (a ``Sample`` or any finished run on a GPU model
+    in a namespace): newest first, at most ``jobs_per_namespace`` from one namespace, at most
+    ``recent_jobs`` in all."""
+    by_gpu: Dict[str, List[_Run]] = {}
     for sample in sorted(samples, key=lambda s: s.finished, reverse=True):
         kept = by_gpu.setdefault(sample.gpu, [])
         if len(kept) >= settings.recent_jobs:

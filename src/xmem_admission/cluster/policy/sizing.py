@@ -42,11 +42,11 @@ import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.kube.quantity import ceil_div, gib
-from xmem_admission.cluster.policy import overhead, right_sizing
+from xmem_admission.cluster.policy import overhead, range_position, right_sizing
 from xmem_admission.cluster.policy.model import Settings, Target
 from xmem_admission.cluster.policy.store import EstimateRecord, GPUEstimate
 from xmem_admission.contract import gpus
@@ -71,6 +71,9 @@ class Plan:
     # The high end of the estimate's range when above the estimate (the request covers it):
     # None for an exact estimate, or one sized from the workload's own runs.
     high_bytes: Optional[int] = None
+    # Where the GPU model's jobs with a range land in it narrowed what the request covers:
+    # why ('' when it did not; ``policy.range_position``).
+    narrowed: str = ""
 
     def range_text(self) -> str:
         """Why the request is above the estimate's margin, for the Event ('' when it is not)."""
@@ -78,7 +81,8 @@ class Plan:
             return ""
         return (f"the request covers the estimate's high end {gib(self.high_bytes)} GiB "
                 f"(+{gib(self.high_bytes - self.estimate_bytes)} GiB: what the estimate cannot "
-                f"know without the GPU, such as the cuDNN plans its convolutions run)")
+                f"know without the GPU, such as the cuDNN plans its convolutions run)"
+                + (f"; {self.narrowed}" if self.narrowed else ""))
 
     @property
     def judged_bytes(self) -> int:
@@ -149,8 +153,14 @@ def pinned_gpu(annotations: object) -> Optional[str]:
         return None
 
 
-def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = None) -> Optional[Plan]:
-    """The plan for a record under a policy, or None when the estimate fits no target GPU."""
+def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = None,
+         positions: Optional[Sequence[range_position.RangePosition]] = None) -> Optional[Plan]:
+    """The plan for a record under a policy, or None when the estimate fits no target GPU.
+    ``positions``: where jobs with a range land in it per GPU model, learned from finished
+    runs (``policy.range_position``; None: those this process learned): the high end the
+    request covers is narrowed to it."""
+    if positions is None:
+        positions = range_position.published()
     candidates: List[Target] = list(settings.targets)
     if pinned is not None and settings.target(pinned) is not None:
         candidates = [t for t in candidates if t.gpu.key == pinned]
@@ -165,15 +175,19 @@ def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = Non
             total, term = overhead.corrected_total(estimate, settings.learned_overhead)
             if not fits(total, target.gpu):
                 continue
-            request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes,
-                                   high)
-            if term.source == "catalogue":
-                return Plan(target, estimate.total_bytes, request, high_bytes=high)
             # the range's excess is the convolutions', outside the overhead term: it moves along
-            sized = size_request(total, settings, target.gpu.capacity_bytes,
-                                 None if high is None else total + high - estimate.total_bytes)
+            covered, narrowed = (None, "") if high is None else range_position.narrowed_high(
+                estimate.total_bytes, total + high - estimate.total_bytes, total,
+                range_position.find(positions, target.gpu.key),
+                settings.learned_overhead.max_correction_bytes)
+            if term.source == "catalogue":
+                request = size_request(estimate.total_bytes, settings,
+                                       target.gpu.capacity_bytes, covered)
+                return Plan(target, estimate.total_bytes, request, high_bytes=high,
+                            narrowed=narrowed)
+            sized = size_request(total, settings, target.gpu.capacity_bytes, covered)
             return Plan(target, estimate.total_bytes, sized, corrected_bytes=total,
-                        overhead=term, high_bytes=high)
+                        overhead=term, high_bytes=high, narrowed=narrowed)
         if not fits(estimate.total_bytes, target.gpu):
             continue
         request = size_request(estimate.total_bytes, settings, target.gpu.capacity_bytes, high)
