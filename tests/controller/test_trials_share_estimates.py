@@ -59,6 +59,9 @@ def test_a_sweep_traces_each_batch_size_and_shares_the_learning_rate(harness: Ha
             continue
         source = gmes[shared["estimate"]]
         assert shared["options"] == ["--lr"], shared  # never over --batch-size
+        [estimated] = [c for c in gme["status"]["conditions"] if c["type"] == "Estimated"]
+        assert (estimated["status"], estimated["reason"]) == ("True", "SharedFromTrial")
+        assert f"shared from {shared['estimate']}" in estimated["message"]
         assert source["spec"]["trial"]["options"]["--batch-size"] == \
             gme["spec"]["trial"]["options"]["--batch-size"]
         assert gme["status"]["estimates"] == source["status"]["estimates"]
