@@ -81,7 +81,8 @@ class Plan:
             return ""
         return (f"the request covers the estimate's high end {gib(self.high_bytes)} GiB "
                 f"(+{gib(self.high_bytes - self.estimate_bytes)} GiB: what the estimate cannot "
-                f"know without the GPU, such as the cuDNN plans its convolutions run)"
+                f"know without the GPU, such as the cuDNN plans its convolutions run and what cuDNN "
+                f"holds outside the allocator)"
                 + (f"; {self.narrowed}" if self.narrowed else ""))
 
     @property
