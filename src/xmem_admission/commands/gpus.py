@@ -93,8 +93,12 @@ def _table(gpus: List[Any]) -> str:
 
 
 def _figure(figure: Any) -> str:
-    """A figure in MiB with its basis' initial: "527 MiB m"."""
-    return f"{figure.bytes / MiB:.0f} MiB {figure.basis.value[0]}"
+    """A figure in MiB with its basis' initial and the spread of its rows where it has one:
+    "527 MiB m", "240 MiB f (224-240)"."""
+    text = f"{figure.bytes / MiB:.0f} MiB {figure.basis.value[0]}"
+    if figure.low_bytes != figure.bytes or figure.high_bytes != figure.bytes:
+        text += f" ({figure.low_bytes / MiB:.0f}-{figure.high_bytes / MiB:.0f})"
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
