@@ -19,6 +19,7 @@ from tests.controller.support import TINY_GPT, Harness, template_annotations, tr
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import estimation_line, estimation_pods, records, workloads
 from xmem_admission.cluster.controller.manager import Controller
+from xmem_admission.cluster.kube.client import GME
 from xmem_admission.contract.errors import KubeApiError
 
 
@@ -91,6 +92,11 @@ def test_the_estimate_step_waits_its_turn_then_creates_one_pod_and_records_it_ru
     _fresh(caches, harness.namespace, "gme", name, lambda o: True)
     estimation_pods.reconcile(caches.ctx, harness.namespace, name)  # no slot granted yet
     assert harness.estimation_pods() == []
+    queued = harness.gmes()[0]["status"]  # kubectl shows it queued, not a blank row
+    assert queued["phase"] == "Pending"
+    assert _condition(queued, "Estimating")[:2] == ("True", "Queued")
+    assert _condition(queued, "Estimated")[:2] == ("False", "InProgress")
+    _fresh(caches, harness.namespace, "gme", name, lambda o: "conditions" in o["status"])
     _start_step(caches, harness.namespace, name)
     estimation_pods.reconcile(caches.ctx, harness.namespace, name)  # again: no second pod
     [pod] = harness.estimation_pods()
@@ -99,6 +105,42 @@ def test_the_estimate_step_waits_its_turn_then_creates_one_pod_and_records_it_ru
     status = harness.gmes()[0]["status"]
     assert (status["phase"], status["podName"], status["attempt"]) == \
         ("Running", pod["metadata"]["name"], 1)
+    running = _condition(status, "Estimating")
+    assert running[:2] == ("True", "PodRunning") and pod["metadata"]["name"] in running[2]
+    assert running[3] == _condition(queued, "Estimating")[3]  # still true: no transition
+
+
+def _condition(status: Dict[str, Any], kind: str) -> Any:
+    """A condition's status, reason, message and lastTransitionTime."""
+    [found] = [c for c in status["conditions"] if c["type"] == kind]
+    return found["status"], found["reason"], found["message"], found["lastTransitionTime"]
+
+
+def test_an_estimate_an_older_release_recorded_gets_its_conditions_on_the_next_pass(
+        harness, caches):
+    name = records.name_for("e" * 32)
+    kube = harness.kube()
+    created = kube.create(GME, harness.namespace, records.new(
+        training_job("train", harness.namespace), "e" * 32, ["A100-80GB"], "pytorch/pytorch"))
+    estimate = {"gpu": "A100-80GB", "capacityBytes": 80 << 30, "peakReservedBytes": 3 << 30,
+                "totalBytes": 4 << 30, "recommendedRequestBytes": 5 << 30, "fits": True}
+    kube.replace_status(GME, dict(created, status={  # as written before conditions existed
+        "phase": "Succeeded", "attempt": 1, "completionTime": "2026-01-31T12:00:00Z",
+        "mode": "fake", "estimates": [estimate], "gpu": "A100-80GB", "estimateBytes": 4 << 30,
+        "estimate": "4.0Gi", "requestBytes": 5 << 30, "request": "5.0Gi"}))
+    _fresh(caches, harness.namespace, "gme", name, lambda o: "phase" in (o.get("status") or {}))
+    estimation_pods.reconcile(caches.ctx, harness.namespace, name)
+    [gme] = harness.gmes()
+    assert gme["status"]["observedGeneration"] == gme["metadata"]["generation"]
+    assert _condition(gme["status"], "Estimated")[:3] == (
+        "True", "Traced", "4.0Gi on A100-80GB, request 5.0Gi")
+    assert [c["type"] for c in gme["status"]["conditions"] if c["status"] == "True"] == \
+        ["Estimated"]
+    written = gme["metadata"]["resourceVersion"]
+    _fresh(caches, harness.namespace, "gme", name,
+           lambda o: o["metadata"]["resourceVersion"] == written)
+    estimation_pods.reconcile(caches.ctx, harness.namespace, name)  # nothing more to say
+    assert harness.gmes()[0]["metadata"]["resourceVersion"] == written
 
 
 def test_a_finished_pod_is_recorded_and_the_release_step_annotates_and_unsuspends(harness, caches):
