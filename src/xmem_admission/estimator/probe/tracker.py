@@ -862,8 +862,12 @@ class AllocationTracker(TorchDispatchMode):  # type: ignore[misc]  # torch is re
             self._forget_mutated(func, args)
             return
         real = self._run_real(func, args, kwargs, inputs, limit)
-        if real is _MISSING and func.overloadpacket in _CONSTANT_LIKE and len(outs) == 1:
-            # its value is its fill, whatever the input's (a mask made with ones_like)
+        if (real is _MISSING and func.overloadpacket in _CONSTANT_LIKE and len(outs) == 1
+                and outs[0].numel() <= SMALL_FACTORY_NUMEL):
+            # its value is its fill, whatever the input's (a mask made with ones_like); made
+            # like a value fake mode lacks, it is a factory of that shape, real only when small
+            # as factories are (an optimizer's zeros_like of each parameter is model state: a
+            # 0.85B model's Adam moments would be gigabytes of host memory)
             fill = _CONSTANT_LIKE[func.overloadpacket]
             with _disable_current_modes():
                 real = torch.full(tuple(outs[0].shape), args[1] if fill is None else fill,
