@@ -13,7 +13,7 @@ from tests.support.estimates import record_for
 from tests.support.harness import LocalWebhook, make_policy
 from xmem_admission.cluster.backends import dra
 from xmem_admission.cluster.controller import dra_claims
-from xmem_admission.cluster.controller.workloads import plans_for
+from xmem_admission.cluster.controller.gate import plans_for
 from xmem_admission.cluster.integrations import for_kind
 from xmem_admission.cluster.policy.model import Policy
 from xmem_admission.cluster.policy.sizing import size_request

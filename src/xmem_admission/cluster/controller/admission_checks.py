@@ -13,11 +13,11 @@ This module serves every AdmissionCheck whose ``spec.controllerName`` is ours
 
 - the AdmissionCheck gets the ``Active`` condition (Kueue keeps workloads of a ClusterQueue
   whose checks are not active from being admitted);
-- a Workload with one of our checks ``Pending`` is estimated like a held job: its owner (the
-  Job, PyTorchJob, JobSet or TrainJob, whose pod templates are the podSets; a TrainJob's
-  resolved from its runtime) is fingerprinted, the
-  ``GPUMemoryEstimate`` for that fingerprint is created or joined (``workloads.ensure_estimate``)
-  and its estimation pod runs (``estimation_pods``); a known fingerprint is ``Ready`` at once;
+- a Workload with one of our checks ``Pending`` is estimated like a held job, through the same
+  steps (``gate``): its owner (the Job, PyTorchJob, JobSet or TrainJob, whose pod templates are
+  the podSets; a TrainJob's resolved from its runtime) is fingerprinted, the
+  ``GPUMemoryEstimate`` for that fingerprint is created or joined and its estimation pod runs
+  (``estimation_pods``); a known fingerprint is ``Ready`` at once;
 - succeeded: ``Ready``, with a podSetUpdate per GPU podSet carrying the sizing annotations
   (``xmem.io/request-bytes``, ``xmem.io/gpu-model``, ``xmem.io/estimate-bytes``) and the opt-in
   label ``xmem.io/estimate: "true"`` (so the job's pods reach the Pod webhook's object entry);
@@ -48,25 +48,14 @@ import logging
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from xmem_admission.cluster import labels
-from xmem_admission.cluster.controller import estimate_cache, kueue_claims, records
+from xmem_admission.cluster.controller import estimate_cache, gate, kueue_claims, records
 from xmem_admission.cluster.controller.context import Context, Workload
-from xmem_admission.cluster.controller.workloads import (
-    ensure_estimate,
-    failed_since,
-    plans_for,
-    unit_records,
-)
-from xmem_admission.cluster.integrations import (
-    NotResolved,
-    Unit,
-    estimation_units,
-    fingerprint_of,
-    gpu_templates,
-)
+from xmem_admission.cluster.controller.gate import Hold
+from xmem_admission.cluster.integrations import gpu_templates
 from xmem_admission.cluster.kube.client import Kind, Obj
 from xmem_admission.cluster.kube.informer import Informer
 from xmem_admission.cluster.kube.quantity import gib
-from xmem_admission.cluster.policy.model import Estimation, FailureAction, Settings
+from xmem_admission.cluster.policy.model import FailureAction
 from xmem_admission.cluster.policy.sizing import Plan
 from xmem_admission.contract.errors import InvalidObjectError
 
@@ -229,76 +218,43 @@ def reconcile(ctx: Context, workloads: Informer, checks: Informer, controller_na
     since = min(began) if began else \
         records.parse_time(wl["metadata"].get("creationTimestamp")) or ctx.now()
     workload, obj, why = owner_of(ctx, wl)
-    settings = ctx.settings(namespace)
-    estimation = settings.estimation if settings is not None else Estimation()
     created = records.parse_time(wl["metadata"].get("creationTimestamp")) or since
-    deadline = created + datetime.timedelta(seconds=estimation.max_hold_seconds)
-    now = ctx.now()
-    answer = _Answer(ctx, wl, names, settings, deadline)
+    hold = Hold.of(ctx, namespace, since, began=created)
+    answer = _Answer(ctx, wl, names, hold)
     if workload is None:
         return answer.ready(f"xmem: {why}; admitted unchanged")
     if obj is None:
-        if now >= deadline:
+        if ctx.now() >= hold.deadline:
             return answer.ready(f"xmem: {why} within maxHoldSeconds; admitted unchanged")
         return 1.0
-    if settings is None:
-        if now >= deadline:
-            return answer.failed("NoPolicy", "no GPU admission policy could be loaded",
-                                 timed_out=True)
-        return 5.0
-    if not settings.enabled:
+    decision = gate.decide(ctx, workload, obj, hold, held=False)
+    if isinstance(decision, gate.Wait):
+        return decision.seconds
+    if isinstance(decision, gate.Disabled):
         return answer.ready("xmem: the policy for this namespace is disabled; admitted unchanged")
-    try:
-        obj = workload.integration.resolve(obj, ctx.kube)  # a TrainJob: its runtime's templates
-    except NotResolved as exc:
-        if now >= deadline:
-            return answer.failed("RuntimeNotResolved", str(exc), timed_out=True)
-        return 5.0
-    except InvalidObjectError as exc:
-        return answer.failed("InvalidWorkload", str(exc), timed_out=True)
-    try:
-        templates = gpu_templates(workload.integration, obj)
-        fp = fingerprint_of(workload.integration, obj, settings.gpu_keys,
-                            versions=ctx.versions(namespace))
-    except InvalidObjectError as exc:
-        return answer.failed("InvalidWorkload", str(exc), timed_out=True)
-    if not templates:
+    if isinstance(decision, gate.NoGpu):
         return answer.ready("xmem: the workload requests no GPU; admitted unchanged")
-    if all(labels.BREAK_GLASS in ((ref.template.get("metadata") or {}).get("annotations") or {})
-           for ref, _ in templates):  # only the webhook writes it there, for an admin
+    if isinstance(decision, gate.Exempt):
         return answer.ready("xmem: break-glass (xmem.io/break-glass); admitted unchanged")
-    units = estimation_units(workload.integration, obj, settings.gpu_keys,
-                             ctx.versions(namespace))
-    gmes = [ctx.estimates.get(namespace, records.name_for(u.fingerprint)) for u in units]
-    failed = failed_since(gmes, since)
-    if failed is not None:
-        status = failed.get("status") or {}
-        return answer.failed(status.get("reason") or "Error", status.get("message") or "",
-                             workload=workload, obj=obj)
-    done = [g for g in gmes if g is not None and records.usable(g)]
-    if len(done) == len(units):
-        return answer.estimated(workload, obj, done, units)
-    if now >= deadline:
-        return answer.failed("HoldTimeout", f"no estimate within maxHoldSeconds="
-                             f"{estimation.max_hold_seconds}", timed_out=True,
-                             workload=workload, obj=obj)
-    for unit, gme in zip(units, gmes):
-        if gme is None or not records.usable(gme):
-            ensure_estimate(ctx, obj, unit.fingerprint, settings,
-                            [templates[i] for i in unit.templates], gme)
-    message = f"xmem: estimating GPU memory (fingerprint {fp[:12]})"
+    if isinstance(decision, gate.Failed):  # the policy's Default request: a workload read
+        return answer.failed(decision.reason, decision.message, timed_out=decision.timed_out,
+                             workload=workload, obj=decision.obj if decision.read else None)
+    if isinstance(decision, gate.Misfit):
+        return answer.misfit(workload, decision)
+    if isinstance(decision, gate.Estimated):
+        return answer.estimated(workload, decision)
+    assert isinstance(decision, gate.Estimating), decision  # Changed: only a held job's
+    message = f"xmem: estimating GPU memory (fingerprint {decision.fingerprint[:12]})"
     if any(s.get("message") != message for s in pending):
         _set_state(ctx, wl, names, PENDING, message)
-    return min(60.0, max(0.5, (deadline - now).total_seconds()))
+    return hold.left(ctx.now())
 
 
 class _Answer:
     """The ways a pass ends for one Workload's Pending checks (each one status write)."""
 
-    def __init__(self, ctx: Context, wl: Obj, names: List[str], settings: Optional[Settings],
-                 deadline: datetime.datetime) -> None:
-        self.ctx, self.wl, self.names = ctx, wl, names
-        self.settings, self.deadline = settings, deadline
+    def __init__(self, ctx: Context, wl: Obj, names: List[str], hold: Hold) -> None:
+        self.ctx, self.wl, self.names, self.hold = ctx, wl, names, hold
 
     def ready(self, message: str, updates: Optional[List[Dict[str, Any]]] = None,
               outcome: str = "unchanged") -> Optional[float]:
@@ -306,22 +262,20 @@ class _Answer:
         self.ctx.metrics.released.labels(WORKLOAD.kind, outcome).inc()
         return None
 
-    def estimated(self, workload: Workload, obj: Obj, gmes: List[Obj],
-                  units: List[Unit]) -> Optional[float]:
-        assert self.settings is not None
-        per_template, unusable = unit_records(gmes, units)
-        if unusable:
-            return self.failed("InvalidEstimate", f"GPUMemoryEstimate {unusable} "
-                               "holds no usable estimate", workload=workload, obj=obj)
+    def misfit(self, workload: Workload, misfit: gate.Misfit) -> Optional[float]:
+        """Rejected where the policy enforces (Kueue deactivates the Workload), else a
+        failure."""
+        assert self.hold.settings is not None  # estimated, so a policy was loaded
+        if self.hold.settings.enforcing:
+            _set_state(self.ctx, self.wl, self.names, REJECTED,
+                       f"xmem: the estimate fits no GPU of the policy: {misfit.message}")
+            self.ctx.metrics.released.labels(WORKLOAD.kind, "rejected").inc()
+            return None
+        return self.failed("FitsNoGPU", misfit.message, workload=workload, obj=misfit.obj)
+
+    def estimated(self, workload: Workload, estimated: gate.Estimated) -> Optional[float]:
+        obj, gmes, plans = estimated.obj, estimated.gmes, estimated.plans
         gme = gmes[0]
-        plans, misfit = plans_for(workload.integration, obj, per_template, self.settings)
-        if misfit:
-            if self.settings.enforcing:
-                _set_state(self.ctx, self.wl, self.names, REJECTED,
-                           f"xmem: the estimate fits no GPU of the policy: {misfit}")
-                self.ctx.metrics.released.labels(WORKLOAD.kind, "rejected").inc()
-                return None
-            return self.failed("FitsNoGPU", misfit, workload=workload, obj=obj)
         values = {i: p.annotations() for i, p in enumerate(plans) if p is not None}
         updates = pod_set_updates(workload, obj, self.wl, values)
         estimate_cache.used(self.ctx, gmes)
@@ -337,11 +291,9 @@ class _Answer:
     def failed(self, reason: str, message: str, timed_out: bool = False,
                workload: Optional[Workload] = None, obj: Optional[Obj] = None) -> Optional[float]:
         """The policy's onEstimationFailure, as a check state."""
-        settings = self.settings
-        action = settings.on_failure if settings is not None else FailureAction.RELEASE
-        if action is FailureAction.HOLD and (timed_out or self.ctx.now() >= self.deadline):
-            action = FailureAction.RELEASE
-        why = f"xmem: GPU memory estimation failed ({reason}): {message}".rstrip(": ")
+        settings = self.hold.settings
+        action = self.hold.action(self.ctx.now(), timed_out)
+        why = gate.failure_text(reason, message)
         if action is FailureAction.HOLD:
             _set_state(self.ctx, self.wl, self.names, RETRY, f"{why}; retried (policy "
                        "onEstimationFailure: Hold)", requeue=RETRY_SECONDS)
