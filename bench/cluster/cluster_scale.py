@@ -60,7 +60,7 @@ POD_SELECTOR = "app.kubernetes.io/component=estimation"
 
 
 def policy_spec(per_namespace: int, cluster: int) -> Dict[str, Any]:
-    return {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+    return {"targets": [{"gpu": "A100-80GB", "backend": "HAMi"}],
             "estimation": {"resources": {"cpu": "1", "memory": "2Gi"},
                            "activeDeadlineSeconds": 120, "maxHoldSeconds": 3600,
                            "maxConcurrentPerNamespace": per_namespace,

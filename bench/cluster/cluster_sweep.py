@@ -48,8 +48,8 @@ BASE = ["--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "100", "--
 
 
 def policy_spec() -> Dict[str, Any]:
-    return {"targets": [{"gpu": "A100-80GB", "backend": "hami"},
-                        {"gpu": "H100-80GB", "backend": "hami"}],
+    return {"targets": [{"gpu": "A100-80GB", "backend": "HAMi"},
+                        {"gpu": "H100-80GB", "backend": "HAMi"}],
             "estimation": {"resources": {"cpu": "1", "memory": "2Gi"},
                            "activeDeadlineSeconds": 300, "maxHoldSeconds": 1800}}
 

@@ -37,7 +37,7 @@ T0 = datetime.datetime(2026, 12, 6, 12, 0, tzinfo=datetime.timezone.utc)
 def _context(per_namespace: int, cluster: int) -> Context:
     api = client.ApiClient(client.Configuration(host="http://127.0.0.1:9"))  # never called
     kube = Kube(api)
-    policy = Policy.from_spec({"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+    policy = Policy.from_spec({"targets": [{"gpu": "A100-80GB", "backend": "HAMi"}],
                                "estimation": {"maxConcurrentPerNamespace": per_namespace,
                                               "maxConcurrent": cluster}})
     job = JobIntegration()

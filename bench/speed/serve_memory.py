@@ -139,7 +139,7 @@ def main() -> int:
     cert.cert_chain_pems[0].write_to_path(str(work / "tls.crt"))
     policy = {"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
               "metadata": {"name": "default"},
-              "spec": {"targets": [{"gpu": g, "backend": "hami"} for g in GPUS],
+              "spec": {"targets": [{"gpu": g, "backend": "HAMi"} for g in GPUS],
                        "enforcement": "Enforce"}}
     (work / "policy.yaml").write_text(json.dumps(policy))
     mix = workloads(work)

@@ -321,8 +321,8 @@ def main() -> int:
         ca.cert_pem.write_to_path(str(work / "ca.crt"))
         (work / "policy.yaml").write_text(
             "apiVersion: xmem.io/v1alpha1\nkind: GPUAdmissionPolicy\nmetadata: {name: bench}\n"
-            "spec:\n  targets:\n  - {gpu: A100-80GB, backend: hami}\n"
-            "  - {gpu: H100-80GB, backend: hami}\n"
+            "spec:\n  targets:\n  - {gpu: A100-80GB, backend: HAMi}\n"
+            "  - {gpu: H100-80GB, backend: HAMi}\n"
         )
         sequence = build_workload(work)
         (work / "bodies.json").write_text(json.dumps(

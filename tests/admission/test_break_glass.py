@@ -322,7 +322,7 @@ def test_xmem_serve_takes_the_groups_from_repeated_flags_or_the_environment(
     policy.write_text(yaml.safe_dump({
         "apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
         "metadata": {"name": "default"},
-        "spec": {"enforcement": "Enforce", "targets": [{"gpu": "A100-80GB", "backend": "hami"}]},
+        "spec": {"enforcement": "Enforce", "targets": [{"gpu": "A100-80GB", "backend": "HAMi"}]},
     }))
     monkeypatch.setenv("XMEM_BREAK_GLASS_GROUPS", "sre, " + ADMINS)
     by_env = ServeProcess(tmp_path, certs, "--policy", str(policy), name="env")

@@ -1,4 +1,4 @@
-"""With the policy's ``integration: kueue``, a workload that names a Kueue queue is Kueue's to
+"""With the policy's ``integration: Kueue``, a workload that names a Kueue queue is Kueue's to
 hold: the webhook never writes its suspend flag (Kueue's AdmissionCheck waits for the estimate
 instead), and Kueue may write the check's sizing annotations and unsuspend it. Workloads without
 a queue, and every workload in ``suspend`` mode, are held as before."""
@@ -34,7 +34,7 @@ def _suspend_ops(answer):
 @pytest.mark.parametrize("suspended", [True, False])
 def test_a_queued_workload_is_never_suspended_or_held_by_xmem(local: LocalWebhook, kind,
                                                               suspended):
-    local.use(make_policy(integration="kueue", enforcement="Enforce"))
+    local.use(make_policy(integration="Kueue", enforcement="Enforce"))
     answer = local.send(review(_queued(kind, suspended)))
     assert answer.allowed
     assert _suspend_ops(answer) == []
@@ -50,13 +50,13 @@ def test_in_suspend_mode_the_same_workload_is_held(local: LocalWebhook):
 
 
 def test_in_kueue_mode_a_workload_without_a_queue_is_held_as_before(local: LocalWebhook):
-    local.use(make_policy(integration="kueue"))
+    local.use(make_policy(integration="Kueue"))
     answer = local.send(review(make_job("plain").opt_in().gpus(1).obj()))
     assert answer.patched()["spec"]["suspend"] is True
 
 
 def test_a_known_estimate_sizes_a_queued_job_at_create_without_touching_suspend(local):
-    local.use(make_policy(integration="kueue"))
+    local.use(make_policy(integration="Kueue"))
     job = _queued()
     local.record(record_for(job, {"A100-80GB": 10.0, "H100-80GB": 10.0}, GPUS))
     answer = local.send(review(job))
@@ -67,7 +67,7 @@ def test_a_known_estimate_sizes_a_queued_job_at_create_without_touching_suspend(
 
 def _admitted_by(local: LocalWebhook, user: str):
     """Kueue's start of an admitted Job: the check's podSetUpdates in the template, unsuspended."""
-    local.use(make_policy(integration="kueue", enforcement="Enforce"))
+    local.use(make_policy(integration="Kueue", enforcement="Enforce"))
     old = local.send(review(_queued())).patched()
     new = copy.deepcopy(old)
     new["spec"]["suspend"] = False

@@ -104,8 +104,8 @@ def test_a_request_set_by_hand_in_the_backends_form_is_not_grown(local: LocalWeb
     assert patched["metadata"]["annotations"][labels.REQUEST_BYTES] == str(4 * GiB)
 
 
-@pytest.mark.parametrize("backend", ["hami", "volcano", "gpushare", "kai", "mig-mixed",
-                                     "mig-single"])
+@pytest.mark.parametrize("backend", ["HAMi", "Volcano", "GPUShare", "KAI", "MIGMixed",
+                                     "MIGSingle"])
 def test_a_repeat_jobs_pod_has_the_form_written_at_job_create_rewritten(local, backend):
     """A known fingerprint is sized at Job CREATE, backend form included, so the Job
     controller's pods carry it: the retry rewrites what xmem wrote there."""
@@ -132,13 +132,13 @@ def test_a_repeat_jobs_pod_has_the_form_written_at_job_create_rewritten(local, b
     now = form.existing(patched, slot, after, gpu)
     assert now is not None and now.bytes_per_gpu == form.written_bytes(bigger, gpu) > start
     assert patched["metadata"]["annotations"][labels.REQUEST_BYTES] == str(bigger)
-    if backend == "mig-mixed":
+    if backend == "MIGMixed":
         assert len([r for r in _limits(patched) if r.startswith("nvidia.com/mig-")]) == 1
     again = local.send(review(patched))
     assert again.allowed and again.ops == []
 
 
-@pytest.mark.parametrize("backend", ["kai", "mig-mixed"])
+@pytest.mark.parametrize("backend", ["KAI", "MIGMixed"])
 def test_the_grant_is_written_in_each_backends_form(local: LocalWebhook, backend: str):
     local.use(make_policy(backend=backend))
     a100 = gpus.lookup("A100-80GB")
@@ -148,7 +148,7 @@ def test_the_grant_is_written_in_each_backends_form(local: LocalWebhook, backend
                  key=lambda p: (p.memory_bytes, p.compute_slices))
     local.webhook.store.put_retry(_grant(bigger.memory_bytes))
     patched = local.send(review(_job_pod())).patched()
-    if backend == "kai":
+    if backend == "KAI":
         assert patched["metadata"]["annotations"]["gpu-memory"] == str(
             -(-bigger.memory_bytes // (1 << 20)))
     else:

@@ -63,7 +63,7 @@ def test_a_job_with_a_recorded_estimate_is_patched_at_create(served: HttpsWebhoo
     assert all(len(w) < 120 for w in answer.warnings)
     validate_object(patched)
     text = served.health.get("/metrics").text
-    applied = metric(text, "xmem_estimates_applied_total", backend="hami", gpu_model="A100-80GB")
+    applied = metric(text, "xmem_estimates_applied_total", backend="HAMi", gpu_model="A100-80GB")
     assert applied == 1.0
     given = metric(text, "xmem_estimate_request_bytes", workload="train", namespace="ml")
     assert given == 12800 << 20

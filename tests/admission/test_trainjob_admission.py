@@ -103,7 +103,7 @@ def test_a_known_estimate_still_holds_it_for_the_controller_to_size(
 
 
 def test_queued_by_kueue_it_gets_an_empty_patch(webhook: LocalWebhook) -> None:
-    webhook.use(make_policy(integration="kueue"))
+    webhook.use(make_policy(integration="Kueue"))
     obj = trainjob()
     obj["metadata"]["labels"][labels.KUEUE_QUEUE_NAME] = "gpu-queue"
     obj["spec"]["suspend"] = True  # Kueue's own webhook suspends it

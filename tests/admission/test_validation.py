@@ -81,7 +81,7 @@ def test_the_overcommit_allowance_lets_a_request_go_that_far_below_the_estimate(
 
 
 def test_a_hand_set_request_bytes_annotation_below_the_estimate_is_denied(served: HttpsWebhook) -> None:
-    served.use(make_policy("annotation", enforcement="Enforce"))
+    served.use(make_policy("Annotation", enforcement="Enforce"))
     job = (make_pytorchjob("ddp").opt_in().gpus(2)
            .template_annotation(labels.REQUEST_BYTES, str(4 << 30)).obj())
     served.record(record_for(job, {"A100-80GB": 30.0, "H100-80GB": 30.0}, GPUS))
@@ -103,7 +103,7 @@ def test_a_bare_pod_without_estimate_is_denied_by_validate_when_enforcing(served
 
 
 def test_the_first_policy_gpu_that_holds_the_estimate_is_chosen(served: HttpsWebhook) -> None:
-    served.use(make_policy("hami", ("A100-40GB", "A100-80GB")))
+    served.use(make_policy("HAMi", ("A100-40GB", "A100-80GB")))
     job = make_job("mid").opt_in().gpus(1).obj()
     served.record(record_for(job, {"A100-40GB": 50.0, "A100-80GB": 50.0}, ("A100-40GB", "A100-80GB")))
     annotations = served.send(review(job)).patched()["spec"]["template"]["metadata"]["annotations"]

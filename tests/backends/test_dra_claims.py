@@ -33,7 +33,7 @@ def released_pod(request_bytes: int, count: int = 1) -> Any:
 
 
 def mutate(served: HttpsWebhook, pod: Dict[str, Any], gpu: str = "H200", **dra_spec: Any) -> Any:
-    served.use(make_policy("dra", (gpu,), dra=dra_spec))
+    served.use(make_policy("DRA", (gpu,), dra=dra_spec))
     answer = served.send(review(pod))
     assert answer.allowed, answer.status
     patched = answer.patched()
@@ -86,7 +86,7 @@ def test_a_users_own_claim_is_pointed_at_the_sized_template_when_policy_replaces
 
 def test_a_pod_no_workload_owns_keeps_its_gpu_with_a_warning(served: HttpsWebhook) -> None:
     pod = make_pod("lonely").opt_in().gpus(1).obj()
-    served.use(make_policy("dra", ("H200",)))
+    served.use(make_policy("DRA", ("H200",)))
     served.record(record_for(pod, {"H200": 8.0}, ("H200",)))
     answer = served.send(review(pod))
     patched = answer.patched() if answer.ops else pod
@@ -97,7 +97,7 @@ def test_a_pod_no_workload_owns_keeps_its_gpu_with_a_warning(served: HttpsWebhoo
 def test_a_pod_whose_workload_could_get_no_device_keeps_its_gpu(served: HttpsWebhook) -> None:
     builder = released_pod(18 * GiB)
     builder.template_annotation(dra.UNSATISFIABLE, "DeviceClass gpu.nvidia.com does not exist")
-    served.use(make_policy("dra", ("H200",)))
+    served.use(make_policy("DRA", ("H200",)))
     answer = served.send(review(builder.obj()))
     patched = answer.patched() if answer.ops else builder.obj()
     assert "resourceClaims" not in patched["spec"]
@@ -107,17 +107,17 @@ def test_a_pod_whose_workload_could_get_no_device_keeps_its_gpu(served: HttpsWeb
 
 
 @pytest.mark.parametrize("driver, klass, requests", [
-    ("nvidia", "gpu.nvidia.com", {"memory": str(18 * GiB)}),
-    ("hami", "hami-core-gpu.project-hami.io", {"memory": str(18 * GiB), "cores": "30"}),
+    ("Nvidia", "gpu.nvidia.com", {"memory": str(18 * GiB)}),
+    ("HAMi", "hami-core-gpu.project-hami.io", {"memory": str(18 * GiB), "cores": "30"}),
     # HAMi's devices default cores to all 100: a claim asking none would take the whole GPU
-    ("hami-no-cores", "hami-core-gpu.project-hami.io", {"memory": str(18 * GiB), "cores": "0"}),
+    ("HAMi-no-cores", "hami-core-gpu.project-hami.io", {"memory": str(18 * GiB), "cores": "0"}),
 ])
 def test_the_template_asks_memory_in_bytes_of_the_drivers_class_on_the_estimated_model(
     driver: str, klass: str, requests: Dict[str, str],
 ) -> None:
-    extra = {"cores": 30} if driver == "hami" else {}
+    extra = {"cores": 30} if driver == "HAMi" else {}
     driver = driver.replace("-no-cores", "")
-    target = make_policy("dra", ("H200",), dra={"driver": driver, **extra}).defaults.targets[0]
+    target = make_policy("DRA", ("H200",), dra={"driver": driver, **extra}).defaults.targets[0]
     assert target.dra is not None
     body = dra.claim_template("team-a", JOB, 18 * GiB, 1, target.gpu, target.dra)
     assert body["metadata"]["name"] == "train-xmem-18432mi"
@@ -170,16 +170,16 @@ def test_a_long_workload_name_still_makes_a_valid_distinct_template_name() -> No
 @pytest.mark.parametrize("spec, field", [
     ({"driver": "amd"}, "spec.dra.driver"),
     ({"cores": 30}, "spec.dra.cores"),
-    ({"driver": "hami", "cores": 130}, "spec.dra.cores"),
+    ({"driver": "HAMi", "cores": 130}, "spec.dra.cores"),
     ({"existingClaim": "Grow"}, "spec.dra.existingClaim"),
     ({"deviceClass": ""}, "spec.dra.deviceClass"),
 ])
 def test_bad_dra_settings_are_refused_with_their_field(spec: Dict[str, Any], field: str) -> None:
     with pytest.raises(PolicyError, match=field.replace(".", r"\.")):
-        make_policy("dra", ("H200",), dra=spec)
+        make_policy("DRA", ("H200",), dra=spec)
 
 
 def test_the_mig_form_needs_a_gpu_with_mig() -> None:
     with pytest.raises(PolicyError, match=r"spec\.targets\[0\]\.backend.*no MIG"):
-        Policy.from_spec({"targets": [{"gpu": "L4", "backend": "dra"}],
-                          "dra": {"driver": "nvidia-mig"}})
+        Policy.from_spec({"targets": [{"gpu": "L4", "backend": "DRA"}],
+                          "dra": {"driver": "NvidiaMIG"}})

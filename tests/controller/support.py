@@ -53,7 +53,7 @@ def policy_spec(**spec: Any) -> Dict[str, Any]:
     estimation = {"resources": {"cpu": "1", "memory": "2Gi"}, "activeDeadlineSeconds": 120,
                   "maxHoldSeconds": 600}
     estimation.update(spec.pop("estimation", {}))
-    body: Dict[str, Any] = {"targets": [{"gpu": g, "backend": "hami"} for g in GPUS],
+    body: Dict[str, Any] = {"targets": [{"gpu": g, "backend": "HAMi"} for g in GPUS],
                             "estimation": estimation}
     body.update(spec)
     return body

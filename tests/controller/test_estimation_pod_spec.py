@@ -97,7 +97,7 @@ def test_inputs_are_mounted_read_only_and_host_paths_and_tokens_are_left_out():
 
 
 def test_the_probe_is_injected_by_an_init_container_and_pythonpath_first():
-    pod = _build(_rich_job(), estimation={"steps": 5, "mode": "profile"})
+    pod = _build(_rich_job(), estimation={"steps": 5, "mode": "Profile"})
     [init] = pod["spec"]["initContainers"]
     assert init["image"] == "registry.example/xmem-admission:1.0"
     assert init["command"] == ["python", "-m", "xmem_admission.bundle", podspec.PROBE_DIR]

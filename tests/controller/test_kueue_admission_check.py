@@ -36,7 +36,7 @@ def kueue(harness: Harness) -> Iterator[Harness]:
         crd = yaml.safe_load(path.read_text())
         harness.cluster.apply(crd)
         harness.cluster.wait_established(crd["metadata"]["name"])
-    harness.use(policy_spec(integration="kueue"))
+    harness.use(policy_spec(integration="Kueue"))
     harness.cluster.apply({"apiVersion": ADMISSION_CHECK.api_version, "kind": "AdmissionCheck",
                            "metadata": {"name": check(harness)},
                            "spec": {"controllerName": CONTROLLER_NAME}})
@@ -148,7 +148,7 @@ def test_a_repeat_job_is_ready_at_once_without_a_second_estimation(kueue):
 
 
 def test_a_job_an_admin_broke_the_glass_for_is_ready_at_once_unsized_and_not_estimated(kueue):
-    kueue.use(policy_spec(integration="kueue", enforcement="Enforce"))
+    kueue.use(policy_spec(integration="Kueue", enforcement="Enforce"))
     controller(kueue)
     queued_job(kueue, "urgent", glass="INC-4711: estimator down")
     state = check_state(kueue, "urgent")
@@ -169,7 +169,7 @@ def _recorded(harness: Harness, name: str, totals: Dict[str, float]) -> None:
 
 def test_an_estimate_that_fits_no_gpu_is_rejected_with_the_reason_where_the_policy_enforces(
         kueue):
-    kueue.use(policy_spec(integration="kueue", enforcement="Enforce"))
+    kueue.use(policy_spec(integration="Kueue", enforcement="Enforce"))
     _recorded(kueue, "huge", {"A100-80GB": 300.0, "H100-80GB": 300.0})
     controller(kueue)
     queued_job(kueue, "huge")
@@ -186,7 +186,7 @@ def test_a_failed_estimation_follows_the_policys_failure_action_with_the_reason(
     failure: Dict[str, Any] = {"action": action}
     if action == "Default":
         failure["defaultRequest"] = "20Gi"
-    kueue.use(policy_spec(integration="kueue", onEstimationFailure=failure))
+    kueue.use(policy_spec(integration="Kueue", onEstimationFailure=failure))
     controller(kueue)
     queued_job(kueue, "broken", script="fails_before_step.py", args=())
     found = check_state(kueue, "broken")

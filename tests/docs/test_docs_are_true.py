@@ -192,12 +192,12 @@ def test_a_stale_kind_list_and_a_missing_backend_are_reported() -> None:
     kinds, backends = _registries()
     page = _architecture()
     stale = Page(page.path, page.text.replace("PyTorchJob, JobSet, TrainJob", "PyTorchJob, MPIJob")
-                 .replace("mig-single,\n                         dra)", "mig-single)"))
+                 .replace("MIGSingle,\n                         DRA)", "MIGSingle)"))
     assert stale.text != page.text
     assert docs_truth.stale_registry_lists(stale, kinds, backends) == [
         "docs/architecture.md: integrations/ lists ['MPIJob'], which the registry does not have",
         "docs/architecture.md: integrations/ does not list ['JobSet', 'TrainJob']",
-        "docs/architecture.md: backends/ does not list ['dra']",
+        "docs/architecture.md: backends/ does not list ['DRA']",
     ]
 
 

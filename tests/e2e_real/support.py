@@ -21,7 +21,7 @@ GPUS = ("A100-80GB", "H100-80GB")
 QUICK_LEASE = ("--lease-duration", "4", "--renew-deadline", "3", "--retry-period", "0.5")
 
 
-def policy(name: str, backend: str = "hami", gpus: Sequence[str] = GPUS,
+def policy(name: str, backend: str = "HAMi", gpus: Sequence[str] = GPUS,
            **spec: Any) -> Dict[str, Any]:
     """A GPUAdmissionPolicy: one backend for every target GPU, quick estimation settings."""
     estimation = {"resources": {"cpu": "1", "memory": "2Gi"}, "activeDeadlineSeconds": 180,

@@ -34,17 +34,17 @@ def _affinity_gt(spec: Dict[str, Any]) -> str:
 
 # backend -> does this pod (metadata + spec) carry the request in the backend's form?
 FORMS: Dict[str, Check] = {
-    "hami": lambda pod, req: _limits(pod["spec"]).get("nvidia.com/gpumem") == str(ceil_div(req, MiB)),
-    "volcano": lambda pod, req: _limits(pod["spec"]).get("volcano.sh/vgpu-memory") == str(
+    "HAMi": lambda pod, req: _limits(pod["spec"]).get("nvidia.com/gpumem") == str(ceil_div(req, MiB)),
+    "Volcano": lambda pod, req: _limits(pod["spec"]).get("volcano.sh/vgpu-memory") == str(
         ceil_div(req, MiB)) and _limits(pod["spec"]).get("volcano.sh/vgpu-number") == "1"
         and "nvidia.com/gpu" not in _limits(pod["spec"]),
-    "gpushare": lambda pod, req: _limits(pod["spec"]).get("aliyun.com/gpu-mem") == str(
+    "GPUShare": lambda pod, req: _limits(pod["spec"]).get("aliyun.com/gpu-mem") == str(
         ceil_div(req, GiB)),
-    "kai": lambda pod, req: (pod["metadata"].get("annotations") or {}).get("gpu-memory") == str(
+    "KAI": lambda pod, req: (pod["metadata"].get("annotations") or {}).get("gpu-memory") == str(
         ceil_div(req, MiB)) and "nvidia.com/gpu" not in _limits(pod["spec"]),
-    "mig-mixed": lambda pod, req: _limits(pod["spec"]).get("nvidia.com/mig-1g.10gb") == "1"
+    "MIGMixed": lambda pod, req: _limits(pod["spec"]).get("nvidia.com/mig-1g.10gb") == "1"
         and "nvidia.com/gpu" not in _limits(pod["spec"]),
-    "mig-single": lambda pod, req: _affinity_gt(pod["spec"]) == str(ceil_div(req, MiB) - 1),
+    "MIGSingle": lambda pod, req: _affinity_gt(pod["spec"]) == str(ceil_div(req, MiB) - 1),
 }
 
 
@@ -68,7 +68,7 @@ def test_each_backend_gives_the_jobs_pod_its_form_of_the_request_and_it_is_sched
     request = int(template_annotations(xmem.wait_released("estimated"))[labels.REQUEST_BYTES])
 
     for backend, form in FORMS.items():
-        name = f"job-{backend}"
+        name = f"job-{backend.lower()}"
         cluster.apply(policy(xmem.policy_name, backend=backend))
 
         def sized_in_form(name=name, form=form):

@@ -57,7 +57,7 @@ def _setup(xmem: Any, node: str, slice_: Dict[str, Any], gpu: str, **dra: Any) -
         cluster.apply(klass)
     cluster.apply(gpu_node(node, gpu=gpu, labels={"pool": node}))
     cluster.apply(slice_)
-    cluster.apply(policy(xmem.policy_name, backend="dra", gpus=(gpu,), dra=dra))
+    cluster.apply(policy(xmem.policy_name, backend="DRA", gpus=(gpu,), dra=dra))
     xmem.serve()
 
 
@@ -96,12 +96,12 @@ def _allocation(xmem: Any, pod: Dict[str, Any]) -> Dict[str, Any]:
 
 
 @pytest.mark.parametrize("driver, slice_of", [
-    ("nvidia", lambda node: published.nvidia_slice(node, [published.nvidia_gpu(H200)])),
-    ("hami", lambda node: published.hami_slice(node, [published.hami_gpu(H200)])),
+    ("Nvidia", lambda node: published.nvidia_slice(node, [published.nvidia_gpu(H200)])),
+    ("HAMi", lambda node: published.hami_slice(node, [published.hami_gpu(H200)])),
 ])
 def test_seven_jobs_of_18_gib_share_one_h200_and_the_eighth_waits_for_one_to_finish(
         xmem: Any, driver: str, slice_of: Any) -> None:
-    node = f"dra-{driver}"
+    node = f"dra-{driver.lower()}"
     _setup(xmem, node, slice_of(node), "H200", driver=driver)
     names = _held_jobs(xmem, node, 8, "H200", 17.0)
     xmem.controller("", "--no-leader-election")
@@ -147,7 +147,7 @@ def test_a_job_sized_at_creation_from_a_recorded_estimate_gets_its_template_and_
     controller makes the template its pods reference as soon as it sees the Job."""
     node = "dra-cached"
     _setup(xmem, node, published.nvidia_slice(node, [published.nvidia_gpu(H200)]), "H200",
-           driver="nvidia")
+           driver="Nvidia")
     (first,) = _held_jobs(xmem, node, 1, "H200", 17.0)  # records the estimate
     xmem.controller("", "--no-leader-election")
     xmem.wait_released(first)
@@ -167,7 +167,7 @@ def test_a_job_that_fits_a_1g_20gb_mig_device_gets_one(xmem: Any) -> None:
     slice_ = published.nvidia_slice(node, [
         published.nvidia_mig(A100, "1g.20gb", start=0, slices=2),
         published.nvidia_mig(A100, "3g.40gb", start=4, slices=4)])
-    _setup(xmem, node, slice_, "A100-80GB", driver="nvidia-mig", pinProduct=False)
+    _setup(xmem, node, slice_, "A100-80GB", driver="NvidiaMIG", pinProduct=False)
     (name,) = _held_jobs(xmem, node, 1, "A100-80GB", 14.0)  # 15 GiB request with the margin
     xmem.controller("", "--no-leader-election")
     xmem.wait_released(name)
@@ -180,7 +180,7 @@ def test_a_class_without_a_shareable_device_releases_without_a_claim_and_says_wh
         xmem: Any) -> None:
     node = "dra-whole"
     whole = published.nvidia_gpu(H200, shared=False)
-    _setup(xmem, node, published.nvidia_slice(node, [whole]), "H200", driver="nvidia")
+    _setup(xmem, node, published.nvidia_slice(node, [whole]), "H200", driver="Nvidia")
     (name,) = _held_jobs(xmem, node, 1, "H200", 17.0)
     xmem.controller("", "--no-leader-election")
     released = xmem.wait_released(name)
@@ -199,7 +199,7 @@ def test_a_class_without_a_shareable_device_releases_without_a_claim_and_says_wh
 def test_with_fallback_hold_a_job_waits_held_until_a_shareable_device_appears(xmem: Any) -> None:
     node = "dra-later"
     whole = published.nvidia_gpu(H200, shared=False)
-    _setup(xmem, node, published.nvidia_slice(node, [whole]), "H200", driver="nvidia",
+    _setup(xmem, node, published.nvidia_slice(node, [whole]), "H200", driver="Nvidia",
            fallback="Hold")
     (name,) = _held_jobs(xmem, node, 1, "H200", 17.0)
     xmem.controller("", "--no-leader-election")
@@ -229,8 +229,8 @@ def test_a_job_kueue_admits_after_the_admission_check_gets_its_claim_sized(
         cluster.apply(klass)
     cluster.apply(gpu_node(node, gpu="H200", labels={"pool": node}))
     cluster.apply(published.nvidia_slice(node, [published.nvidia_gpu(H200)]))
-    cluster.apply(policy(xmem.policy_name, backend="dra", gpus=("H200",), integration="kueue",
-                         dra={"driver": "nvidia"}))
+    cluster.apply(policy(xmem.policy_name, backend="DRA", gpus=("H200",), integration="Kueue",
+                         dra={"driver": "Nvidia"}))
     cluster.apply({"apiVersion": V1B2, "kind": "LocalQueue",
                    "metadata": {"name": QUEUE, "namespace": xmem.namespace},
                    "spec": {"clusterQueue": "gpu"}})
@@ -258,7 +258,7 @@ def test_example_driver_claims_are_released_and_warned_to_take_a_whole_device_ea
     node = "dra-example"
     xmem.cluster.apply(dra_plugin.device_class())
     _setup(xmem, node, published.example_slice(node, [published.example_gpu()]), "H200",
-           driver="nvidia", deviceClass=dra_plugin.DRIVER, pinProduct=False)
+           driver="Nvidia", deviceClass=dra_plugin.DRIVER, pinProduct=False)
     names = _held_jobs(xmem, node, 2, "H200", 17.0)
     xmem.controller("", "--no-leader-election")
     def warned(name: str) -> List[Dict[str, Any]]:

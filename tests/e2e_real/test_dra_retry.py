@@ -97,11 +97,11 @@ def _gme_table(xmem: Any) -> Dict[str, Any]:
 def test_a_jobs_retry_after_a_gpu_oom_asks_a_claim_of_the_grown_request_and_gets_it(
         xmem: Any, dra_process_node: ProcessNode) -> None:
     cluster = xmem.cluster
-    cluster.apply(policy(xmem.policy_name, backend="dra", gpus=("H200",),
-                         dra={"driver": "hami"}))
+    cluster.apply(policy(xmem.policy_name, backend="DRA", gpus=("H200",),
+                         dra={"driver": "HAMi"}))
     xmem.serve()
     name = "dra-retry"
-    body = oom_job(name, xmem.namespace, "H200", 20 * GiB, "hami", hold_seconds=60)
+    body = oom_job(name, xmem.namespace, "H200", 20 * GiB, "HAMi", hold_seconds=60)
     body["spec"]["template"]["spec"]["nodeSelector"] = POOL
     created = client.BatchV1Api(cluster.api).create_namespaced_job(
         xmem.namespace, body).to_dict()

@@ -49,7 +49,7 @@ def _replicated(name: str, need: int) -> Dict[str, Any]:
             "containers": [{
                 "name": "train", "image": IMAGE, "command": ["python", "/app/oom_job.py"],
                 "env": [{"name": "NEED_BYTES", "value": str(need)},
-                        {"name": "ENFORCER", "value": "hami"},
+                        {"name": "ENFORCER", "value": "HAMi"},
                         {"name": "HOLD_SECONDS", "value": str(HOLD)},
                         {"name": "GRANTED_BYTES", "valueFrom": field(
                             f"metadata.annotations['{labels.REQUEST_BYTES}']")}],

@@ -76,7 +76,7 @@ def kueue(cluster: Cluster) -> Iterator[Kueue]:
 @pytest.fixture()
 def queued(xmem, kueue):
     """The test's namespace in kueue mode, with a LocalQueue and the webhook running."""
-    xmem.cluster.apply(policy(xmem.namespace, integration="kueue", enforcement="Enforce"))
+    xmem.cluster.apply(policy(xmem.namespace, integration="Kueue", enforcement="Enforce"))
     xmem.cluster.apply({"apiVersion": V1B2, "kind": "LocalQueue",
                         "metadata": {"name": QUEUE, "namespace": xmem.namespace},
                         "spec": {"clusterQueue": "gpu"}})
@@ -316,7 +316,7 @@ def test_a_queued_job_out_of_gpu_memory_is_retried_bigger_within_what_kueue_admi
     xmem, cluster = queued, queued.cluster
     xmem.controller("", "--kueue-controller-name", CONTROLLER_NAME)
     for name in ("oom", "oom-again"):
-        body = oom_job(name, xmem.namespace, "A100-80GB", int(1.2 * (1 << 30)), "hami")
+        body = oom_job(name, xmem.namespace, "A100-80GB", int(1.2 * (1 << 30)), "HAMi")
         body["metadata"]["labels"][labels.KUEUE_QUEUE_NAME] = QUEUE
         created = client.BatchV1Api(cluster.api).create_namespaced_job(xmem.namespace, body)
         limits = created.spec.template.spec.containers[0].resources.limits

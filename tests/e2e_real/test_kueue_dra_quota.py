@@ -140,8 +140,8 @@ def _requeued_false(cluster: Cluster, namespace: str, name: str) -> str:
 def test_kueue_charges_each_queued_job_its_estimated_gpu_memory_through_the_dra_mapping(
         xmem: Any, dra_kueue: Kueue) -> None:
     cluster = xmem.cluster
-    cluster.apply(policy(xmem.policy_name, backend="dra", gpus=("H200",), integration="kueue",
-                         dra={"driver": "nvidia"}))
+    cluster.apply(policy(xmem.policy_name, backend="DRA", gpus=("H200",), integration="Kueue",
+                         dra={"driver": "Nvidia"}))
     cluster.apply({"apiVersion": V1B2, "kind": "LocalQueue",
                    "metadata": {"name": QUEUE, "namespace": xmem.namespace},
                    "spec": {"clusterQueue": CLUSTER_QUEUE}})

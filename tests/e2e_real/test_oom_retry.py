@@ -32,15 +32,15 @@ CAP = 12 * GiB
 JOBS = {
     # The first pod's request (the estimate of a small model, about the policy's 1 GiB minimum)
     # holds the weights (half) but not the activations: the message's figures are the need.
-    "hami": ("A100-80GB", "hami", int(1.2 * GiB)),
-    "kai": ("H100-80GB", "kai", int(1.2 * GiB)),
+    "hami": ("A100-80GB", "HAMi", int(1.2 * GiB)),
+    "kai": ("H100-80GB", "KAI", int(1.2 * GiB)),
     # More than the A100-40GB's smallest slice (1g.5gb, 4.74 GiB) holds, so the first pod fails
     # on its slice: the retry moves to the next profile up.
-    "mig": ("A100-40GB", "mig-mixed", 6 * GiB),
+    "mig": ("A100-40GB", "MIGMixed", 6 * GiB),
     # Needs more than the policy's cap (oomRetry.maxRequest 12Gi): one retry, then the reason.
-    "never-fits": ("A100-80GB", "hami", 20 * GiB),
+    "never-fits": ("A100-80GB", "HAMi", 20 * GiB),
     # restartPolicy OnFailure: the controller deletes the pod, so that the next one is admitted.
-    "on-failure": ("A100-80GB", "hami", int(1.2 * GiB)),
+    "on-failure": ("A100-80GB", "HAMi", int(1.2 * GiB)),
 }
 
 
@@ -64,9 +64,9 @@ def _limits(pod: Dict[str, Any]) -> Dict[str, str]:
 
 def _form(backend: str, pod: Dict[str, Any]) -> str:
     """The pod's request as its backend wrote it."""
-    if backend == "hami":
+    if backend == "HAMi":
         return _limits(pod)["nvidia.com/gpumem"]
-    if backend == "kai":
+    if backend == "KAI":
         return pod["metadata"]["annotations"]["gpu-memory"]
     return ",".join(k for k in _limits(pod) if k.startswith("nvidia.com/mig-"))
 
@@ -105,20 +105,20 @@ def _replaced_by_a_bigger_pod(xmem: Any, done: Dict[str, Any]) -> None:
                     60, "the OOMed pod to be gone")
     assert survivor["status"]["phase"] == "Succeeded"
     assert entry["failedRequestBytes"] < _request(survivor) == entry["requestBytes"]
-    assert int(_form("hami", survivor)) * MiB >= _request(survivor)
+    assert int(_form("HAMi", survivor)) * MiB >= _request(survivor)
 
 
 def test_a_job_out_of_gpu_memory_is_retried_bigger_in_each_backend_until_the_cap(
         xmem, gpu_process_node):
     cluster = xmem.cluster
     cluster.apply(policy(xmem.policy_name, targets=[
-        {"gpu": "A100-80GB", "backend": "hami"}, {"gpu": "H100-80GB", "backend": "kai"},
-        {"gpu": "A100-40GB", "backend": "mig-mixed"}], oomRetry={"maxRequest": "12Gi"}))
+        {"gpu": "A100-80GB", "backend": "HAMi"}, {"gpu": "H100-80GB", "backend": "KAI"},
+        {"gpu": "A100-40GB", "backend": "MIGMixed"}], oomRetry={"maxRequest": "12Gi"}))
     xmem.serve()
     name = f"controller-{xmem.namespace}"
     xmem.controller(name, "--no-leader-election")
     for job_name, (gpu, backend, need) in JOBS.items():
-        enforcer = "mig" if backend.startswith("mig") else backend
+        enforcer = "mig" if backend.startswith("MIG") else backend
         if job_name == "on-failure":  # container restarts count towards backoffLimit too
             body = oom_job(job_name, xmem.namespace, gpu, need, enforcer, "OnFailure", 4)
         else:
@@ -152,9 +152,9 @@ def test_a_job_out_of_gpu_memory_is_retried_bigger_in_each_backend_until_the_cap
         assert entry["ooms"] == 1 and entry["requestBytes"] == _request(second)
         assert _form(backend, second) != _form(backend, first)
         assert "ran out of GPU memory" in events["OutOfGPUMemory"]
-        if backend == "hami":
+        if backend == "HAMi":
             assert int(_form(backend, second)) * MiB >= _request(second)
-        if backend == "mig-mixed":
+        if backend == "MIGMixed":
             a100 = gpus.lookup("A100-40GB")
             before = gpus.smallest_mig_profile(a100, _request(first))
             after = gpus.smallest_mig_profile(a100, _request(second))

@@ -80,7 +80,7 @@ def _run(xmem: Any, name: str, exporter: Exporter, series: Optional[GpuSeries] =
          shape: str = "", peak: int = 0) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """Submit a Job of the one fingerprint and see it complete; while its pod runs, the
     exporter publishes its series with the peak at one scrape (when ``series`` is given)."""
-    xmem.cluster.apply(oom_job(name, xmem.namespace, GPU, NEED, "hami", hold_seconds=HOLD))
+    xmem.cluster.apply(oom_job(name, xmem.namespace, GPU, NEED, "HAMi", hold_seconds=HOLD))
     pod = wait_for(lambda: next((p for p in xmem.pods(f"job-name={name}")
                                  if (p.get("status") or {}).get("phase") == "Running"), None),
                    240, f"the pod of {name} to run", interval=0.3)

@@ -42,13 +42,13 @@ def _estimate(xmem: Any, name: str) -> Dict[str, Any]:
 def test_a_shared_estimate_that_runs_out_is_retried_and_its_option_is_no_longer_neutral(
         xmem, gpu_process_node) -> None:
     cluster = xmem.cluster
-    cluster.apply(policy(xmem.policy_name, targets=[{"gpu": GPU, "backend": "hami"}],
+    cluster.apply(policy(xmem.policy_name, targets=[{"gpu": GPU, "backend": "HAMi"}],
                          oomRetry={"maxRequest": "12Gi"}))
     xmem.serve()
     xmem.controller(f"controller-{xmem.namespace}", "--no-leader-election")
 
     def submit(name: str, hold: int, need: int) -> None:
-        cluster.apply(oom_job(name, xmem.namespace, GPU, need, "hami", hold_seconds=hold))
+        cluster.apply(oom_job(name, xmem.namespace, GPU, need, "HAMi", hold_seconds=hold))
 
     submit("hold-0", 0, SMALL)
     submit("hold-1", 1, SMALL)

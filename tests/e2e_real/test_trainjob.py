@@ -204,8 +204,8 @@ def _record(xmem: Any, name: str, gpu: str, peak_gib: float) -> None:
 def test_a_trainjobs_pods_get_a_dra_claim_of_the_estimate(
         xmem: Any, trainer: Any, _dra_node: str) -> None:
     cluster = xmem.cluster
-    cluster.apply(policy(xmem.policy_name, backend="dra", gpus=("H200",),
-                         dra={"driver": "nvidia"}))
+    cluster.apply(policy(xmem.policy_name, backend="DRA", gpus=("H200",),
+                         dra={"driver": "Nvidia"}))
     xmem.serve()
     body = _trainjob("ddp-dra", xmem.namespace)
     _custom(cluster).create_namespaced_custom_object(
@@ -344,7 +344,7 @@ def test_a_queued_trainjob_is_admitted_by_the_check_with_its_pods_sized_and_one_
         xmem: Any, training_kueue: Kueue) -> None:
     cluster = xmem.cluster
     _ddp_map(cluster, xmem.namespace)
-    cluster.apply(policy(xmem.policy_name, integration="kueue"))
+    cluster.apply(policy(xmem.policy_name, integration="Kueue"))
     cluster.apply({"apiVersion": V1B2, "kind": "LocalQueue",
                    "metadata": {"name": "train", "namespace": xmem.namespace},
                    "spec": {"clusterQueue": "train"}})

@@ -53,7 +53,7 @@ def _trainjob(name: str, namespace: str) -> Dict[str, Any]:
                 "trainer": {
                     "image": IMAGE, "command": ["python", "/app/oom_job.py"], "numNodes": 1,
                     "env": [{"name": "NEED_BYTES", "value": str(NEED)},
-                            {"name": "ENFORCER", "value": "hami"},
+                            {"name": "ENFORCER", "value": "HAMi"},
                             {"name": "GRANTED_BYTES", "valueFrom": field(
                                 f"metadata.annotations['{labels.REQUEST_BYTES}']")}],
                     "resourcesPerNode": {"limits": {"nvidia.com/gpu": "1", "cpu": "4",

@@ -55,12 +55,12 @@ def test_plain_manifests_start_with_their_namespace_and_are_all_valid(name: str)
 
 EXPECTED_FORM = {
     # backend: (container resources that must appear, that must be gone, pod annotations)
-    "hami": ({"nvidia.com/gpu", "nvidia.com/gpumem"}, set(), set()),
-    "mig-mixed": (set(), {"nvidia.com/gpu"}, set()),
-    "kai": (set(), {"nvidia.com/gpu"}, {"gpu-memory"}),
-    "gpushare": ({"aliyun.com/gpu-mem"}, {"nvidia.com/gpu"}, set()),
-    "volcano": ({"volcano.sh/vgpu-number", "volcano.sh/vgpu-memory"}, {"nvidia.com/gpu"}, set()),
-    "annotation": ({"nvidia.com/gpu"}, set(), {labels.REQUEST_BYTES}),
+    "HAMi": ({"nvidia.com/gpu", "nvidia.com/gpumem"}, set(), set()),
+    "MIGMixed": (set(), {"nvidia.com/gpu"}, set()),
+    "KAI": (set(), {"nvidia.com/gpu"}, {"gpu-memory"}),
+    "GPUShare": ({"aliyun.com/gpu-mem"}, {"nvidia.com/gpu"}, set()),
+    "Volcano": ({"volcano.sh/vgpu-number", "volcano.sh/vgpu-memory"}, {"nvidia.com/gpu"}, set()),
+    "Annotation": ({"nvidia.com/gpu"}, set(), {labels.REQUEST_BYTES}),
 }
 
 
@@ -80,7 +80,7 @@ def test_there_is_an_example_for_every_backend() -> None:
     for path in EXAMPLES:
         policy = next(o for o in _load(path) if o["kind"] == "GPUAdmissionPolicy")
         backends |= {t["backend"] for t in policy["spec"]["targets"]}
-    assert {"hami", "mig-mixed", "kai", "gpushare", "volcano", "annotation"} <= backends
+    assert {"HAMi", "MIGMixed", "KAI", "GPUShare", "Volcano", "Annotation"} <= backends
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
@@ -126,7 +126,7 @@ def test_example_job_is_held_then_its_pod_gets_the_backends_request(path: Path) 
     assert present <= set(limits), limits
     assert not gone & set(limits), limits
     assert pod_annotations <= set(created["metadata"].get("annotations", {}))
-    if target["backend"] == "mig-mixed":
+    if target["backend"] == "MIGMixed":
         assert any(k.startswith("nvidia.com/mig-") for k in limits), limits
     # Reinvocation changes nothing: the request is already in the backend's form.
     assert webhook.send(review(created), "mutate", "object").ops == []

@@ -62,7 +62,7 @@ def test_the_charts_policy_is_the_example_policy_but_for_what_values_yaml_says()
 def test_a_policy_typo_in_values_is_refused_by_helm_and_by_the_products_parser() -> None:
     """values.schema.json's policy.spec is generated from the CRD (policy/schema.py): helm
     refuses the typo before anything reaches the cluster; the parser would refuse it too."""
-    spec = {"targets": [{"gpu": "A100-80GB", "backend": "hami"}], "safetyMarginPercnt": 5}
+    spec = {"targets": [{"gpu": "A100-80GB", "backend": "HAMi"}], "safetyMarginPercnt": 5}
     with pytest.raises(AssertionError, match="'safetyMarginPercnt' not allowed"):
         render({"policy": {"spec": spec}})
     with pytest.raises(PolicyError, match="safetyMarginPercnt"):

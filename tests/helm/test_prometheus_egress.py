@@ -21,7 +21,7 @@ MONITORING = [{"namespaceSelector": {"matchLabels": {
 def _values(url: str = "", **network: Any) -> Dict[str, Any]:
     values: Dict[str, Any] = {"networkPolicy": {"prometheus": network}} if network else {}
     if url:
-        spec = {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+        spec = {"targets": [{"gpu": "A100-80GB", "backend": "HAMi"}],
                 "rightSizing": {"prometheus": {"url": url}}}
         values["policy"] = {"spec": spec}
     return values

@@ -71,25 +71,25 @@ def expect_backend_form(backend: str, template: Dict[str, Any], mib: int) -> Non
     """The request in the backend's own form and unit (src/xmem_admission/cluster/backends)."""
     limits = template["spec"]["containers"][0]["resources"]["limits"]
     annotations = template["metadata"].get("annotations", {})
-    if backend == "annotation":
+    if backend == "Annotation":
         assert limits["nvidia.com/gpu"] == "1"
         assert not any(k.startswith(("nvidia.com/gpumem", "volcano", "aliyun")) for k in limits)
-    elif backend == "hami":
+    elif backend == "HAMi":
         assert limits["nvidia.com/gpu"] == "1" and limits["nvidia.com/gpumem"] == str(mib)
-    elif backend == "volcano":
+    elif backend == "Volcano":
         assert "nvidia.com/gpu" not in limits
         assert limits["volcano.sh/vgpu-number"] == "1"
         assert limits["volcano.sh/vgpu-memory"] == str(mib)
-    elif backend == "gpushare":
+    elif backend == "GPUShare":
         assert "nvidia.com/gpu" not in limits
         assert limits["aliyun.com/gpu-mem"] == str(-(-mib // 1024))  # whole GiB, rounded up
-    elif backend == "kai":
+    elif backend == "KAI":
         assert "nvidia.com/gpu" not in limits
         assert annotations["gpu-memory"] == str(mib)
-    elif backend == "mig-mixed":
+    elif backend == "MIGMixed":
         # 11-12.5 GiB: A100-80GB's smallest slice that holds it is 1g.20gb (lgip 19.5 GiB)
         assert "nvidia.com/gpu" not in limits and limits["nvidia.com/mig-1g.20gb"] == "1"
-    elif backend == "mig-single":
+    elif backend == "MIGSingle":
         assert limits["nvidia.com/gpu"] == "1"
         terms = template["spec"]["affinity"]["nodeAffinity"][
             "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -101,7 +101,7 @@ def expect_backend_form(backend: str, template: Dict[str, Any], mib: int) -> Non
     assert annotations[labels.GPU_MODEL] == "A100-80GB"
 
 
-BACKENDS = ("annotation", "hami", "volcano", "gpushare", "kai", "mig-mixed", "mig-single")
+BACKENDS = ("Annotation", "HAMi", "Volcano", "GPUShare", "KAI", "MIGMixed", "MIGSingle")
 
 
 @pytest.mark.parametrize("policy_name", sorted(POLICIES))

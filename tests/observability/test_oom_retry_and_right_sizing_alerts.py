@@ -10,12 +10,12 @@ from tests.observability.test_alert_rules import _fires_only_on, _run_unit_tests
 
 def test_retries_that_rarely_end_in_a_completed_workload_alert(tmp_path: Path) -> None:
     timid = [  # a retry a minute, one retried workload in four completes
-        {"series": 'xmem_controller_oom_retries_total{backend="hami"}', "values": "0+1x120"},
-        {"series": 'xmem_controller_oom_avoided_total{backend="hami"}', "values": "0+0.25x120"},
+        {"series": 'xmem_controller_oom_retries_total{backend="HAMi"}', "values": "0+1x120"},
+        {"series": 'xmem_controller_oom_avoided_total{backend="HAMi"}', "values": "0+0.25x120"},
     ]
     saving = [  # every retried workload completes
-        {"series": 'xmem_controller_oom_retries_total{backend="hami"}', "values": "0+1x120"},
-        {"series": 'xmem_controller_oom_avoided_total{backend="hami"}', "values": "0+1x120"},
+        {"series": 'xmem_controller_oom_retries_total{backend="HAMi"}', "values": "0+1x120"},
+        {"series": 'xmem_controller_oom_avoided_total{backend="HAMi"}', "values": "0+1x120"},
     ]
     _fires_only_on(
         tmp_path, "XmemOOMRetriesNotAvoidingFailures", timid, saving, "100m",
@@ -27,8 +27,8 @@ def test_retries_that_rarely_end_in_a_completed_workload_alert(tmp_path: Path) -
 
 
 def test_retries_none_of_which_completed_alert_and_no_retries_stay_quiet(tmp_path: Path) -> None:
-    never = [{"series": 'xmem_controller_oom_retries_total{backend="kai"}', "values": "0+1x120"}]
-    quiet = [{"series": 'xmem_controller_oom_avoided_total{backend="kai"}', "values": "0x120"}]
+    never = [{"series": 'xmem_controller_oom_retries_total{backend="KAI"}', "values": "0+1x120"}]
+    quiet = [{"series": 'xmem_controller_oom_avoided_total{backend="KAI"}', "values": "0x120"}]
     _fires_only_on(
         tmp_path, "XmemOOMRetriesNotAvoidingFailures", never, quiet, "100m",
         "xmem's OOM retries rarely save the workload",

@@ -107,7 +107,7 @@ def test_a_job_and_the_pods_it_creates_share_a_fingerprint() -> None:
     assert workload_fingerprint(job, GPUS) == workload_fingerprint(pod, GPUS)
 
 
-@pytest.mark.parametrize("backend", ["hami", "volcano", "gpushare", "kai", "mig-mixed", "mig-single"])
+@pytest.mark.parametrize("backend", ["HAMi", "Volcano", "GPUShare", "KAI", "MIGMixed", "MIGSingle"])
 def test_the_webhook_rewrite_never_changes_the_fingerprint(backend: str) -> None:
     webhook = LocalWebhook(make_policy(backend, GPUS))
     job = make_pytorchjob("ddp").opt_in().gpus(1).obj()
@@ -119,7 +119,7 @@ def test_the_webhook_rewrite_never_changes_the_fingerprint(backend: str) -> None
 
 
 def _settings(**spec: Any) -> Any:
-    return make_policy("hami", ("A100-80GB",), **spec).for_namespace("ml")
+    return make_policy("HAMi", ("A100-80GB",), **spec).for_namespace("ml")
 
 
 @pytest.mark.parametrize(

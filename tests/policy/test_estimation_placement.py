@@ -22,7 +22,7 @@ PLACEMENT = {"nodeSelector": {"node-pool": "cpu", "xmem.io/estimation": "yes"},
 
 
 def _policy(placement: Any, override: Any = None) -> Dict[str, Any]:
-    spec: Dict[str, Any] = {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+    spec: Dict[str, Any] = {"targets": [{"gpu": "A100-80GB", "backend": "HAMi"}],
                             "estimation": {"placement": placement}}
     if override is not None:
         spec["overrides"] = [{"namespaces": ["team-*"],
@@ -99,5 +99,5 @@ def test_the_crd_the_values_schema_and_the_override_name_the_same_fields() -> No
             field]["enum"]
     jsonschema.Draft202012Validator(values).validate(
         {"policy": {"create": True, "name": "default",
-                    "spec": {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+                    "spec": {"targets": [{"gpu": "A100-80GB", "backend": "HAMi"}],
                              "estimation": {"placement": PLACEMENT}}}})

@@ -5,6 +5,7 @@ the generated ones, and a drift planted in either is found, named and repaired b
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Dict, List
@@ -89,3 +90,32 @@ def test_every_cross_field_rule_of_the_models_is_a_cel_rule_in_the_crd() -> None
     assert "default" not in override["safetyMarginPercent"]
     assert "x-kubernetes-validations" in \
         override["estimation"]["properties"]["placement"]["properties"]["tolerations"]["items"]
+
+
+def nodes(node: Any, path: str = "spec") -> List[Any]:
+    """Every schema node under ``node`` with its path."""
+    out = [(path, node)]
+    for key, child in (node.get("properties") or {}).items():
+        out += nodes(child, f"{path}.{key}")
+    if isinstance(node.get("items"), dict):
+        out += nodes(node["items"], f"{path}[]")
+    return out
+
+
+def test_every_enum_value_of_the_policy_is_pascal_case() -> None:
+    """Kubernetes' API conventions: enum values are PascalCase (a toleration's empty effect,
+    every effect, is core/v1's own)."""
+    pascal = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+    enums = [(path, node["enum"]) for path, node in nodes(schema.spec_schema()) if "enum" in node]
+    assert len(enums) > 10
+    wrong = [(path, value) for path, values in enums for value in values
+             if not pascal.match(value) and not (path.endswith(".effect") and value == "")]
+    assert not wrong, wrong
+
+
+def test_every_percentage_of_the_policy_is_an_integer() -> None:
+    percents = [(path, node.get("type")) for path, node in nodes(schema.spec_schema())
+                if path.endswith("Percent") or path.endswith(".percentile")
+                or path.endswith(".cores")]
+    assert len(percents) >= 8, percents
+    assert all(kind == "integer" for _, kind in percents), percents

@@ -163,7 +163,7 @@ def test_the_mig_profile_is_chosen_from_the_corrected_request():
     figure = OverheadFigure("H200", "580.159.04", 1000 * MiB, 5, 1)
     settings = settings_with([figure], gpus=("H200",))
     settings = dataclasses.replace(settings, targets=(dataclasses.replace(
-        settings.targets[0], backend=type(settings.targets[0].backend)("mig-mixed")),))
+        settings.targets[0], backend=type(settings.targets[0].backend)("MIGMixed")),))
     from xmem_admission.contract import gpus
 
     plain = sizing.plan(record(15), settings_with(gpus=("H200",)))
@@ -217,7 +217,7 @@ def test_the_policy_fields_are_checked_with_their_paths():
 
     assert "spec.learnedOverhead.minJobs: must be at least 1" in fails(minJobs=0)
     assert "spec.learnedOverhead.minJobs: is above recentJobs" in fails(minJobs=9, recentJobs=8)
-    assert "spec.learnedOverhead.quantile: must be at least 0.5" in fails(quantile=0.2)
+    assert "spec.learnedOverhead.percentile: must be at least 50" in fails(percentile=20)
     assert "spec.learnedOverhead.maxCorrection" in fails(maxCorrection="lots")
     assert "spec.learnedOverhead.pinned[0].gpu" in fails(pinned=[{"gpu": "GTX 9000",
                                                                    "outsideAllocator": "1Gi"}])
@@ -231,7 +231,7 @@ def test_the_policy_fields_are_checked_with_their_paths():
 def test_the_figures_come_from_the_policys_status_and_malformed_ones_are_skipped():
     obj = {"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
            "metadata": {"name": "default"},
-           "spec": {"targets": [{"gpu": "H200", "backend": "hami"}]},
+           "spec": {"targets": [{"gpu": "H200", "backend": "HAMi"}]},
            "status": {"learnedOverhead": [
                {"gpu": "H200", "driverVersion": "580.159.04", "outsideAllocatorBytes": 770 * MiB,
                 "jobs": 7, "namespaces": 2},

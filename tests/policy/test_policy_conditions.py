@@ -66,7 +66,7 @@ def wrong_policies() -> List[Any]:
         pytest.param({"learnedOverhead": {"minJobs": 60, "recentJobs": 50}},
                      "spec.learnedOverhead.minJobs", "minJobs is above recentJobs",
                      id="min-above-recent"),
-        pytest.param({"dra": {"driver": "nvidia", "cores": 50}}, "spec.dra.cores",
+        pytest.param({"dra": {"driver": "Nvidia", "cores": 50}}, "spec.dra.cores",
                      "cores is HAMi's capacity", id="cores-not-hami"),
     ]
 

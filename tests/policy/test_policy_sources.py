@@ -32,7 +32,7 @@ def test_a_broken_reload_keeps_the_last_good_policy_and_reports_it(tmp_path: Pat
     errors: List[str] = []
     source = FilePolicySource(str(path), on_error=errors.append)
     good = source.current()
-    path.write_text(EXAMPLE.read_text().replace("backend: hami", "backend: nope"))
+    path.write_text(EXAMPLE.read_text().replace("backend: HAMi", "backend: nope"))
     source.refresh()
     assert source.current() is good
     assert "spec.targets[0].backend" in (source.error or "") and errors == ["reload"]

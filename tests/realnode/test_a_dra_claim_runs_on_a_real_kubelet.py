@@ -11,7 +11,7 @@ off by default. Preparing a claim writes a CDI spec whose edits are environment 
 (the device, its consumed capacity, the claim's UID), which containerd injects.
 
 xmem runs as the chart runs it (webhook and controller as processes, ``localkube/cluster.py``)
-with a policy ``backend: dra``, ``deviceClass: gpu.example.com``, ``pinProduct: false`` (the
+with a policy ``backend: DRA``, ``deviceClass: gpu.example.com``, ``pinProduct: false`` (the
 example devices carry an attribute ``model``, not the ``productName`` xmem pins). A Job is held,
 its estimate recorded as a finished estimation records it (17 GiB peak: an 18 GiB request), and
 the controller releases it with xmem's ResourceClaimTemplate; the real kube-scheduler allocates
@@ -60,7 +60,7 @@ from xmem_admission.cluster.policy.store import EstimateRecord  # noqa: E402
 pytestmark = pytest.mark.timeout(3600)
 
 RESOURCE = "resource.k8s.io/v1"
-DRA = {"driver": "nvidia", "deviceClass": dra_plugin.DRIVER, "pinProduct": False}
+DRA = {"driver": "Nvidia", "deviceClass": dra_plugin.DRIVER, "pinProduct": False}
 # The spec the plugin writes at start (cdi.go CreateCommonSpecFile; the CDI library's name).
 COMMON_SPEC = "k8s.gpu.example.com-gpu_common.yaml"
 GATE = "/gate"  # a hostPath folder (Tenant.gate): the container waits for a file "open"
@@ -117,7 +117,7 @@ class Tenant:
         cluster.ensure_namespace(name, {labels.OPT_IN: "true"})
         wait_for(lambda: cluster.get("v1", "ServiceAccount", "default", name), 30,
                  f"the default service account of {name}")
-        cluster.apply(policy(name, backend="dra", gpus=("H200",), dra=dict(DRA)))
+        cluster.apply(policy(name, backend="DRA", gpus=("H200",), dra=dict(DRA)))
         self.webhook: Webhook = cluster.serve(f"serve-{name}", name)
         self.controller: Any = None
         self.core = client.CoreV1Api(cluster.api)

@@ -32,7 +32,7 @@ WORKLOAD = {"apiVersion": "batch/v1", "kind": "Job",
 
 
 def _settings(**spec: Any) -> Settings:
-    body: Dict[str, Any] = {"targets": [{"gpu": "A100-80GB", "backend": "hami"}],
+    body: Dict[str, Any] = {"targets": [{"gpu": "A100-80GB", "backend": "HAMi"}],
                             "granularity": "256Mi"}
     body.update(spec)
     return Policy.from_spec(body).for_namespace("ml")
@@ -137,7 +137,7 @@ def test_with_oom_retry_off_the_oom_is_recorded_and_the_request_kept():
 
 
 def test_mig_moves_to_the_next_profile_up():
-    settings = _settings(targets=[{"gpu": "A100-80GB", "backend": "mig-mixed"}])
+    settings = _settings(targets=[{"gpu": "A100-80GB", "backend": "MIGMixed"}])
     target = settings.targets[0]
     a100 = gpus.lookup("A100-80GB")
     small = min(a100.mig_profiles, key=lambda p: (p.memory_bytes, p.compute_slices))

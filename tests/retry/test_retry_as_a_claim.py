@@ -31,7 +31,7 @@ JOB = for_kind("batch", "v1", "Job")
 
 
 def _policy(gpu: str = "H200", **dra_spec: Any) -> Policy:
-    return make_policy("dra", (gpu,), dra=dra_spec or {"driver": "hami"})
+    return make_policy("DRA", (gpu,), dra=dra_spec or {"driver": "HAMi"})
 
 
 def _job_pod(request: int) -> Dict[str, Any]:
@@ -143,8 +143,8 @@ def test_under_dra_mig_a_retry_selects_the_next_larger_slice_as_published() -> N
     nothing, so the retry asks for a device of the next larger slice size. The request stays
     below that slice's memory as the driver publishes it (whole MiB), which the selector's
     lower bound must not exceed."""
-    mig = Policy.from_spec({"targets": [{"gpu": "A100-80GB", "backend": "dra"}],
-                            "dra": {"driver": "nvidia-mig", "pinProduct": False},
+    mig = Policy.from_spec({"targets": [{"gpu": "A100-80GB", "backend": "DRA"}],
+                            "dra": {"driver": "NvidiaMIG", "pinProduct": False},
                             "granularity": "256Mi"}).for_namespace("ml")
     target = mig.targets[0]
     report = oom.CudaOOM(oom.PYTORCH, in_use_bytes=15 * GiB, asked_bytes=512 * MiB)

@@ -93,7 +93,7 @@ def _run(xmem: Any, name: str, hold: int, exporter: Exporter, series: DcgmSeries
          outside: Optional[int] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """Submit a Job and see it complete. With ``outside``, while its pod runs the exporter
     publishes a peak of the estimate's simulated reserved peak plus ``outside``."""
-    xmem.cluster.apply(oom_job(name, xmem.namespace, GPU, NEED, "hami", hold_seconds=hold))
+    xmem.cluster.apply(oom_job(name, xmem.namespace, GPU, NEED, "HAMi", hold_seconds=hold))
     pod = wait_for(lambda: next((p for p in xmem.pods(f"job-name={name}")
                                  if (p.get("status") or {}).get("phase") == "Running"), None),
                    240, f"the pod of {name} to run", interval=0.3)
@@ -208,7 +208,7 @@ def test_jobs_that_used_more_outside_the_allocator_move_the_next_new_jobs_reques
         [after] = _learned(xmem)
         assert after["outsideAllocatorBytes"] == learned["outsideAllocatorBytes"]
         assert after["jobs"] == 3
-        cluster.apply(oom_job("repeat", xmem.namespace, GPU, NEED, "hami", hold_seconds=HOLD + 1))
+        cluster.apply(oom_job("repeat", xmem.namespace, GPU, NEED, "HAMi", hold_seconds=HOLD + 1))
         repeat = xmem.job("repeat")
         assert _request(repeat) == moved  # sized at CREATE, no estimation
         assert moved - plain <= size_request(new_row["totalBytes"] + BOUND, settings,

@@ -14,7 +14,7 @@ URL = "https://prometheus.monitoring.svc:9090"
 
 
 def spec(**fields):
-    return {"targets": [{"gpu": "A100-80GB", "backend": "hami"}], **fields}
+    return {"targets": [{"gpu": "A100-80GB", "backend": "HAMi"}], **fields}
 
 
 def test_a_prometheus_with_credentials_reaches_every_namespace():

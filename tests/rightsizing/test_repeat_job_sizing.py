@@ -16,7 +16,7 @@ GPU = "A100-80GB"
 
 
 def settings(**right_sizing):
-    spec = {"targets": [{"gpu": GPU, "backend": "hami"}]}
+    spec = {"targets": [{"gpu": GPU, "backend": "HAMi"}]}
     if right_sizing:
         spec["rightSizing"] = right_sizing
     return Policy.from_spec(spec).defaults

@@ -26,10 +26,10 @@ JOB = for_kind("batch", "v1", "Job")
 
 
 def _policy(**right_sizing: Any) -> Policy:
-    spec: Dict[str, Any] = {"dra": {"driver": "nvidia"}}
+    spec: Dict[str, Any] = {"dra": {"driver": "Nvidia"}}
     if right_sizing:
         spec["rightSizing"] = right_sizing
-    return make_policy("dra", ("H200",), **spec)
+    return make_policy("DRA", ("H200",), **spec)
 
 
 def _job() -> Dict[str, Any]:

@@ -32,7 +32,7 @@ TENANTS = {"alice": "team-a", "bob": "team-b"}
 POLICY_NAME = "tenants"
 GPUS = ("A100-80GB", "H100-80GB")
 POLICY = {
-    "targets": [{"gpu": g, "backend": "hami"} for g in GPUS],
+    "targets": [{"gpu": g, "backend": "HAMi"} for g in GPUS],
     "enforcement": "Enforce",
     "onEstimationFailure": {"action": "Hold"},
     "estimation": {"resources": {"cpu": "1", "memory": "2Gi"}, "activeDeadlineSeconds": 120,

@@ -191,7 +191,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     certs = Certificates(root)
     policy = {"apiVersion": "xmem.io/v1alpha1", "kind": "GPUAdmissionPolicy",
               "metadata": {"name": "default"},
-              "spec": {"targets": [{"gpu": g, "backend": "hami"} for g in ("A100-80GB",
+              "spec": {"targets": [{"gpu": g, "backend": "HAMi"} for g in ("A100-80GB",
                                                                          "H100-80GB")],
                        "enforcement": "Enforce"}}
     (root / "policy.yaml").write_text(json.dumps(policy))

@@ -32,7 +32,7 @@ from xmem_admission.cluster.policy.store import EstimateRecord, MemoryStore
 FIXED_NOW = "2026-01-31T12:00:00Z"
 
 
-def make_policy(backend: str = "hami", gpus: Iterable[str] = ("A100-80GB", "H100-80GB"),
+def make_policy(backend: str = "HAMi", gpus: Iterable[str] = ("A100-80GB", "H100-80GB"),
                 **spec: Any) -> Policy:
     """A policy with the given backend for every target GPU, plus any spec fields."""
     body: Dict[str, Any] = {"targets": [{"gpu": g, "backend": backend} for g in gpus]}

@@ -46,7 +46,7 @@ BREAK_GLASS = PREFIX + "break-glass"
 
 # Kueue's label naming the LocalQueue a workload is submitted to (Kueue's
 # constants.QueueLabel, pkg/controller/constants/constants.go in sigs.k8s.io/kueue v0.17.0): with
-# the policy's ``integration: kueue``, a workload carrying it is Kueue's to hold.
+# the policy's ``integration: Kueue``, a workload carrying it is Kueue's to hold.
 KUEUE_QUEUE_NAME = "kueue.x-k8s.io/queue-name"
 
 # The annotations that mark a workload as held by xmem (the controller removes them on release).

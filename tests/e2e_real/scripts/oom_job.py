@@ -85,7 +85,7 @@ def train_on_the_granted_device() -> None:
     if enforcer == "mig":
         slices = sorted(int(s) for s in os.environ["MIG_SLICE_BYTES"].split(","))
         granted = next(s for s in slices if s >= granted)
-    device = Device(granted, enforcer in ("hami", "kai"))
+    device = Device(granted, enforcer in ("HAMi", "KAI"))
     print(f"training on a device of {format_size(device.capacity)}", flush=True)
     load_weights(device, need // 2)
     forward(device, need - need // 2)

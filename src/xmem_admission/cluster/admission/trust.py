@@ -13,7 +13,7 @@ write, so nothing a tenant submits can be taken at its word. Five kinds of reque
   counts as owned (a user can write any ownerReference); a JobSet Trainer creates for a
   TrainJob, or a Job JobSet creates for a JobSet, is part of the workload that owns it and
   passes unchanged;
-- **Kueue** (``kueue_users``): with the policy's ``integration: kueue``, Kueue starts a queued
+- **Kueue** (``kueue_users``): with the policy's ``integration: Kueue``, Kueue starts a queued
   workload by unsuspending it and writing the AdmissionCheck's podSetUpdates (the sizing
   annotations the xmem controller computed) into its pod templates; on a workload that names a
   Kueue queue it may do both, as the xmem controller may;

@@ -14,10 +14,10 @@ otherwise each becomes a kubectl warning. The violations:
 - ``xmem.io/`` sizing annotations from anyone but the xmem controller that differ from what the
   record gives (see ``trust``);
 - on UPDATE by anyone but the controller: a changed ``xmem.io/`` annotation, or the release
-  (unsuspend) of a held workload (Kueue, on a workload it queues under ``integration: kueue``,
+  (unsuspend) of a held workload (Kueue, on a workload it queues under ``integration: Kueue``,
   counts as the controller: it writes the AdmissionCheck's podSetUpdates and unsuspends).
 
-A workload Kueue queues (``integration: kueue`` and a queue-name label) is neither held nor
+A workload Kueue queues (``integration: Kueue`` and a queue-name label) is neither held nor
 sized at CREATE by design: the xmem AdmissionCheck estimates it before Kueue admits it.
 
 UPDATE judges only changes to what the policy governs (the pod templates, the suspend flag, the

@@ -45,14 +45,14 @@ from xmem_admission.contract.errors import QuantityError, UnknownGPUError
 class BackendName(str, enum.Enum):
     """How a GPU memory request is expressed to the scheduler (``cluster/backends``: one each)."""
 
-    ANNOTATION = "annotation"  # xmem.io/ annotations only: for dashboards, or a custom scheduler
-    HAMI = "hami"
-    VOLCANO = "volcano"
-    GPUSHARE = "gpushare"
-    KAI = "kai"
-    MIG_MIXED = "mig-mixed"
-    MIG_SINGLE = "mig-single"
-    DRA = "dra"  # a resource.k8s.io/v1 claim (docs/dra.md; settings: spec.dra)
+    ANNOTATION = "Annotation"  # xmem.io/ annotations only: for dashboards, or a custom scheduler
+    HAMI = "HAMi"
+    VOLCANO = "Volcano"
+    GPUSHARE = "GPUShare"
+    KAI = "KAI"
+    MIG_MIXED = "MIGMixed"
+    MIG_SINGLE = "MIGSingle"
+    DRA = "DRA"  # a resource.k8s.io/v1 claim (docs/dra.md; settings: spec.dra)
 
 
 class Enforcement(str, enum.Enum):
@@ -73,8 +73,8 @@ class UntrustedAnnotations(str, enum.Enum):
 class IntegrationMode(str, enum.Enum):
     """Who holds a workload until it is estimated (``docs/kueue.md``)."""
 
-    SUSPEND = "suspend"  # the webhook suspends it and the controller releases it (no Kueue)
-    KUEUE = "kueue"  # Kueue holds it; the controller serves an AdmissionCheck instead, and the
+    SUSPEND = "Suspend"  # the webhook suspends it and the controller releases it (no Kueue)
+    KUEUE = "Kueue"  # Kueue holds it; the controller serves an AdmissionCheck instead, and the
     # webhook never touches the suspend flag of a workload that names a Kueue queue
 
 
@@ -87,19 +87,19 @@ class FailureAction(str, enum.Enum):
 
 
 class EstimationMode(str, enum.Enum):
-    """How the probe runs the training step (``xmem estimate --mode``)."""
+    """How the probe runs the training step (``xmem estimate --mode``, in lower case)."""
 
-    AUTO = "auto"
-    FAKE = "fake"
-    PROFILE = "profile"
+    AUTO = "Auto"
+    FAKE = "Fake"
+    PROFILE = "Profile"
 
 
 class DraDriver(str, enum.Enum):
     """Whose DRA conventions a claim follows (``backends/dra.py`` cites each driver's slices)."""
 
-    NVIDIA = "nvidia"  # sigs.k8s.io/dra-driver-nvidia-gpu, shared GPUs (ConsumableShares memory)
-    NVIDIA_MIG = "nvidia-mig"  # the same driver's MIG devices, chosen by their memory capacity
-    HAMI = "hami"  # Project-HAMi/k8s-dra-driver: memory and cores, enforced by HAMi-core
+    NVIDIA = "Nvidia"  # sigs.k8s.io/dra-driver-nvidia-gpu, shared GPUs (ConsumableShares memory)
+    NVIDIA_MIG = "NvidiaMIG"  # the same driver's MIG devices, chosen by their memory capacity
+    HAMI = "HAMi"  # Project-HAMi/k8s-dra-driver: memory and cores, enforced by HAMi-core
 
 
 class ExistingClaim(str, enum.Enum):
@@ -289,25 +289,13 @@ def _number_schema(ge: Optional[float] = None, gt: Optional[float] = None,
     return out
 
 
-# Numbers with bounds: an integer is a number too, true is not.
-GrowthPercent = Annotated[
-    float, PlainValidator(_number), AfterValidator(_bounded(gt=0, le=MAX_GROWTH_PERCENT)),
-    WithJsonSchema(_number_schema(gt=0, le=MAX_GROWTH_PERCENT))]
+# Numbers with bounds: an integer is a number too, true is not. Percentages are integers.
 TimeoutSeconds = Annotated[
     float, PlainValidator(_number), AfterValidator(_bounded(gt=0, le=MAX_PROMETHEUS_SECONDS)),
     WithJsonSchema(_number_schema(gt=0, le=MAX_PROMETHEUS_SECONDS))]
 SlackSeconds = Annotated[
     float, PlainValidator(_number), AfterValidator(_bounded(ge=0, le=MAX_PROMETHEUS_SECONDS)),
     WithJsonSchema(_number_schema(ge=0, le=MAX_PROMETHEUS_SECONDS))]
-Quantile = Annotated[
-    float, PlainValidator(_number), AfterValidator(_bounded(ge=0.5, le=1)),
-    WithJsonSchema(_number_schema(ge=0.5, le=1))]
-MarginPercent = Annotated[
-    float, PlainValidator(_number), AfterValidator(_bounded(ge=0, le=100)),
-    WithJsonSchema(_number_schema(ge=0, le=100))]
-OvercommitPercent = Annotated[
-    float, PlainValidator(_number), AfterValidator(_bounded(ge=0, lt=100)),
-    WithJsonSchema(_number_schema(ge=0, lt=100))]
 
 
 def _list_map(key: str) -> Dict[str, Any]:
@@ -443,14 +431,14 @@ class DraSpec(Model):
     references a claim, and what the controller does when the class has no shareable device
     with a memory capacity."""
 
-    rules = (Rule("!has(self.cores) || (has(self.driver) && self.driver == 'hami')",
-                  "cores is HAMi's capacity (driver hami) only", "cores", inherited=True,
+    rules = (Rule("!has(self.cores) || (has(self.driver) && self.driver == 'HAMi')",
+                  "cores is HAMi's capacity (driver HAMi) only", "cores", inherited=True,
                   check=lambda d: d.cores is None or d.driver is DraDriver.HAMI),)
 
     driver: DraDriver = Field(
         default=DraDriver.NVIDIA,
-        description="nvidia: dra-driver-nvidia-gpu's shared GPUs (capacity "
-        "memory); nvidia-mig: its MIG devices, chosen by their memory; hami: HAMi's DRA driver "
+        description="Nvidia: dra-driver-nvidia-gpu's shared GPUs (capacity "
+        "memory); NvidiaMIG: its MIG devices, chosen by their memory; HAMi: HAMi's DRA driver "
         "(memory and cores, enforced by HAMi-core).")
     device_class: Optional[StrictStr] = Field(
         default=None, min_length=1, max_length=253,
@@ -488,8 +476,8 @@ class OomRetrySpec(Model):
         default=None,
         description="The most a retry may ask for per GPU (a quantity); unset, the GPU's "
         "capacity.")
-    growth_percent: GrowthPercent = Field(
-        default=50, description="Each OOM after the first grows the request by at least this much.")
+    growth_percent: StrictInt = Field(
+        default=50, gt=0, le=MAX_GROWTH_PERCENT, description="Each OOM after the first grows the request by at least this much.")
 
 
 class PrometheusSpec(Model):
@@ -573,10 +561,9 @@ class LearnedOverheadSpec(Model):
     jobs_per_namespace: StrictInt = Field(
         default=10, ge=1, le=MAX_OVERHEAD_JOBS, description="At most "
                                           "this many of them from any one namespace.")
-    quantile: Quantile = Field(
-        default=0.9,
-        description="The high quantile taken (the sorted value at floor(q*(n-1)): never "
-        "the single largest while q < 1).")
+    percentile: StrictInt = Field(
+        default=90, ge=50, le=100, description="The high percentile taken (the sorted value at "
+        "floor(p/100*(n-1)): never the single largest while p < 100).")
     max_correction: Quantity = Field(
         default="1Gi", description="The most a learned figure moves an estimate, up or down.")
     pinned: List[PinnedSpec] = Field(
@@ -614,9 +601,9 @@ class _Fields(Model):
 
     enabled: StrictBool = Field(default=True, description="false turns xmem off (workloads pass "
                                 "unchanged).")
-    safety_margin_percent: MarginPercent = Field(
+    safety_margin_percent: StrictInt = Field(ge=0, le=100,
         default=5, description="Added to the estimate before rounding.")
-    overcommit_percent: OvercommitPercent = Field(
+    overcommit_percent: StrictInt = Field(ge=0, lt=100,
         default=0,
         description="How far below the estimate a request may go (accepted risk): lowers "
         "the requests xmem writes, and is the allowance for requests set by hand.")
@@ -637,7 +624,7 @@ class _Fields(Model):
         "(the workload is sized or held as if they were not there), Deny refuses the request.")
     integration: IntegrationMode = Field(
         default=IntegrationMode.SUSPEND, description="Who holds a workload until it is estimated. "
-        "suspend: the webhook suspends it and the xmem controller releases it. kueue: Kueue "
+        "Suspend: the webhook suspends it and the xmem controller releases it. Kueue: Kueue "
         "holds it; the webhook never touches the suspend flag of a workload with the "
         "kueue.x-k8s.io/queue-name label, and the controller serves a Kueue AdmissionCheck "
         "(docs/kueue.md).")

@@ -130,7 +130,7 @@ class OomRetry:
 
     enabled: bool = True  # retry the workload's next pod with a larger request
     max_request_bytes: Optional[int] = None  # the most a retry may ask for; None: the GPU's
-    growth_percent: float = 50  # each OOM after the first grows the request by at least this
+    growth_percent: int = 50  # each OOM after the first grows the request by at least this
 
 
 @dataclass(frozen=True)
@@ -199,8 +199,8 @@ class Settings:
 
     enabled: bool
     targets: Tuple[Target, ...]
-    safety_margin_percent: float
-    overcommit_percent: float
+    safety_margin_percent: int
+    overcommit_percent: int
     minimum_request_bytes: int
     granularity_bytes: int
     enforcement: Enforcement
@@ -215,7 +215,7 @@ class Settings:
 
     @property
     def kueue(self) -> bool:
-        """Whether Kueue holds this namespace's queued workloads (``integration: kueue``)."""
+        """Whether Kueue holds this namespace's queued workloads (``integration: Kueue``)."""
         return self.integration is IntegrationMode.KUEUE
 
     @property
@@ -332,7 +332,7 @@ def _toleration(spec: api.TolerationSpec) -> Toleration:
 def _estimation(spec: api.EstimationSpec) -> Estimation:
     placement = spec.placement
     return Estimation(
-        steps=spec.steps, mode=spec.mode.value,
+        steps=spec.steps, mode=spec.mode.value.lower(),  # the probe's word
         active_deadline_seconds=spec.active_deadline_seconds,
         max_hold_seconds=spec.max_hold_seconds,
         cpu=str(spec.resources.cpu), memory=str(spec.resources.memory),
@@ -362,7 +362,7 @@ def _dra(spec: api.DraSpec) -> Dra:
 def _learned_overhead(spec: api.LearnedOverheadSpec) -> LearnedOverhead:
     return LearnedOverhead(
         enabled=spec.enabled, min_jobs=spec.min_jobs, recent_jobs=spec.recent_jobs,
-        jobs_per_namespace=spec.jobs_per_namespace, quantile=spec.quantile,
+        jobs_per_namespace=spec.jobs_per_namespace, quantile=spec.percentile / 100,
         max_correction_bytes=_bytes(spec.max_correction),
         pinned=tuple((p.gpu, _bytes(p.outside_allocator)) for p in spec.pinned))
 
@@ -417,7 +417,7 @@ def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
         for index, target in enumerate(targets):
             if target.backend is BackendName.DRA and not target.gpu.mig_profiles:
                 raise PolicyError(f"{at('targets')}[{index}].backend: {target.gpu.key} has no "
-                                  "MIG profiles (spec.dra.driver nvidia-mig)")
+                                  "MIG profiles (spec.dra.driver NvidiaMIG)")
     sizing = spec.right_sizing
     return Settings(
         enabled=spec.enabled,
