@@ -14,7 +14,8 @@ from typing import Any, Dict, List, Optional
 
 from xmem_admission.contract.errors import SimulatedOutOfMemory
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig, parse_alloc_conf
-from xmem_admission.estimator.allocator.caching import Block, CachingAllocator
+from xmem_admission.estimator.allocator.blocks import Block
+from xmem_admission.estimator.allocator.caching import CachingAllocator
 
 KiB = 1024
 MiB = 1024 * 1024

@@ -15,11 +15,10 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
-from xmem_admission.estimator.allocator.segments import SHIFT
+from xmem_admission.estimator.allocator.blocks import SHIFT, Block, BlockPool, PoolKind, SegmentHook
 
 if TYPE_CHECKING:  # pragma: no cover
     from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
-    from xmem_admission.estimator.allocator.caching import Block, BlockPool, PoolKind, SegmentHook
     from xmem_admission.estimator.allocator.segments import DeviceAddressSpace
     from xmem_admission.estimator.allocator.statistics import Counters, OversizeStat
 

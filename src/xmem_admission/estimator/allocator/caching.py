@@ -33,16 +33,23 @@ per-event dicts). A free block's key is ``size << 48 | address``, so ``bisect_le
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from bisect import bisect_left
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract.errors import AllocatorStateError, AllocConfError, SimulatedOutOfMemory
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig, Backend
-from xmem_admission.estimator.allocator.cache_release import CacheReleaseMixin
-from xmem_admission.estimator.allocator.expandable import ExpandableSegment, ExpandableSegmentsMixin
-from xmem_admission.estimator.allocator.segments import (
+from xmem_admission.estimator.allocator.blocks import (
     ADDR_LIMIT,
     SHIFT,
+    Block,
+    BlockPool,
+    PoolKind,
+    SegmentHook,
+    merge_neighbours,
+)
+from xmem_admission.estimator.allocator.cache_release import CacheReleaseMixin
+from xmem_admission.estimator.allocator.expandable import ExpandableSegmentsMixin
+from xmem_admission.estimator.allocator.segments import (
     DeviceAddressSpace,
     check_invariants,
     restore_segment,
@@ -56,84 +63,6 @@ kSmallSize = 1048576  # "largest 'small' allocation is 1 MiB"
 kSmallBuffer = 2097152  # "'small' allocations are packed in 2 MiB blocks"
 kMinLargeAlloc = 10485760  # "allocations between 1 and 10 MiB may use kLargeBuffer"
 kRoundLarge = 2097152  # "round up large allocations to 2 MiB"
-
-SegmentHook = Callable[[int, int, int], None]
-
-
-class Block:
-    """A range of device memory inside a segment: allocated, free (cached) or unmapped."""
-
-    __slots__ = ("addr", "size", "requested", "pool", "prev", "next", "allocated", "mapped",
-                 "exp", "gc_base", "tag")
-    # Left unset by __init__ (the hot path): a replay's label for the block, set when it is
-    # handed out (``simulate`` stores the index of the allocation's category there).
-    tag: int
-
-    def __init__(self, addr: int, size: int, pool: BlockPool,
-                 prev: Optional[Block] = None, next: Optional[Block] = None):
-        self.addr = addr
-        self.size = size
-        self.requested = 0
-        self.pool = pool
-        self.prev = prev
-        self.next = next
-        self.allocated = False
-        self.mapped = True
-        self.exp: Optional[ExpandableSegment] = None  # the expandable segment it lives in
-        self.gc_base = 0  # pool kind's get_free_block call count when cached (GC age)
-
-    @property
-    def stream(self) -> int:
-        return self.pool.stream
-
-    @property
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
-
-    def __repr__(self) -> str:
-        state = "allocated" if self.allocated else ("free" if self.mapped else "unmapped")
-        return f"Block({self.addr:#x}, {self.size}, {state}, stream {self.pool.stream})"
-
-
-class PoolKind:
-    """What all pools of one kind (small or large) share across streams: stats, GC clock."""
-
-    __slots__ = ("is_small", "counters", "gc_calls")
-
-    def __init__(self, is_small: bool):
-        self.is_small = is_small
-        self.counters = Counters()
-        self.gc_calls = 0  # BlockPool::get_free_blocks_call_count (one set for all streams)
-
-
-class BlockPool:
-    """The cached free blocks of one kind on one stream, sorted by (size, address)."""
-
-    __slots__ = ("stream", "kind", "is_small", "keys", "blocks", "unmapped")
-
-    def __init__(self, stream: int, kind: PoolKind):
-        self.stream = stream
-        self.kind = kind
-        self.is_small = kind.is_small
-        self.keys: List[int] = []
-        self.blocks: Dict[int, Block] = {}
-        self.unmapped: Dict[int, Block] = {}  # expandable segments' unmapped ranges by address
-
-    def add(self, block: Block) -> None:
-        key = block.size << SHIFT | block.addr
-        insort(self.keys, key)
-        self.blocks[key] = block
-        block.gc_base = self.kind.gc_calls  # BlockPool::insert_into_blocks
-
-    def discard(self, block: Block) -> None:
-        key = block.size << SHIFT | block.addr
-        keys = self.keys
-        del keys[bisect_left(keys, key)]
-        del self.blocks[key]
-
-    def sorted_blocks(self) -> List[Block]:
-        return [self.blocks[k] for k in self.keys]
-
 
 class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
     """One device's caching allocator.
@@ -456,38 +385,6 @@ class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
     def check_invariants(self) -> None:
         """Raise AssertionError if the allocator's books do not balance (tests, debugging)."""
         check_invariants(self)
-
-def merge_neighbours(block: Block, pool: BlockPool, mapped: bool) -> Tuple[Block, int, int]:
-    """``try_merge_blocks`` with the previous, then the next block, when free and in the given
-    mapped state. Keeps the lower object (a segment's head never changes). Returns the merged
-    block, how many blocks it subsumed and their bytes. The merged block is in no index."""
-    merged = merged_bytes = 0
-    prev = block.prev
-    if prev is not None and not prev.allocated and prev.mapped == mapped:
-        if mapped:
-            pool.discard(prev)
-        else:
-            del pool.unmapped[prev.addr]
-        merged, merged_bytes = 1, prev.size
-        prev.size += block.size
-        nxt = prev.next = block.next
-        if nxt is not None:
-            nxt.prev = prev
-        block = prev
-    nxt = block.next
-    if nxt is not None and not nxt.allocated and nxt.mapped == mapped:
-        if mapped:
-            pool.discard(nxt)
-        else:
-            del pool.unmapped[nxt.addr]
-        merged += 1
-        merged_bytes += nxt.size
-        block.size += nxt.size
-        after = block.next = nxt.next
-        if after is not None:
-            after.prev = block
-    return block, merged, merged_bytes
-
 
 def _roundup_power2_next_division(size: int, divisions: int) -> int:
     """``roundup_power2_next_division``: next of ``divisions`` equal steps between powers of 2.

@@ -17,9 +17,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+from xmem_admission.estimator.allocator.blocks import (
+    Block,
+    BlockPool,
+    ExpandableSegment,
+    SegmentHook,
+    merge_neighbours,
+)
+
 if TYPE_CHECKING:  # pragma: no cover
     from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
-    from xmem_admission.estimator.allocator.caching import Block, BlockPool, SegmentHook
     from xmem_admission.estimator.allocator.segments import DeviceAddressSpace
     from xmem_admission.estimator.allocator.statistics import Counters
 
@@ -27,21 +34,6 @@ kSmallBuffer = 2097152  # small-pool page size (CUDACachingAllocator.cpp kSmallB
 # Virtual size assumed when neither the capacity nor the device total is known: only the
 # address layout depends on it (ExpandableSegment reserves 1 1/8 x totalGlobalMem).
 DEFAULT_DEVICE_TOTAL = 1 << 40
-
-
-class ExpandableSegment:
-    """One reserved virtual range whose pages are mapped on demand."""
-
-    __slots__ = ("base", "page", "size", "mapped_bytes", "head")
-
-    def __init__(self, base: int, page: int, size: int):
-        self.base = base
-        self.page = page
-        self.size = size
-        self.mapped_bytes = 0
-
-    # The block at ``base``, set right after the segment is made and never replaced.
-    head: Block
 
 
 class ExpandableSegmentsMixin:
@@ -86,8 +78,6 @@ class ExpandableSegmentsMixin:
 
     def _find_expandable_block(self, pool: BlockPool, size: int) -> Block:
         """The lowest address where free and unmapped blocks together give ``size`` bytes."""
-        from xmem_admission.estimator.allocator.caching import Block
-
         for addr in sorted(pool.unmapped):
             candidate = pool.unmapped[addr]
             prev = candidate.prev
@@ -121,8 +111,6 @@ class ExpandableSegmentsMixin:
         Returns the (possibly merged) free mapped block, or None when the pages cannot be
         created (physical memory exhausted: cuMemCreate fails, nothing is mapped).
         """
-        from xmem_admission.estimator.allocator.caching import Block, merge_neighbours
-
         es = to_map.exp
         assert es is not None, "only blocks of expandable segments are mapped"
         page = es.page
@@ -178,8 +166,6 @@ class ExpandableSegmentsMixin:
     # -- giving memory back ---------------------------------------------------------------
     def _unmap_block(self, block: Block) -> Optional[Block]:
         """``unmap_block``: unmap the whole pages inside a free block; the unmapped block."""
-        from xmem_admission.estimator.allocator.caching import Block, merge_neighbours
-
         es = block.exp
         assert es is not None, "only blocks of expandable segments are unmapped"
         page = es.page

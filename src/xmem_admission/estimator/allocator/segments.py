@@ -17,15 +17,30 @@ Standard library only.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
 from xmem_admission.contract.errors import AllocatorStateError
+from xmem_admission.estimator.allocator.blocks import ADDR_LIMIT, SHIFT, Block, BlockPool, PoolKind
+from xmem_admission.estimator.allocator.statistics import Counters, OversizeStat
 
-if TYPE_CHECKING:  # pragma: no cover
-    from xmem_admission.estimator.allocator.caching import Block, CachingAllocator
 
-SHIFT = 48  # free-block key = size << SHIFT | address; device addresses stay below 2**48
-ADDR_LIMIT = 1 << SHIFT
+class Books(Protocol):
+    """What these functions read and write of a ``CachingAllocator`` (its books)."""
+
+    _segments: Dict[int, Block]
+    _small: PoolKind
+    _large: PoolKind
+    _all: Counters
+    _mss: int
+    total_reserved: int
+    oversize_allocations: OversizeStat
+    oversize_segments: OversizeStat
+
+    def pools(self) -> List[BlockPool]: ...
+
+    def _pool_pair(self, stream: int) -> Tuple[BlockPool, BlockPool]: ...
+
+    def _segment_heads(self) -> List[Block]: ...
 
 
 class DeviceAddressSpace:
@@ -78,11 +93,9 @@ class DeviceAddressSpace:
 
 
 
-def restore_segment(alloc: CachingAllocator, addr: int, size: int, stream: int,
+def restore_segment(alloc: Books, addr: int, size: int, stream: int,
                     is_small: bool, live: Sequence[Tuple[int, int, int]]) -> List[Block]:
     """See ``CachingAllocator.restore_segment``."""
-    from xmem_admission.estimator.allocator.caching import Block
-
     end = addr + size
     if addr < 0 or size <= 0 or end > ADDR_LIMIT or addr in alloc._segments:
         raise AllocatorStateError(f"cannot restore a segment at {addr:#x} of {size} bytes")
@@ -130,7 +143,7 @@ def restore_segment(alloc: CachingAllocator, addr: int, size: int, stream: int,
     return allocated
 
 
-def segment_table(alloc: CachingAllocator) -> List[Dict[str, Any]]:
+def segment_table(alloc: Books) -> List[Dict[str, Any]]:
     """Every segment (each mapped range of an expandable one) with its blocks, by address."""
     out: List[Dict[str, Any]] = []
     for head in alloc._segment_heads():
@@ -160,7 +173,7 @@ def _fail(message: str) -> None:
     raise AssertionError(f"allocator invariant broken: {message}")
 
 
-def check_invariants(alloc: CachingAllocator) -> None:
+def check_invariants(alloc: Books) -> None:
     """Raise AssertionError naming the first broken invariant."""
     ranges: List[Tuple[int, int]] = []
     allocated = {True: 0, False: 0}  # by is_small
