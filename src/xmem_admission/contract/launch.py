@@ -106,7 +106,7 @@ class Launch:
     program: Tuple[str, ...]  # (script, args...) or ("-m", module, args...)
     nnodes: int
     nproc_per_node: int
-    # never set (runner.launch_of refuses a launch that sets it): accelerate launch
+    # never set (estimator.command.launch_of refuses a launch that sets it): accelerate launch
     # --use_deepspeed is traced, its options reaching rank 0 through ``environment``
     use_deepspeed: bool = False
     environment: Tuple[Tuple[str, str], ...] = ()  # more variables the launcher sets

@@ -682,7 +682,7 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
 
 
 def _check_command(command: Sequence[str], cwd: Optional[str] = None) -> None:
-    from xmem_admission.estimator.probe.runner import split_command
+    from xmem_admission.estimator.command import split_command
 
     argv = split_command(command)
     if not argv:
