@@ -128,11 +128,25 @@ def test_a_script_edited_in_its_config_map_and_submitted_again_gets_a_new_estima
     [before] = harness.gmes()
     assert before["metadata"]["name"] == records.name_for(
         first["metadata"]["annotations"][labels.FINGERPRINT])
+    code = harness.get("v1", "ConfigMap", "code")
+    assert code is not None
+    assert before["status"]["inputs"] == [
+        {"kind": "ConfigMap", "name": "code", "uid": code["metadata"]["uid"],
+         "resourceVersion": code["metadata"]["resourceVersion"]}]
+    assert _condition(before, "Stale")[:2] == ("False", "Current")
 
     # Same name, same job: only the script in the ConfigMap changed.
     edited = code_map(harness.namespace)
     edited["data"]["train_gpt.py"] += "\n# tuned: a second run of the same job\n"
     harness.cluster.apply(edited)
+    # The estimate made from the old script says it no longer matches what runs.
+    stale = wait(lambda: (lambda g: g if records.is_stale(g) else None)(harness.get(
+        "xmem.io/v1alpha1", "GPUMemoryEstimate", before["metadata"]["name"])), 60,
+        "the old estimate to be marked stale")
+    status, reason, message, _ = _condition(stale, "Stale")
+    assert (status, reason) == ("True", "ConfigMapChanged")
+    assert message.startswith(f"ConfigMap code changed (resourceVersion "
+                              f"{code['metadata']['resourceVersion']} -> ")
     second = harness.submit(training_job("second"))
     assert second["metadata"]["annotations"][labels.FINGERPRINT] != \
         first["metadata"]["annotations"][labels.FINGERPRINT]
@@ -146,6 +160,7 @@ def test_a_script_edited_in_its_config_map_and_submitted_again_gets_a_new_estima
         second["metadata"]["annotations"][labels.FINGERPRINT])
     assert records.phase(new) == records.SUCCEEDED and new["status"]["podName"]
     assert new["status"]["podName"] != before["status"]["podName"]  # its own estimation pod
+    assert _condition(new, "Stale")[:2] == ("False", "Current")
     old = after[before["metadata"]["name"]]
     assert (old["metadata"]["uid"], old["status"]["completionTime"]) == \
         (before["metadata"]["uid"], before["status"]["completionTime"])

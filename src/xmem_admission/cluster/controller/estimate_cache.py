@@ -25,7 +25,12 @@ another digest (the same tag pushed again), the estimate is marked ``status.stal
 Warning Event on it and on the workload (``check_image``): the webhook's store stops serving it
 and the next held workload gets a new estimation attempt (``records.usable``), whose result
 replaces it. ``oomRetries`` stay (they size running workloads' next pods); ``runs`` go, as they
-measured the other image.
+measured the other image. The ConfigMaps the estimation pod's template mounts or reads are
+recorded with their uid and resourceVersion as ``status.inputs`` when the pod starts
+(``record_inputs``); one that changed since, as the controller's ConfigMap cache sees it, marks
+the estimate stale (``ConfigMapChanged``, ``check_inputs`` on each ``collect`` pass): workloads
+that read the edited ConfigMap have another fingerprint, so another estimate, and one still
+waiting on this estimate is estimated again, from what its pods will read.
 """
 
 from __future__ import annotations
@@ -33,11 +38,12 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.kube.client import GME, Obj
+from xmem_admission.cluster.policy import fingerprint
 from xmem_admission.contract.errors import KubeApiError
 
 if TYPE_CHECKING:  # the context imports this module
@@ -48,6 +54,7 @@ log = logging.getLogger(__name__)
 LAST_USED = "lastUsedTime"
 TOUCH_EVERY = 60.0  # seconds: lastUsedTime is written at most this often per estimate
 STALE_EVENT = "EstimateStale"
+INPUTS = "inputs"  # status: the ConfigMaps the estimation read, by uid and resourceVersion
 MAX_SEEN = 50_000  # pods whose image was checked, remembered (then forgotten all at once)
 
 
@@ -293,6 +300,7 @@ def collect(ctx: Context) -> Optional[float]:
         namespace = m.get("namespace", "")
         if "deletionTimestamp" in m:
             continue
+        check_inputs(ctx, gme)
         if records.legacy_owners(gme):
             bare = records.without_owners(gme)
             if bare is not None:
@@ -417,6 +425,56 @@ def check_image(ctx: Context, namespace: str, name: str) -> Optional[float]:
              f"stale: {message}")
     log.info("GPUMemoryEstimate %s/%s is stale: %s", namespace, gme["metadata"]["name"], message)
     return None
+
+
+def record_inputs(ctx: Context, gme: Obj, template: Mapping[str, Any],
+                  status: Dict[str, Any]) -> None:
+    """Record in ``status`` the ConfigMaps the estimation pod's template mounts or reads, with
+    the uid and resourceVersion the controller's cache knows (those it does not know left out)."""
+    found = fingerprint.inputs_of([template], ctx.versions(gme["metadata"]["namespace"]))
+    inputs = [{"kind": kind, "name": name, "uid": uid, "resourceVersion": version}
+              for kind, name, uid, version in found if name and uid and version]
+    if inputs:
+        status[INPUTS] = inputs
+    else:
+        status.pop(INPUTS, None)
+
+
+def check_inputs(ctx: Context, gme: Obj) -> None:
+    """Mark a usable estimate stale when a ConfigMap it recorded changed (another uid or
+    resourceVersion in the controller's cache; one the cache does not know says nothing)."""
+    inputs = (gme.get("status") or {}).get(INPUTS)
+    if not isinstance(inputs, list) or not inputs or not records.usable(gme):
+        return
+    versions = ctx.versions(gme["metadata"]["namespace"])
+    if versions is None:
+        return
+    for entry in inputs:
+        if not isinstance(entry, dict):
+            continue
+        kind, name = str(entry.get("kind", "")), str(entry.get("name", ""))
+        now = versions(kind, name) if kind and name else None
+        if now is None or now == (entry.get("uid"), entry.get("resourceVersion")):
+            continue
+        how = f"was replaced (uid {now[0]})" if now[0] != entry.get("uid") else \
+            f"changed (resourceVersion {entry.get('resourceVersion')} -> {now[1]})"
+        message = (f"{kind} {name} {how} since the estimate was made: workloads that read it "
+                   f"now have another fingerprint, and one waiting on this estimate is "
+                   f"estimated again")
+        status = dict(gme.get("status") or {})
+        status["stale"] = {"reason": "ConfigMapChanged", "message": message,
+                           "time": records.stamp(ctx.now())}
+        try:
+            written = ctx.kube.replace_status(GME, records.with_status(gme, status, ctx.now()))
+        except KubeApiError as exc:
+            if exc.conflict or exc.not_found:
+                return  # read again on the next pass
+            raise
+        ctx.estimates.put(written)
+        ctx.emit(written, "Warning", STALE_EVENT, f"xmem: {message}")
+        log.info("GPUMemoryEstimate %s/%s is stale: %s", gme["metadata"]["namespace"],
+                 gme["metadata"]["name"], message)
+        return
 
 
 def _controlling_workload(ctx: Context, pod: Obj) -> Optional[Obj]:

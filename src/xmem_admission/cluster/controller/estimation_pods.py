@@ -391,6 +391,7 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
     status.update(phase=records.RUNNING, attempt=records.attempt(gme),
                   podName=body["metadata"]["name"])
     status.setdefault("startTime", records.stamp(ctx.now()))
+    estimate_cache.record_inputs(ctx, gme, ref.template, status)
     _write_status(ctx, gme, status)
     return float(settings.estimation.active_deadline_seconds) + ctx.deadline_slack
 

@@ -18,8 +18,10 @@ the estimation's state and result::
     mode, steps, seconds, fallbackReason                  # from the probe
     lastUsedTime                  # when a workload last joined it or was sized from it
     imageID                       # the digest the estimation pod ran (containerStatuses imageID)
-    stale: {reason, message, imageID, pod, time}  # a workload's pods ran another digest: the
-                                  # next workload is estimated again (``estimate_cache``)
+    inputs: [{kind, name, uid, resourceVersion}]  # the ConfigMaps the estimation pod read
+    stale: {reason, message, imageID, pod, time}  # a workload's pods ran another digest, or
+                                  # an input changed: the next workload is estimated again
+                                  # (``estimate_cache``)
     peak: {gpu, largest, groups: [{module, category, op, bytes, size}],
            cachedBytes, fragmentationBytes}               # what holds the memory at the peak
     reproduce                                             # the `xmem estimate` command line
@@ -66,7 +68,8 @@ order, so that the first true one's reason says where the estimate stands (the k
 - ``Failed``: the estimation failed (reason ``ScriptFailed``, ``OOMKilled``, ... as
   ``status.reason``; the message quotes the script's last lines);
 - ``Stale``: the estimate no longer matches what runs (reason ``ImageChanged``: a sized
-  workload's pod ran another image digest); the next workload is estimated again;
+  workload's pod ran another image digest; ``ConfigMapChanged``: a ConfigMap the estimation
+  read changed); the next workload is estimated again;
 - ``Estimating``: an attempt is in progress (``Queued``: waiting for its estimation pod;
   ``PodRunning``);
 - ``Estimated``: an estimate is recorded (``Traced``; ``SharedFromTrial``: shared from a traced
@@ -452,7 +455,7 @@ def conditions(gme: Obj, status: Dict[str, Any]) -> List[Dict[str, Any]]:
                            str(stale_entry.get("message") or "the estimate is stale"))
     elif at == SUCCEEDED:
         stale = _condition(STALE, False, "Current", "no pod sized from it ran another image "
-                           "digest than its estimation pod")
+                           "digest, and no ConfigMap it read changed")
     else:
         stale = _condition(STALE, False, "NoEstimate", "no estimate is recorded")
     if at == RUNNING:
