@@ -58,8 +58,8 @@ class Starts:
 
 def _quick_failing_job(name: str, index: int) -> dict:
     """A Job whose estimation ends at once (the script fails before its first step): its own
-    fingerprint by its arguments."""
-    return training_job(name, script="fails_before_step.py", args=["--shard", str(index)])
+    fingerprint and trial family by a positional argument, so it gets a pod of its own."""
+    return training_job(name, script="fails_before_step.py", args=[f"shard-{index}"])
 
 
 @pytest.fixture()

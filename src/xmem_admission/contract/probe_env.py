@@ -22,5 +22,10 @@ SCRATCH = "XMEM_PROBE_SCRATCH"
 # Beside the bundle's sitecustomize: what the estimation pod's second init container, run from
 # the workload's image, found in the image's own environment ({"PYTHONPATH": str or null}).
 IMAGE_ENV_FILE = "image-env.json"
+# Several estimates traced in one pod (JSON: {"estimates": [name, ...], "argv": [[word, ...],
+# ...]}, the container's own command line first): one interpreter start and torch import, a fork
+# per trace, one after the other; the result is a batch (``termination.encode_batch``).
+BATCH = "XMEM_PROBE_BATCH"
+TRACE_SECONDS = "XMEM_PROBE_TRACE_SECONDS"  # one trace of a batch: killed past this many seconds
 
-ALL = (ON, GPUS, STEPS, MODE, RESULT_PATH, FALLBACK, SCRATCH)
+ALL = (ON, GPUS, STEPS, MODE, RESULT_PATH, FALLBACK, SCRATCH, BATCH, TRACE_SECONDS)

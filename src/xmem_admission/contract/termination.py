@@ -23,6 +23,17 @@ Format, version 2 (one JSON object)::
     {"v": 2, "status": "script_error" | "no_step" | "needs_real_values" | "unsupported" |
      "probe_error" | "no_torch", "reason": "...", "exit_code": 1, "traceback": "..."}
 
+A batch (several estimates traced in one pod, ``probe_env.BATCH``) is one message of entries,
+one per trace in the order the pod lists them, each a result as above without ``"v"``, or null
+for a trace not run yet; ``running`` names the trace under way when the message was written
+(the probe writes it before each trace, so a pod that dies mid-way still tells the finished
+traces' results)::
+
+    {"v": 2, "status": "batch", "traces": [{...}, {...}, null], "running": 2}
+
+To fit, the entries' peak groups go first, then each entry's free text is cut to an equal share.
+``batch_capacity`` says how many entries fit for a list of target GPU models.
+
 Version 1 (an older probe bundle's) is the same without ``peak``, and is still read; a result
 without ``digest`` (an older bundle's) is read too, and never judged equal to another. When a
 result would pass the limit, the peak's groups go first (from the last), then free text.
@@ -48,7 +59,12 @@ COLUMNS = ("gpu", "capacity_bytes", "peak_reserved_bytes", "total_bytes",
 OPTIONAL_COLUMNS = ("high_bytes", "low_bytes")
 PEAK_COLUMNS = ("module", "category", "op", "bytes")
 FAILURES = ("script_error", "no_step", "needs_real_values", "unsupported", "probe_error",
-            "no_torch")
+            "no_torch",
+            # a trace of a batch: past its own deadline, killed by SIGKILL (the pod's memory
+            # limit, most likely), or not run (its command line is not the process's)
+            "deadline_exceeded", "oom_killed", "not_run")
+BATCH = "batch"
+_ROOM = 2 ** 47  # a byte count of the largest GPU in the catalogue and then some (128 TiB)
 
 
 def _dump(data: Dict[str, Any]) -> str:
@@ -103,6 +119,96 @@ def _fit(data: Dict[str, Any], cuttable: Sequence[str]) -> str:
             f"estimation result is {len(text.encode('utf-8'))} bytes, over the {LIMIT_BYTES}-byte "
             f"termination message limit (too many target GPU models?)")
     return text
+
+
+def encode_batch(entries: Sequence[Optional[str]], running: Optional[int] = None) -> str:
+    """One message for the traces of a batch, from each trace's own message (``encode_ok`` or
+    ``encode_failure``; None for a trace not run yet); ``running``: the trace under way."""
+    traces: List[Optional[Dict[str, Any]]] = []
+    for text in entries:
+        if text is None:
+            traces.append(None)
+            continue
+        data = json.loads(text)
+        data.pop("v", None)
+        traces.append(data)
+    data = {"v": VERSION, "status": BATCH, "traces": traces}
+    if running is not None:
+        data["running"] = int(running)
+
+    def size() -> int:
+        return len(_dump(data).encode("utf-8"))
+
+    if size() > LIMIT_BYTES:
+        for entry in traces:
+            if entry is not None and isinstance(entry.get("peak"), dict):
+                entry["peak"]["groups"] = []
+    if size() > LIMIT_BYTES:
+        share = LIMIT_BYTES // max(1, len(traces))
+        for entry in traces:
+            for key in ("traceback", "reason", "fallback"):
+                if entry is None or not entry.get(key):
+                    continue
+                excess = len(_dump(entry).encode("utf-8")) - share
+                if excess > 0:
+                    value = str(entry[key])
+                    keep = max(0, len(value) - excess - 8)
+                    entry[key] = "..." + value[len(value) - keep:] if keep else ""
+    if size() > LIMIT_BYTES:
+        raise TerminationMessageError(
+            f"the batch's results are {size()} bytes, over the {LIMIT_BYTES}-byte termination "
+            f"message limit ({len(traces)} traces: too many for one pod)")
+    return _dump(data)
+
+
+def batch_capacity(gpus: Sequence[str]) -> int:
+    """How many traces' results fit one message, for these target GPU models (each entry as
+    long as an ``ok`` result can be, with its peak's groups dropped)."""
+    def row(gpu: str) -> List[Any]:
+        return [gpu, _ROOM, _ROOM, _ROOM, _ROOM, True, "7g.141gb", _ROOM, _ROOM]
+
+    entry = {"status": "ok", "mode": "profile", "steps": 9999, "seconds": 99999.9,
+             "gpus": [row(g) for g in gpus or ["GPU"]], "digest": "f" * 32,
+             "peak": {"gpu": "", "groups": [], "cached": _ROOM, "fragmentation": _ROOM}}
+    each = len(_dump(entry).encode("utf-8")) + 1
+    frame = len(_dump({"v": VERSION, "status": BATCH, "traces": [], "running": 9999}))
+    return max(1, (LIMIT_BYTES - frame) // each)
+
+
+class Batch:
+    """A decoded batch: each trace's result (None where it has none), and the trace that was
+    under way when the message was written (None once all were run)."""
+
+    def __init__(self, entries: List[Optional[Result]], running: Optional[int]) -> None:
+        self.entries = entries
+        self.running = running
+
+
+def decode_batch(text: Optional[str]) -> Optional[Batch]:
+    """A batch message read (entries checked as ``decode`` checks a result), or None when the
+    text is not a batch (a single result, or no message: the pod failed for every trace)."""
+    if not text or not text.strip():
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("status") != BATCH:
+        return None
+    if data.get("v") not in READABLE or not isinstance(data.get("traces"), list):
+        raise TerminationMessageError(f"malformed batch result: {text[:200]!r}")
+    running = data.get("running")
+    if running is not None and (not isinstance(running, int) or isinstance(running, bool)):
+        raise TerminationMessageError(f"malformed batch result: running={running!r:.40}")
+    entries: List[Optional[Result]] = []
+    for entry in data["traces"]:
+        if entry is None:
+            entries.append(None)
+            continue
+        if not isinstance(entry, dict) or entry.get("status") == BATCH:
+            raise TerminationMessageError(f"malformed batch entry: {entry!r:.200}")
+        entries.append(decode(_dump(dict(entry, v=data["v"]))))
+    return Batch(entries, running)
 
 
 class Result:

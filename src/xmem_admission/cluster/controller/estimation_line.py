@@ -14,6 +14,8 @@ in one place, the ``DISPATCH`` work item, not by whichever estimate's reconcile 
 - of a family of trials (one program, different option values), only the estimates that teach
   which options change memory, or that no traced estimate can serve, get a slot; the others
   wait for those traces and are then sized by sharing (``trials``);
+- of the estimates of one trial family chosen for a trace in one pass, the first granted a slot
+  carries the others in its pod (``batches``): one slot, one pod;
 - a namespace whose first estimate in line was refused by a ResourceQuota waits out that
   estimate's back-off as a whole (its next pod is the same size); an estimate refused for
   another reason (a LimitRange, a missing service account) backs off alone.
@@ -58,7 +60,7 @@ from typing import (
 )
 
 from xmem_admission.cluster import labels
-from xmem_admission.cluster.controller import podspec, records, trials
+from xmem_admission.cluster.controller import batches, podspec, records, trials
 from xmem_admission.cluster.kube.client import GME, Obj
 
 if TYPE_CHECKING:  # the context holds a Line
@@ -129,6 +131,9 @@ class Line:
             self.told: Set[str] = set()  # workload uids told of the backlog
             self.published: Set[str] = set()  # namespaces with gauge series
             self.shareable: Set[Key] = set()  # waiting estimates a traced one serves now
+            self.riders: Dict[Key, List[Key]] = {}  # a granted estimate's riders (``batches``)
+            self.riding: Dict[Key, Key] = {}  # a rider's granted estimate
+            self.solo: Set[Key] = set()  # estimates a batch could not trace: alone from now
 
     # --- arrival order ----------------------------------------------------------------------
 
@@ -162,12 +167,24 @@ class Line:
     def release(self, key: Key) -> None:
         with self.lock:
             self.grants.pop(key, None)
+            self.drop_riders(key)
+
+    def riders_of(self, key: Key) -> List[Key]:
+        with self.lock:
+            return list(self.riders.get(key, ()))
+
+    def drop_riders(self, key: Key) -> None:
+        """The riders of ``key``'s grant go back to the line (or are in its pod now)."""
+        with self.lock:
+            for rider in self.riders.pop(key, ()):
+                self.riding.pop(rider, None)
 
     def refused(self, key: Key, now: datetime.datetime, quota: bool) -> Tuple[float, bool]:
         """Record a refused pod: the seconds to wait, and whether it is the first of a run of
         refusals (to be said once)."""
         with self.lock:
             self.grants.pop(key, None)
+            self.drop_riders(key)
             before = self.refusals.get(key)
             failures = before.failures + 1 if before is not None else 1
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1))
@@ -367,6 +384,7 @@ def dispatch(ctx: Context) -> Optional[float]:
         for key, when in list(line.grants.items()):
             if key not in keys or when < lapse:
                 line.grants.pop(key)
+                line.drop_riders(key)
         for key in list(line.refusals):
             if key not in keys:
                 line.refusals.pop(key)
@@ -376,14 +394,20 @@ def dispatch(ctx: Context) -> Optional[float]:
         cluster_free = cluster_cap - len(live) - len(line.grants)
         eligible: Dict[str, List[Waiting]] = {}
         for namespace, queue in queues.items():
-            candidates = [e for e in queue if e.key not in line.grants]
+            candidates = [e for e in queue if e.key not in line.grants and
+                          e.key not in line.riding]
             head = line.backing_off(candidates[0].key, now) if candidates else None
             if head is not None and head.quota:
                 continue  # the namespace's quota is full: its whole line waits
             eligible[namespace] = [e for e in candidates if not line.backing_off(e.key, now)]
         # Of a family of trials, only what teaches or cannot be shared is traced (``trials``).
+        # Traced now: granted, riding in a granted one's pod, or in a live pod (whose status
+        # may not say Running yet).
+        tracing = set(line.grants) | set(line.riding) | {
+            (p["metadata"]["namespace"], str(ref.get("name"))) for p in live
+            for ref in p["metadata"].get("ownerReferences") or [] if ref.get("kind") == GME.kind}
         keep, shareable = trials.select(
-            ctx, {ns: [e.key for e in q] for ns, q in eligible.items()}, set(line.grants))
+            ctx, {ns: [e.key for e in q] for ns, q in eligible.items()}, tracing)
         for namespace, queue in eligible.items():
             kept = set(keep.get(namespace, ()))
             eligible[namespace] = [e for e in queue if e.key in kept]
@@ -392,10 +416,16 @@ def dispatch(ctx: Context) -> Optional[float]:
         oldest = min(heads, key=lambda ns: eligible[ns][0].order) if heads else None
         new, line.cursor = plan({ns: [e.key for e in q] for ns, q in eligible.items()}, free,
                                 cluster_free, line.cursor, oldest)
+        new, riders = batches.form(ctx, new, {ns: [e.key for e in q]
+                                              for ns, q in eligible.items()}, line.solo)
+        line.solo &= keys
         stamp = time.monotonic()
         for key in new:
             line.grants[key] = stamp
-        granted = set(line.grants)
+        for key, carried in riders.items():
+            line.riders[key] = carried
+            line.riding.update((rider, key) for rider in carried)
+        granted = set(line.grants) | set(line.riding)
     for key in new:
         ctx.queue.add(("estimate",) + key)
     by_key = {e.key: e for q in queues.values() for e in q}

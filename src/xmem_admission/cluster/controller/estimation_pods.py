@@ -44,7 +44,13 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from xmem_admission.cluster.backends import dra
-from xmem_admission.cluster.controller import estimate_cache, estimation_line, podspec, records
+from xmem_admission.cluster.controller import (
+    batches,
+    estimate_cache,
+    estimation_line,
+    podspec,
+    records,
+)
 from xmem_admission.cluster.controller.context import Context, Workload
 from xmem_admission.cluster.integrations import (
     GpuTemplate,
@@ -72,7 +78,8 @@ CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunCon
 START_FAILURES = ("StartError", "ContainerCannotRun")
 STATUS_REASONS = {"script_error": "ScriptFailed", "no_step": "NoOptimizerStep",
                   "needs_real_values": "NeedsRealValues", "unsupported": "Unsupported",
-                  "probe_error": "ProbeError", "no_torch": "TorchNotFound"}
+                  "probe_error": "ProbeError", "no_torch": "TorchNotFound",
+                  "deadline_exceeded": "DeadlineExceeded", "oom_killed": "OOMKilled"}
 
 
 @dataclass(frozen=True)
@@ -89,12 +96,15 @@ def owner(ctx: Context, gme: Obj) -> Optional[Tuple[Workload, Obj]]:
     return estimate_cache.waiter(ctx, gme)
 
 
-def owns(gme: Obj, pod: Obj) -> bool:
-    """Whether the controller made this pod for this GME: its controlling owner reference names
-    the GME's uid (a name and labels anyone can copy; a uid, only the API server assigns)."""
+def owns(gme: Obj, pod: Obj, controller: bool = False) -> bool:
+    """Whether the controller made this pod for this GME: an owner reference names the GME's
+    uid (a name and labels anyone can copy; a uid, only the API server assigns), its controlling
+    one, or one of the estimates it carries (``batches``) unless ``controller``."""
     uid = gme["metadata"].get("uid")
     return bool(uid) and any(
-        isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") == GME.kind
+        isinstance(ref, dict) and (ref.get("controller") is True or (
+            not controller and podspec.CARRIED in (pod["metadata"].get("annotations") or {})))
+        and ref.get("kind") == GME.kind
         and ref.get("uid") == uid for ref in pod["metadata"].get("ownerReferences") or [])
 
 
@@ -298,7 +308,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
         if not _fill_error(ctx, gme, status) and records.conditions_lag(gme):
             _write_status(ctx, gme, status)  # written by an older release, or the spec changed
         if pod is not None and "deletionTimestamp" not in pod["metadata"] and (
-                phase == records.SUCCEEDED or (pod.get("status") or {}).get("phase") in
+                (phase == records.SUCCEEDED and batches.may_delete(ctx, pod)) or (pod.get("status") or {}).get("phase") in
                 (None, "Pending", "Running")):
             ctx.kube.delete_pod(namespace, pod["metadata"]["name"], pod["metadata"]["uid"])
         return None
@@ -315,7 +325,10 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
         if pod is not None:
             return 1.0  # the old pod is still terminating
         return _start(ctx, gme, status, workload, obj, settings)
-    outcome = classify(ctx, pod)
+    outcome = batches.outcome(ctx, pod, gme) if podspec.carried(pod) else classify(ctx, pod)
+    if outcome is not None and outcome.reason == batches.REQUEUE:
+        batches.requeue(ctx, gme, status, outcome.message == "solo", _write_status)
+        return None
     if outcome is None:
         started = records.parse_time(status.get("startTime")) or ctx.now()
         limit = float(pod["spec"].get("activeDeadlineSeconds") or
@@ -359,8 +372,8 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
         return None
     ref, containers, world = _unit_template(workload, obj, templates, gme, settings,
                                             ctx.versions(gme["metadata"]["namespace"]))
-    body = podspec.build(gme, obj, ref.template, containers[0][1], settings, ctx.probe_image,
-                         world)
+    body, riders = batches.fill(ctx, gme, podspec.build(
+        gme, obj, ref.template, containers[0][1], settings, ctx.probe_image, world), settings)
     _delete_earlier_attempts(ctx, gme, body["metadata"]["name"])
     try:
         # The caps are checked against the pod cache and the new pod is put there right after
@@ -393,7 +406,8 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
     status.setdefault("startTime", records.stamp(ctx.now()))
     estimate_cache.record_inputs(ctx, gme, ref.template, status)
     _write_status(ctx, gme, status)
-    return float(settings.estimation.active_deadline_seconds) + ctx.deadline_slack
+    batches.started(ctx, gme, body, riders, _write_status)
+    return float(body["spec"]["activeDeadlineSeconds"]) + ctx.deadline_slack
 
 
 def _refused(ctx: Context, gme: Obj, key: Tuple[str, str], exc: KubeApiError,
@@ -426,7 +440,7 @@ def _delete_earlier_attempts(ctx: Context, gme: Obj, current: str) -> None:
     namespace = gme["metadata"]["namespace"]
     for pod in ctx.pods.items():
         m = pod["metadata"]
-        if m.get("namespace") == namespace and m["name"] != current and owns(gme, pod) and \
+        if m.get("namespace") == namespace and m["name"] != current and owns(gme, pod, True) and \
                 "deletionTimestamp" not in m:
             ctx.kube.delete_pod(namespace, m["name"], m.get("uid"))
 
@@ -487,7 +501,8 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
         if peak is not None:
             status["peak"] = peak
         if pod is not None:
-            status["reproduce"] = records.reproduce(gme, pod, result.steps, _probe_mode(pod))
+            status["reproduce"] = records.reproduce(gme, batches.trace_view(pod, gme), result.steps,
+                                                    _probe_mode(pod))
             status["imageID"] = estimate_cache.ran_image(pod)
         _summary(ctx, gme, status)
     else:
@@ -507,7 +522,10 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
     # Its result is recorded: a succeeded pod goes (its slot, and a pod per estimate, no
     # more); a failed one that ended stays for `kubectl logs`; one still pending or running
     # (stuck, past its deadline) is stopped.
-    if pod is not None and (outcome.result is not None or
+    if pod is not None and (pod.get("status") or {}).get("phase") in (None, "Pending", "Running"):
+        for other in batches.siblings(ctx, pod, gme):  # stopped: each trace it carries ends so
+            _finish(ctx, other, dict(other.get("status") or {}), None, outcome)
+    if pod is not None and ((outcome.result is not None and batches.may_delete(ctx, pod)) or
                             (pod.get("status") or {}).get("phase") in (None, "Pending", "Running")):
         ctx.kube.delete_pod(pod["metadata"]["namespace"], pod["metadata"]["name"],
                             pod["metadata"]["uid"])

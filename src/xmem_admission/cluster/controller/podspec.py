@@ -37,6 +37,14 @@ process; single-process estimation):
   ``python3``, with ``-S`` (no site, so nothing of the image's own runs);
 - a scratch ``emptyDir`` (``XMEM_PROBE_SCRATCH``): the probe's processes get it as ``HOME`` and
   ``TMPDIR`` where the image's are not writable for the pod's user;
+- several estimates of one program in one pod (``carry``): estimates whose pods would be the
+  same but for their command lines' option values (a sweep's trials of one family) ride in the
+  first one's pod; the probe starts the interpreter and imports torch once and forks a trace
+  per estimate (``XMEM_PROBE_BATCH``: each estimate's name and command line), one after the
+  other, so CPU and memory stay one trace's, ``activeDeadlineSeconds`` is the policy's times
+  the number of traces and each trace is stopped past the policy's
+  (``XMEM_PROBE_TRACE_SECONDS``); each carried estimate is an owner of the pod (the first, its
+  controller) and the annotation ``xmem.io/estimates`` lists them;
 - the switches that turn experiment trackers off (``contract.side_effects``: ``WANDB_MODE=
   disabled``, MLflow's tracking URI on a throw-away store in the scratch folder, Comet's), in
   place of the workload's own values, so that ``kubectl describe pod`` shows them.
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import re
 from typing import Any, Dict, List, Mapping, Optional
@@ -81,6 +90,7 @@ OURS = probe_env.ALL + ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", USER_P
     + side_effects.VARIABLES
 
 
+CARRIED = "xmem.io/estimates"  # the estimates a pod traces, in order, where it traces several
 POD_NAME_LIMIT = 63  # a DNS label: the pod's hostname is its name
 POD_INFIX = "-xmem-"
 
@@ -324,3 +334,62 @@ def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mappi
         },
         "spec": pod_spec,
     }
+
+
+def words(container: Mapping[str, Any]) -> List[str]:
+    """A container's command line as written: its command, then its arguments."""
+    return [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
+
+
+def batchable(first: Obj, other: Obj) -> Optional[List[str]]:
+    """The command line of ``other`` (an estimation pod as ``build`` makes it) when it can be
+    traced in ``first``'s pod: the same pod but for the command line, of the same length (one
+    program, other option values); None otherwise."""
+    def rest(body: Obj) -> Any:
+        spec = dict(body["spec"])
+        spec["containers"] = [{k: v for k, v in c.items() if k not in ("command", "args")}
+                              for c in spec["containers"]]
+        return spec
+
+    mine, theirs = words(first["spec"]["containers"][0]), words(other["spec"]["containers"][0])
+    if not mine or len(mine) != len(theirs) or rest(first) != rest(other):
+        return None
+    return theirs
+
+
+def carry(body: Obj, traces: List[Any], settings: Settings) -> Obj:
+    """``body`` (the first estimate's pod) made to trace each of ``traces`` ((GME, command
+    line) each, the first estimate's own first): see the module docstring."""
+    if len(traces) < 2:
+        return body
+    names = [gme["metadata"]["name"] for gme, _ in traces]
+    main = body["spec"]["containers"][0]
+    main["env"] = main["env"] + [
+        {"name": probe_env.BATCH,
+         "value": json.dumps({"estimates": names, "argv": [list(w) for _, w in traces]},
+                             separators=(",", ":"))},
+        {"name": probe_env.TRACE_SECONDS,
+         "value": str(settings.estimation.active_deadline_seconds)}]
+    body["spec"]["activeDeadlineSeconds"] = settings.estimation.active_deadline_seconds * len(
+        traces)
+    body["metadata"]["annotations"][CARRIED] = ",".join(names)
+    body["metadata"]["ownerReferences"] += [
+        {"apiVersion": gme["apiVersion"], "kind": gme["kind"], "name": gme["metadata"]["name"],
+         "uid": gme["metadata"]["uid"]} for gme, _ in traces[1:]]
+    return body
+
+
+def carried(pod: Obj) -> List[Dict[str, Any]]:
+    """The traces of a pod that carries several estimates: ``{"estimate": name, "words":
+    [...]}`` each, in order, read from its container's environment (which no one can change
+    after the pod is made); [] for a pod of one estimate."""
+    container = ((pod.get("spec") or {}).get("containers") or [{}])[0]
+    for item in container.get("env") or []:
+        if item.get("name") == probe_env.BATCH:
+            try:
+                spec = json.loads(str(item.get("value") or ""))
+                return [{"estimate": str(n), "words": [str(w) for w in a]}
+                        for n, a in zip(spec["estimates"], spec["argv"])]
+            except (ValueError, KeyError, TypeError):
+                return []
+    return []

@@ -26,7 +26,15 @@ container then imports the bundle's ``sitecustomize``, which calls ``activate()`
   if nothing better is there, and exits with its own status, so ``prepare.py && train.py`` goes
   on to the training script;
 - once a successful result is written, later Python processes of the container exit at once,
-  so nothing after the estimated training runs (an upload step, a second script).
+  so nothing after the estimated training runs (an upload step, a second script);
+- a batch (``XMEM_PROBE_BATCH``: several estimates of one program that differ only in their
+  command lines' option values): this process imports torch and the probe once, then forks a
+  child per trace, one after the other, each with its own command line (the container's words
+  replaced at the end of this process's command line) and its own result file; a child that
+  fails, is killed (``oom_killed``: SIGKILL, the pod's memory limit most likely) or passes
+  ``XMEM_PROBE_TRACE_SECONDS`` (``deadline_exceeded``) ends its own entry only; the batch
+  message (``termination.encode_batch``) is written before each trace and after the last, so a
+  pod that dies mid-way still tells the finished traces' results.
 
 Environment: ``XMEM_PROBE_GPUS`` (comma-separated catalogue names), ``XMEM_PROBE_STEPS``,
 ``XMEM_PROBE_MODE`` (auto, fake, profile), ``XMEM_RESULT_PATH``. Python >= 3.9, torch >= 2.2,
@@ -99,10 +107,14 @@ def result_path() -> str:
 
 
 def existing_status(path: str) -> Optional[str]:
-    """The status of a result already written by an earlier process of the container."""
+    """The status of a result already written by an earlier process of the container (a batch
+    whose traces all ran counts as ``ok``)."""
     try:
         with open(path, encoding="utf-8") as handle:
-            status: Optional[str] = json.loads(handle.read() or "null").get("status")
+            data = json.loads(handle.read() or "null")
+            status: Optional[str] = data.get("status")
+            if status == "batch" and data.get("running") is None:
+                return "ok"
             return status
     except (OSError, ValueError, AttributeError):
         return None
@@ -181,8 +193,9 @@ def activate() -> None:
         _finish(0)
     from xmem_admission.contract import termination
 
+    batch = os.environ.get(probe_env.BATCH)
     try:
-        code = _probe(argv, target, path)
+        code = _batch(argv, path, json.loads(batch)) if batch else _probe(argv, target, path)
     except Exception as exc:  # noqa: BLE001 - any failure of ours must reach the controller
         import traceback
 
@@ -194,16 +207,26 @@ def activate() -> None:
     _finish(code)
 
 
-def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
-    from xmem_admission.contract import termination
-
+def _torch(path: str) -> Any:
+    """torch, imported; None (the ``no_torch`` failure written) when the image has none."""
     try:
         import torch
     except ImportError as exc:
+        from xmem_admission.contract import termination
+
         reason = (f"the image's Python ({sys.executable}, {sys.version.split()[0]}) cannot "
                   f"import torch: {exc}")
         print(f"xmem probe: {reason}", file=sys.stderr, flush=True)
         write_result(path, termination.encode_failure("no_torch", reason))
+        return None
+    return torch
+
+
+def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
+    from xmem_admission.contract import termination
+
+    torch = _torch(path)
+    if torch is None:
         return 1
     from xmem_admission.estimator.allocator.alloc_conf import config_from_env
     from xmem_admission.estimator.estimate import device_json, estimate_trace, resolve_gpus
@@ -246,6 +269,147 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
     write_result(path, termination.encode_failure(result.status, result.reason,
                                                   result.exit_code or 1, result.traceback))
     return result.exit_code or 1
+
+
+def batch_command_lines(argv: Sequence[str],
+                        words: Sequence[Sequence[str]]) -> Optional[List[List[str]]]:
+    """Each trace's command line for this process: the container's words of the first trace
+    (``words[0]``) found at the end of ``argv`` (whole, or without their first word, the
+    interpreter or launcher a path may name otherwise) and replaced by each trace's; None when
+    they are not there or the traces differ where they are not."""
+    base = list(words[0])
+    for skip in (0, 1):
+        tail = base[skip:]
+        if not tail or len(argv) < len(tail) or list(argv[len(argv) - len(tail):]) != tail:
+            continue
+        if any(len(w) != len(base) or list(w[:skip]) != base[:skip] for w in words):
+            return None
+        head = list(argv[:len(argv) - len(tail)])
+        return [head + [str(x) for x in w[skip:]] for w in words]
+    return None
+
+
+def _batch(argv: Sequence[str], path: str, spec: Dict[str, Any]) -> int:
+    """Trace each command line of a batch in a child forked from this process (see above)."""
+    from xmem_admission.contract import termination
+
+    words = [list(w) for w in spec.get("argv") or []]
+    if not words:
+        raise ValueError(f"{probe_env.BATCH} lists no trace")
+    lines = batch_command_lines(argv, words)
+    if _torch(path) is None:  # once, for every child
+        return 1
+    _preload()
+    folder = os.environ.get(probe_env.SCRATCH) or ""
+    if not folder or not os.access(folder, os.W_OK):
+        import tempfile
+
+        folder = tempfile.gettempdir()
+    limit = float(os.environ.get(probe_env.TRACE_SECONDS) or 0)
+    entries: List[Optional[str]] = [None] * len(words)
+    for index in range(len(words)):
+        if lines is None and index > 0:
+            entries[index] = termination.encode_failure(
+                "not_run", "its command line is not the one this process runs with other "
+                "option values: traced alone instead")
+            continue
+        own = lines[index] if lines is not None else list(argv)
+        write_result(path, termination.encode_batch(entries, index))
+        print(f"xmem probe: trace {index + 1} of {len(words)}: {' '.join(own[1:])}",
+              file=sys.stderr, flush=True)
+        entries[index] = _trace_forked(own, os.path.join(folder, f"xmem-trace-{index}.json"),
+                                       limit)
+    write_result(path, termination.encode_batch(entries))
+    return 0
+
+
+def _preload() -> None:
+    """What every child would import: imported once, before the forks."""
+    try:
+        from torch._subclasses import fake_tensor  # noqa: F401
+
+        from xmem_admission.estimator import estimate  # noqa: F401
+        from xmem_admission.estimator.allocator import alloc_conf  # noqa: F401
+        from xmem_admission.estimator.probe import (  # noqa: F401
+            distributed,
+            runner,
+            side_effects,
+            torch_patches,
+            tracker,
+            virtual_cuda,
+        )
+    except Exception as exc:  # noqa: BLE001 - each child imports again and says what failed
+        print(f"xmem probe: preloading the probe failed ({exc}); each trace imports it",
+              file=sys.stderr, flush=True)
+
+
+def _trace_forked(own: List[str], result: str, limit: float) -> str:
+    """One trace of a batch in a forked child: its result message, whatever became of it."""
+    import signal
+    import time
+
+    from xmem_admission.contract import termination
+
+    try:
+        os.unlink(result)
+    except OSError:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: this trace alone, as a process of its own would run it
+        code = 1
+        try:
+            os.setpgid(0, 0)
+            os.environ.pop(probe_env.BATCH, None)
+            os.environ[probe_env.RESULT_PATH] = result
+            kind, target = program(own)
+            launched = _launched_program(kind, target)
+            code = _probe(own, launched if launched is not None else target, result)
+        except BaseException as exc:  # noqa: BLE001 - every failure is this trace's entry
+            import traceback
+
+            write_result(result, termination.encode_failure(
+                "probe_error", f"{type(exc).__name__}: {exc}", 1, traceback.format_exc()))
+        _finish(code)
+    started = time.monotonic()
+    timed_out = False
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if limit > 0 and time.monotonic() - started > limit and not timed_out:
+            timed_out = True
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+    text = ""
+    try:
+        with open(result, encoding="utf-8") as handle:
+            text = handle.read()
+        termination.decode(text)
+    except Exception:  # noqa: BLE001 - no result, or not one: said below
+        text = ""
+    if timed_out:
+        return termination.encode_failure(
+            "deadline_exceeded", f"the trace did not finish within {int(limit)} s "
+            f"({probe_env.TRACE_SECONDS})")
+    if text:
+        return text
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        if number == signal.SIGKILL:
+            return termination.encode_failure(
+                "oom_killed", "the trace was killed by SIGKILL: most likely it passed the "
+                "estimation pod's memory limit")
+        return termination.encode_failure(
+            "script_error", f"the trace was killed by signal {number} "
+            f"({signal.Signals(number).name})", 128 + number)
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+    return termination.encode_failure(
+        "probe_error", f"the trace exited with code {code} without a result", code or 1)
 
 
 def _peak(trace: Any, gpu: Any, config: Any) -> Dict[str, Any]:

@@ -1,0 +1,27 @@
+"""A sweep's trial: a small model trained for a few steps, or (``--end``) a trial that is killed
+(as the kernel kills a process past its memory limit), hangs, or fails its arguments."""
+
+import argparse
+import os
+import signal
+import time
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--width", type=int, default=64)
+parser.add_argument("--end", choices=("train", "killed", "hangs", "fails"), default="train")
+args = parser.parse_args()
+if args.end == "killed":
+    os.kill(os.getpid(), signal.SIGKILL)
+if args.end == "hangs":
+    time.sleep(600)
+if args.end == "fails":
+    raise ValueError("bad arguments: --end fails")
+model = torch.nn.Linear(args.width, args.width).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    loss = model(torch.randn(8, args.width, device="cuda")).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
