@@ -122,7 +122,7 @@ def run(cluster: Cluster, args: argparse.Namespace, sizes: List[str]) -> bool:
     gmes = cluster.list("xmem.io/v1alpha1", "GPUMemoryEstimate", NAMESPACE)
     traced = [g for g in gmes if "sharedFrom" not in (g.get("status") or {})]
     shared = [g for g in gmes if "sharedFrom" in (g.get("status") or {})]
-    pods = [g for g in traced if (g.get("status") or {}).get("podName")]
+    pods = sorted({str((g.get("status") or {}).get("podName") or "") for g in traced} - {""})
     traced_sizes = sorted({(g["spec"].get("trial") or {}).get("options", {}).get("--batch-size")
                            for g in traced}, key=lambda s: int(s or 0))
     over = sorted({o for g in shared for o in g["status"]["sharedFrom"]["options"]})
