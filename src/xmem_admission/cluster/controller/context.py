@@ -13,9 +13,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Set, Tuple
 
-from xmem_admission.cluster.controller.estimate_cache import Waiters
 from xmem_admission.cluster.controller.estimation_line import Line
 from xmem_admission.cluster.controller.metrics import ControllerMetrics
+from xmem_admission.cluster.controller.waiters import Waiters
 from xmem_admission.cluster.integrations.base import Integration
 from xmem_admission.cluster.kube.client import EVENT, Kind, Kube, Obj
 from xmem_admission.cluster.kube.informer import Informer, WorkQueue

@@ -13,7 +13,7 @@ resourceVersion, so one used meanwhile stays), except one a held workload waits 
 estimation whose workloads all went is collected too, once past the TTL). An estimate an older release made, with its workloads as owner references,
 loses them on the controller's first pass over it (``collect``), so it too outlives its jobs.
 
-Waiting. Which held workloads wait on an estimate is kept in memory (``Waiters``), filled by
+Waiting. Which held workloads wait on an estimate is kept in memory (``waiters.Waiters``), filled by
 ``join`` from the reconcile of each held workload (and each Kueue Workload whose check is
 pending); a restarted controller fills it again from its first pass over the held workloads.
 The estimation pod is built from the first live waiter (``waiter``); the workloads are woken
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Set, Tuple
 
 from xmem_admission.cluster import labels
@@ -56,46 +55,6 @@ TOUCH_EVERY = 60.0  # seconds: lastUsedTime is written at most this often per es
 STALE_EVENT = "EstimateStale"
 INPUTS = "inputs"  # status: the ConfigMaps the estimation read, by uid and resourceVersion
 MAX_SEEN = 50_000  # pods whose image was checked, remembered (then forgotten all at once)
-
-
-class Waiters:
-    """(namespace, estimate name) -> the workloads waiting on it, by uid: (kind, name)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by: Dict[Tuple[str, str], Dict[str, Tuple[str, str]]] = {}
-        self.seen: Set[Tuple[str, str]] = set()  # (pod uid, imageID) checked by check_image
-
-    def add(self, namespace: str, name: str, kind: str, workload: str, uid: str) -> bool:
-        """Record a waiter; True when it is new."""
-        with self._lock:
-            found = self._by.setdefault((namespace, name), {})
-            if found.get(uid) == (kind, workload):
-                return False
-            found[uid] = (kind, workload)
-            return True
-
-    def of(self, namespace: str, name: str) -> List[Tuple[str, str, str]]:
-        """(kind, name, uid) of each waiter, oldest first."""
-        with self._lock:
-            found = self._by.get((namespace, name)) or {}
-            return [(kind, workload, uid) for uid, (kind, workload) in found.items()]
-
-    def drop(self, namespace: str, name: str, uid: str) -> None:
-        with self._lock:
-            found = self._by.get((namespace, name))
-            if found is not None:
-                found.pop(uid, None)
-                if not found:
-                    self._by.pop((namespace, name), None)
-
-    def forget(self, namespace: str, name: str) -> None:
-        with self._lock:
-            self._by.pop((namespace, name), None)
-
-    def keys(self) -> List[Tuple[str, str]]:
-        with self._lock:
-            return list(self._by)
 
 
 # --- lastUsedTime ---------------------------------------------------------------------------
