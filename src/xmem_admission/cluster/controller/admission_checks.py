@@ -1,4 +1,4 @@
-"""The Kueue AdmissionCheck xmem serves (policy ``integration: kueue``, ``docs/kueue.md``).
+"""The Kueue AdmissionCheck xmem serves (policy ``integration: Kueue``, ``docs/kueue.md``).
 
 On a cluster that queues jobs with Kueue, Kueue owns the suspend flag: it unsuspends a job when
 its ClusterQueue admits the job's ``Workload``. An AdmissionCheck is how an outside controller
