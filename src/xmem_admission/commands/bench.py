@@ -113,7 +113,9 @@ def run_paper(args: argparse.Namespace) -> int:
                                                         "high_bytes", "request_bytes",
                                                         "predicted_oom", "fit",
                                                         "seconds", "mode", "peak_reserved_bytes",
-                                                        "peak_allocated_bytes", "error")
+                                                        "peak_allocated_bytes",
+                                                        "high_reserved_bytes", "convolutions",
+                                                        "error")
                                  if k in result}) + "\n")
     if args.explain:
         result = results[0]
