@@ -139,3 +139,36 @@ def test_learned_on_half_the_papers_convolution_rows_the_position_narrows_the_ot
                 saved += request_bytes(point, high, gpu) - request
                 scored += 1
     assert scored >= 30 and saved >= GiB
+
+
+def test_the_controller_reads_where_each_recorded_run_landed_in_its_estimates_range(
+        deviceless_cudnn):
+    from tests.estimator.test_estimate_range import BACKWARD, MARK
+    from tests.estimator.trace_counts import traced
+    from xmem_admission.cluster.controller import learned_overhead, observed_peaks, records
+    from xmem_admission.cluster.observations import ObservedPeak, Source
+    from xmem_admission.contract import gpus, termination
+    from xmem_admission.estimator.estimate import estimate_trace
+
+    trace = traced(MARK, BACKWARD)
+    trace.meta["cuda"] = "12.4"  # the paper GPUs' CUDA: a cuDNN job's range reaches +472 MiB
+    [est] = estimate_trace(trace, [gpus.lookup("RTX-3060")])
+    decoded = termination.decode(termination.encode_ok("fake", 3, 1.0, [est.to_dict()]))
+    point, high = est.total_bytes, est.high_bytes
+    assert high > point
+
+    def run(uid: str, peak: int, completed: bool = True, estimate: int = point):
+        job = {"metadata": {"name": uid, "uid": uid}}
+        return observed_peaks.run_entry(job, "Job", completed, "RTX-3060", estimate, high, 1,
+                                        ObservedPeak(peak, Source.HAMI, 1),
+                                        "2026-12-06T20:00:00Z", est.peak_reserved_bytes)
+
+    quarter = point + (high - point) // 4
+    gme = {"metadata": {"namespace": "ml", "name": "g"},
+           "status": {"estimates": records.estimates_from(decoded.gpus),
+                      "runs": [run("a", quarter), run("b", high, completed=False),
+                               run("c", high, estimate=point - 1)]}}
+    # only the completed run sized from this estimate counts
+    [landed] = learned_overhead.landings([gme])
+    assert (landed.gpu, landed.namespace) == ("RTX-3060", "ml")
+    assert landed.position == pytest.approx(0.25, abs=0.01)

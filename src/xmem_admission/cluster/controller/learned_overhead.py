@@ -22,7 +22,7 @@ window, a high quantile).
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.controller.context import Context
@@ -60,11 +60,12 @@ def samples(ctx: Context) -> List[Sample]:
     return out
 
 
-def landings(ctx: Context) -> List[range_position.Landing]:
-    """Every recorded completed run whose estimate had a range above its point on the run's
-    GPU (the GME's ``estimates`` entry for it, the same point the run was sized from)."""
+def landings(gmes: Iterable[Dict[str, Any]]) -> List[range_position.Landing]:
+    """Every recorded completed run (of the ``GPUMemoryEstimate`` objects ``gmes``) whose
+    estimate had a range above its point on the run's GPU (the GME's ``estimates`` entry for
+    it, the same point the run was sized from)."""
     out: List[range_position.Landing] = []
-    for gme in ctx.estimates.items():
+    for gme in gmes:
         namespace = gme["metadata"].get("namespace", "")
         ranges = {e.get("gpu"): e for e in (gme.get("status") or {}).get("estimates") or []
                   if isinstance(e, dict)}
@@ -103,7 +104,7 @@ def reconcile(ctx: Context) -> Optional[float]:
     if policy is None:
         return None
     settings = policy.learned_overhead
-    positions = range_position.learn(landings(ctx), settings)
+    positions = range_position.learn(landings(ctx.estimates.items()), settings)
     if range_position.publish(positions):  # this controller's sizing narrows with them
         for gpu, text in range_position.summary(positions).items():
             log.info("learned for %s: %s", gpu, text)
