@@ -12,8 +12,9 @@ The pod (``fill``): a rider joins when its own estimation pod would be the same 
 command line (``podspec.batchable``: one program, other option values; the same environment,
 volumes and world), else it waits for a pod of its own. The probe starts once and forks a trace
 per estimate, one after the other (``estimator.probe.sitehook``): CPU and memory stay one
-trace's, ``activeDeadlineSeconds`` is the policy's times the traces, each trace is stopped past
-the policy's. The caps count pods: a pod that carries eight traces is one pod's CPU and memory
+trace's (the forks share the first process's pages: tens of MiB more),
+``activeDeadlineSeconds`` is the policy's times the traces, each trace is stopped past the
+policy's. The caps count pods: a pod that carries eight traces is one pod's CPU and memory
 and one slot, for longer. Every rider is recorded ``Running`` with the pod's name
 (``started``).
 

@@ -41,9 +41,9 @@ process; single-process estimation):
   same but for their command lines' option values (a sweep's trials of one family) ride in the
   first one's pod; the probe starts the interpreter and imports torch once and forks a trace
   per estimate (``XMEM_PROBE_BATCH``: each estimate's name and command line), one after the
-  other, so CPU and memory stay one trace's, ``activeDeadlineSeconds`` is the policy's times
-  the number of traces and each trace is stopped past the policy's
-  (``XMEM_PROBE_TRACE_SECONDS``); each carried estimate is an owner of the pod (the first, its
+  other, so CPU and memory stay one trace's (and tens of MiB of the first process's own),
+  ``activeDeadlineSeconds`` is the policy's times the number of traces and each trace is
+  stopped past the policy's (``XMEM_PROBE_TRACE_SECONDS``); each carried estimate is an owner of the pod (the first, its
   controller) and the annotation ``xmem.io/estimates`` lists them;
 - the switches that turn experiment trackers off (``contract.side_effects``: ``WANDB_MODE=
   disabled``, MLflow's tracking URI on a throw-away store in the scratch folder, Comet's), in
