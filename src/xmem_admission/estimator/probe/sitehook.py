@@ -360,7 +360,6 @@ def _trace_forked(own: List[str], result: str, limit: float) -> str:
     if pid == 0:  # the child: this trace alone, as a process of its own would run it
         code = 1
         try:
-            os.setpgid(0, 0)
             os.environ.pop(probe_env.BATCH, None)
             os.environ[probe_env.RESULT_PATH] = result
             kind, target = program(own)
@@ -380,10 +379,11 @@ def _trace_forked(own: List[str], result: str, limit: float) -> str:
             break
         if limit > 0 and time.monotonic() - started > limit and not timed_out:
             timed_out = True
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except OSError:
-                os.kill(pid, signal.SIGKILL)
+            for stray in [pid] + _descendants(pid):  # its data loader workers too
+                try:
+                    os.kill(stray, signal.SIGKILL)
+                except OSError:
+                    pass
         time.sleep(0.02)
     text = ""
     try:
@@ -410,6 +410,28 @@ def _trace_forked(own: List[str], result: str, limit: float) -> str:
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
     return termination.encode_failure(
         "probe_error", f"the trace exited with code {code} without a result", code or 1)
+
+
+def _descendants(pid: int) -> List[int]:
+    """The processes a process started, and theirs (Linux's /proc; [] elsewhere). A trace
+    stays in the container's process group and session, so the pod's own stop reaches it."""
+    out: List[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children", encoding="ascii") as handle:
+                    found = [int(c) for c in handle.read().split()]
+            except (OSError, ValueError):
+                continue
+            out += found
+            todo += found
+    return out
 
 
 def _peak(trace: Any, gpu: Any, config: Any) -> Dict[str, Any]:
