@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 
-from xmem_admission.cluster.controller import estimation_line
+from xmem_admission.cluster.controller import line_state
 from xmem_admission.cluster.controller.estimation_line import expected_end, human, plan, slots
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
@@ -61,7 +61,7 @@ def test_the_expected_end_counts_the_rounds_before_a_slot_and_the_estimation_its
 
 
 def test_a_refused_pod_backs_off_doubling_and_is_said_once() -> None:
-    line = estimation_line.Line()
+    line = line_state.Line()
     key = ("a", "gme-1")
     delays = []
     for _ in range(6):

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional, Set, Tuple
 
-from xmem_admission.cluster.controller.estimation_line import Line
+from xmem_admission.cluster.controller.line_state import Line
 from xmem_admission.cluster.controller.metrics import ControllerMetrics
 from xmem_admission.cluster.controller.waiters import Waiters
 from xmem_admission.cluster.integrations.base import Integration
@@ -73,7 +73,7 @@ class Context:
     # Every ConfigMap's name, uid and resourceVersion (metadata only): the fingerprint reads
     # the versions of those a GPU container mounts or reads (``policy.fingerprint``).
     config_maps: Optional[Informer] = None
-    # The line estimations wait in for a pod slot (``estimation_line``).
+    # The line estimations wait in for a pod slot (``estimation_line``, ``line_state``).
     line: Line = field(default_factory=Line)
     _readers: Dict[Any, PeakReader] = field(default_factory=dict)
 

@@ -27,7 +27,7 @@ Each dispatch also sizes the line. Per namespace: how many estimations wait, how
 has waited, and how many are expected to end after their workload's ``maxHoldSeconds`` (gauges,
 ``metrics``). Each waiting estimate's expected end is its place in its namespace's line over the
 slots the namespace gets (its cap, or its round-robin share of the cluster's), times the mean
-duration of the latest ``RECENT`` estimations (from their estimates' ``startTime`` and
+duration of the latest ``line_state.RECENT`` estimations (from their estimates' ``startTime`` and
 ``completionTime``); before any has finished, how long the running ones have taken so far, a
 lower bound. A workload that would reach ``maxHoldSeconds`` before its estimate is told at once,
 not at the deadline: a Warning Event ``EstimationBacklog`` with its place in line and the
@@ -39,16 +39,13 @@ from __future__ import annotations
 import collections
 import datetime
 import functools
-import itertools
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
-    Deque,
     Dict,
     Iterable,
     List,
@@ -60,25 +57,21 @@ from typing import (
 )
 
 from xmem_admission.cluster import labels
-from xmem_admission.cluster.controller import batches, podspec, records, trials
+from xmem_admission.cluster.controller import batches, estimate_cache, podspec, records, trials
+from xmem_admission.cluster.controller.line_state import Key
 from xmem_admission.cluster.kube.client import GME, Obj
 
-if TYPE_CHECKING:  # the context holds a Line
+if TYPE_CHECKING:
     from xmem_admission.cluster.controller.context import Context
 
 log = logging.getLogger(__name__)
 
 DISPATCH: Tuple[str] = ("dispatch",)
 DISPATCH_DELAY = 0.5  # seconds: the events of one moment are served by one dispatch
-RECENT = 20  # finished estimations whose durations predict the wait
 GRANT_SECONDS = 120.0  # a grant whose pod was not created by then is given to the line again
-BACKOFF_FIRST = 5.0  # seconds before a refused estimation pod is tried again, doubling ...
-BACKOFF_MAX = 60.0  # ... up to this
 BACKLOG = "EstimationBacklog"
 QUOTA_REFUSED = "EstimationQuotaExceeded"
 POD_REFUSED = "EstimationPodRefused"
-
-Key = Tuple[str, str]  # (namespace, estimate name)
 
 
 def running(pod: Obj) -> bool:
@@ -91,15 +84,6 @@ def is_estimation_pod(pod: Obj) -> bool:
     return any(ref.get("kind") == GME.kind for ref in pod["metadata"].get("ownerReferences") or [])
 
 
-@dataclass
-class Refusal:
-    """An estimation pod the API server refused, tried again after ``until``."""
-
-    until: datetime.datetime
-    failures: int
-    quota: bool
-
-
 @dataclass(frozen=True)
 class Waiting:
     """One estimate waiting for its pod: where it stands in its namespace's line."""
@@ -108,119 +92,6 @@ class Waiting:
     since: datetime.datetime  # the earliest creation of the workloads waiting on it
     order: Tuple[Any, ...]
     workloads: Tuple[Obj, ...]  # the live workloads waiting on it
-
-
-class Line:
-    """The controller's state of the line: grants, the round-robin cursor, refusals, recent
-    durations, the workloads told. Kept in memory; a controller that leads again starts over
-    from the API objects (``reset``)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()  # caps, grants and pod creation, checked together
-        self.reset()
-
-    def reset(self) -> None:
-        with self.lock:
-            self.grants: Dict[Key, float] = {}
-            self.cursor: Optional[str] = None
-            self._seen: Dict[str, int] = {}
-            self._counter = itertools.count()
-            self.refusals: Dict[Key, Refusal] = {}
-            self.durations: Deque[float] = collections.deque(maxlen=RECENT)
-            self.seeded = False
-            self.told: Set[str] = set()  # workload uids told of the backlog
-            self.published: Set[str] = set()  # namespaces with gauge series
-            self.shareable: Set[Key] = set()  # waiting estimates a traced one serves now
-            self.riders: Dict[Key, List[Key]] = {}  # a granted estimate's riders (``batches``)
-            self.riding: Dict[Key, Key] = {}  # a rider's granted estimate
-            self.solo: Set[Key] = set()  # estimates a batch could not trace: alone from now
-
-    # --- arrival order ----------------------------------------------------------------------
-
-    def saw(self, obj: Obj) -> None:
-        """Note the order in which workloads are first seen (ties of creation seconds)."""
-        uid = obj["metadata"].get("uid")
-        if uid and uid not in self._seen:
-            with self.lock:
-                self._seen.setdefault(uid, next(self._counter))
-
-    def forget(self, obj: Obj) -> None:
-        with self.lock:
-            self._seen.pop(obj["metadata"].get("uid", ""), None)
-            self.told.discard(obj["metadata"].get("uid", ""))
-
-    def seq(self, uid: str) -> int:
-        return self._seen.get(uid, 1 << 62)
-
-    # --- grants -----------------------------------------------------------------------------
-
-    def granted(self, key: Key) -> bool:
-        with self.lock:
-            return key in self.grants
-
-    def started(self, key: Key) -> None:
-        """The pod of a granted estimate exists: the grant is used up, any refusal is over."""
-        with self.lock:
-            self.grants.pop(key, None)
-            self.refusals.pop(key, None)
-
-    def release(self, key: Key) -> None:
-        with self.lock:
-            self.grants.pop(key, None)
-            self.drop_riders(key)
-
-    def riders_of(self, key: Key) -> List[Key]:
-        with self.lock:
-            return list(self.riders.get(key, ()))
-
-    def drop_riders(self, key: Key) -> None:
-        """The riders of ``key``'s grant go back to the line (or are in its pod now)."""
-        with self.lock:
-            for rider in self.riders.pop(key, ()):
-                self.riding.pop(rider, None)
-
-    def refused(self, key: Key, now: datetime.datetime, quota: bool) -> Tuple[float, bool]:
-        """Record a refused pod: the seconds to wait, and whether it is the first of a run of
-        refusals (to be said once)."""
-        with self.lock:
-            self.grants.pop(key, None)
-            self.drop_riders(key)
-            before = self.refusals.get(key)
-            failures = before.failures + 1 if before is not None else 1
-            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (failures - 1))
-            self.refusals[key] = Refusal(now + datetime.timedelta(seconds=delay), failures, quota)
-            return delay, before is None
-
-    def backing_off(self, key: Key, now: datetime.datetime) -> Optional[Refusal]:
-        refusal = self.refusals.get(key)
-        return refusal if refusal is not None and now < refusal.until else None
-
-    # --- durations --------------------------------------------------------------------------
-
-    def finished(self, seconds: float) -> None:
-        with self.lock:
-            self.durations.append(max(0.0, seconds))
-
-    def recent(self) -> List[float]:
-        with self.lock:
-            return list(self.durations)
-
-    def seed(self, gmes: Iterable[Obj]) -> None:
-        """The latest finished estimations' durations, read once from the estimates."""
-        if self.seeded:
-            return
-        done: List[Tuple[datetime.datetime, float]] = []
-        for gme in gmes:
-            status = gme.get("status") or {}
-            started = records.parse_time(status.get("startTime"))
-            ended = records.parse_time(status.get("completionTime"))
-            if records.phase(gme) in records.TERMINAL and started and ended and ended >= started:
-                done.append((ended, (ended - started).total_seconds()))
-        with self.lock:
-            if not self.seeded:
-                for _, seconds in sorted(done)[-RECENT:]:
-                    self.durations.append(seconds)
-                self.seeded = True
 
 
 # --- the plan: pure functions ----------------------------------------------------------------
@@ -317,9 +188,7 @@ def workloads_waiting(ctx: Context, gme: Obj,
     index = held if held is not None else held_by_estimate(ctx, m["namespace"])
     found = list(index.get((m["namespace"], m["name"]), ()))
     if not found:
-        from xmem_admission.cluster.controller.estimation_pods import owner  # imports this one
-
-        first = owner(ctx, gme)
+        first = estimate_cache.waiter(ctx, gme)  # the one its pod is built from
         if first is not None:
             found.append(first[1])
     return found
