@@ -76,6 +76,26 @@ def test_a_trial_that_fails_ends_its_own_estimate_and_its_pod_is_kept_for_logs(
         sorted([good["metadata"]["name"], bad["metadata"]["name"]])
 
 
+def _sweep_trial(name: str, width: str, end: str) -> Dict[str, Any]:
+    return training_job(name, script="sweep_trial.py", args=["--width", width, "--end", end])
+
+
+def test_a_pod_that_runs_out_of_memory_fails_the_trace_under_way_and_the_rest_trace_again(
+        harness: Harness) -> None:
+    harness.submit(_sweep_trial("a-first", "64", "train"))
+    harness.submit(_sweep_trial("b-hog", "64", "hogs"))
+    harness.submit(_sweep_trial("c-last", "128", "train"))
+    harness.controller()
+    first, hog, last = (_estimate(harness, n) for n in ("a-first", "b-hog", "c-last"))
+    pod = first["status"]["podName"]
+    assert hog["status"]["podName"] == pod  # the three started in one pod
+    assert records.phase(first) == records.SUCCEEDED and first["status"]["allocationDigest"]
+    assert records.phase(hog) == records.FAILED and hog["status"]["reason"] == "OOMKilled"
+    # The trace not run when the pod died waited for another pod and was traced there.
+    assert records.phase(last) == records.SUCCEEDED and last["status"]["podName"] != pod
+    assert last["status"]["attempt"] == 2
+
+
 def test_the_pod_of_several_traces_has_one_traces_resources_and_a_deadline_for_all() -> None:
     settings = make_policy().defaults
     bodies = []
