@@ -46,7 +46,7 @@ Flow for CREATE (UPDATE, DELETE and CONNECT pass unchanged):
 2. else an estimate is recorded for the fingerprint: plan, annotate, apply, warn with the numbers;
    an estimate that fits no GPU of the policy is left to validation (denied when enforcing);
 3. else a Job or PyTorchJob that names a Kueue queue, where the policy's integration is
-   ``kueue``, is left to Kueue (its suspend flag is never touched: the xmem AdmissionCheck
+   ``Kueue``, is left to Kueue (its suspend flag is never touched: the xmem AdmissionCheck
    estimates it before Kueue admits it); any other Job or PyTorchJob is held (when a
    controller runs to release it); a bare Pod (or a
    Job nothing would release) is admitted with a warning, or denied when the policy enforces;

@@ -4,10 +4,10 @@
 document its resource names and units come from: HAMi's user guide ("Allocate device memory"),
 Volcano's "GPU Sharing User guide", Aliyun's gpushare-scheduler-extender user guide, the
 KAI-Scheduler GPU sharing docs, and the NVIDIA GPU Operator's "MIG support" with NVIDIA's MIG
-user guide; ``dra`` cites the DRA drivers' ResourceSlice code and ``resource.k8s.io/v1``.
+user guide; ``DRA`` cites the DRA drivers' ResourceSlice code and ``resource.k8s.io/v1``.
 
 ``for_target(target)`` is the backend a policy target writes with: the same as ``for_name``
-except for ``dra``, whose claim follows the target's ``spec.dra`` settings.
+except for ``DRA``, whose claim follows the target's ``spec.dra`` settings.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def for_name(name: BackendName) -> Backend:
 
 
 def for_target(target: Target) -> Backend:
-    """The backend a policy target writes with (``dra`` with the target's claim settings)."""
+    """The backend a policy target writes with (``DRA`` with the target's claim settings)."""
     if target.backend is BackendName.DRA and target.dra is not None:
         return DraBackend(target.dra)
     return _ALL[target.backend]

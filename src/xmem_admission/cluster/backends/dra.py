@@ -17,19 +17,19 @@ The claim, per driver convention (``policy.model.DraDriver``), in ``resource.k8s
 (k8s.io/api/resource/v1 types.go: DeviceRequest.Exactly -> ExactDeviceRequest{deviceClassName,
 selectors, allocationMode, count, capacity: CapacityRequirements{requests}}):
 
-- ``nvidia`` (sigs.k8s.io/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/consumable_shares.go,
+- ``Nvidia`` (sigs.k8s.io/dra-driver-nvidia-gpu, cmd/gpu-kubelet-plugin/consumable_shares.go,
   ConsumableShares mode ``memory``; the gate is alpha, off by default, from the driver's 0.5
   line, pkg/featuregates/featuregates.go: v0.4.1 publishes no shared form): each GPU is published with ``allowMultipleAllocations: true``
   and capacity ``memory`` in bytes, request policy default = the whole GPU, validRange min 1Mi,
   step 1Mi; attributes (deviceinfo.go GpuInfo.Attributes) ``type`` "gpu", ``productName``,
   ``architecture``, ``cudaComputeCapability``, ``driverVersion`` under the domain
   ``gpu.nvidia.com``. The claim asks ``capacity.requests.memory``: the request.
-- ``hami`` (Project-HAMi/k8s-dra-driver, cmd/hami-kubelet-plugin/hami_core.go
+- ``HAMi`` (Project-HAMi/k8s-dra-driver, cmd/hami-kubelet-plugin/hami_core.go
   HAMiGpuInfo.GetDevice: ``hami-gpu-<minor>``, ``type`` "hami-gpu", shared, capacity ``memory``
   in bytes, step 1Mi, and ``cores`` 0-100, default 100): ``capacity.requests`` ``memory`` and
   ``cores``, enforced at run time by HAMi-core (CUDA_DEVICE_MEMORY_LIMIT, CUDA_DEVICE_SM_LIMIT
   from the claim's consumedCapacity).
-- ``nvidia-mig``: the same driver's MIG devices (deviceinfo.go MigDeviceInfo.GetDevice: ``type``
+- ``NvidiaMIG``: the same driver's MIG devices (deviceinfo.go MigDeviceInfo.GetDevice: ``type``
   "mig", capacity ``memory`` of the GPU instance profile, ``memorySlice<N>``) are not shared; the
   claim asks no capacity and a CEL selector picks a device by its ``memory``: at least the
   request and less than the next larger MIG size of the target GPU (``gpus.MigProfile``), which is

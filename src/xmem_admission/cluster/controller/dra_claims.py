@@ -2,9 +2,9 @@
 
 ``DeviceView`` mirrors the cluster's ResourceSlices and DeviceClasses (``resource.k8s.io/v1``,
 cluster-scoped; two informers, list and watch). For the policy's DeviceClass it says which
-devices a claim could get: for the shared forms (``nvidia``, ``hami``) devices published with
+devices a claim could get: for the shared forms (``Nvidia``, ``HAMi``) devices published with
 ``allowMultipleAllocations: true`` and a ``memory`` capacity (KEP-5075 consumable capacity), for
-``nvidia-mig`` MIG devices whose ``memory`` is within the bounds the claim selects; of the
+``NvidiaMIG`` MIG devices whose ``memory`` is within the bounds the claim selects; of the
 estimated GPU model where the policy pins it (attribute ``productName`` under the driver's
 domain). The request is rounded up to the device's ``requestPolicy`` as the scheduler will
 (``backends.dra.round_up``), so the template asks what the allocation will record.
@@ -283,7 +283,7 @@ def exclusive(view: Optional[DeviceView], wanted: Sequence[Tuple[Plan, Dra, int]
 
 def dra_plans(integration: Any, obj: Obj, plans: Sequence[Optional[Plan]]
               ) -> List[Tuple[Plan, Dra, int]]:
-    """(plan, its claim settings, GPUs per pod) for every pod template sized by ``dra``."""
+    """(plan, its claim settings, GPUs per pod) for every pod template sized by ``DRA``."""
     out = []
     for (_ref, containers), plan in zip(gpu_templates(integration, obj), plans):
         if plan is None or plan.target.backend is not BackendName.DRA or plan.target.dra is None:
@@ -335,7 +335,7 @@ def _make(kube: Kube, view: Optional[DeviceView], obj: Obj,
 
 def carried(integration: Any, obj: Obj, settings: Settings) -> List[Tuple[Plan, Dra, int]]:
     """(plan, claim settings, GPUs per pod) of every GPU pod template that carries a request in
-    ``xmem.io/request-bytes`` for a ``dra`` target, unless marked unsatisfiable: its pods get the
+    ``xmem.io/request-bytes`` for a ``DRA`` target, unless marked unsatisfiable: its pods get the
     claim at Pod CREATE (a Job Kueue admitted with xmem's podSetUpdates is one). The webhook
     removes sizing annotations anyone but the controller wrote."""
     plans: List[Optional[Plan]] = []
@@ -356,7 +356,7 @@ def retry_plans(integration: Any, obj: Obj, settings: Settings, gpu: str,
     """(plan, claim settings, GPUs per pod) of the claims a workload's pods ask after a retry
     grew its request to ``request_bytes`` on GPU model ``gpu`` (``controller.oom_retries``):
     one per GPU pod template whose target (its pinned model, else the policy's first) is that
-    model under ``dra``. The webhook points a retry pod at the template of the grown request
+    model under ``DRA``. The webhook points a retry pod at the template of the grown request
     (``admission.mutation.grow_after_oom``); the controller makes it first."""
     plans: List[Optional[Plan]] = []
     for ref, _containers in gpu_templates(integration, obj):

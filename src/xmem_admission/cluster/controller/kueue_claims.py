@@ -1,7 +1,7 @@
 """A queued job's Kueue Workload freed from the DRA error it met before xmem made its claim
 template.
 
-A Job sized at its CREATE under the ``dra`` backend names a ResourceClaimTemplate the xmem
+A Job sized at its CREATE under the ``DRA`` backend names a ResourceClaimTemplate the xmem
 controller makes when it sees the Job (``dra_claims.reconcile``). Kueue makes the Job's Workload
 at the same moment and reads the templates its podSets name to charge DRA quota (Kueue v0.19.0,
 pkg/dra/claims.go ``getClaimSpec``); when it is first, the template is not found, and the

@@ -55,7 +55,7 @@ TOP_LEVEL_FIELDS = api.TOP_LEVEL_FIELDS
 
 @dataclass(frozen=True)
 class Dra:
-    """``spec.dra``: how the ``dra`` backend writes a claim (``docs/dra.md``)."""
+    """``spec.dra``: how the ``DRA`` backend writes a claim (``docs/dra.md``)."""
 
     driver: DraDriver = DraDriver.NVIDIA
     device_class: str = DRA_CLASSES[DraDriver.NVIDIA]

@@ -68,7 +68,7 @@ class RangePosition:
     """Where in their range the window's jobs with a range land on one GPU model."""
 
     gpu: str
-    position: float  # the window's quantile, within [0, 1]
+    position: float  # the window's largest position, within [0, 1]
     jobs: int
     above: int  # of them, runs that landed above their high end
 

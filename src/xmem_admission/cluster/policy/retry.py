@@ -20,12 +20,12 @@ A repeated OOM means the evidence of the last one was not enough (the failing al
 rarely the step's peak), so the request grows geometrically from there: after k repeated OOMs
 it is at least P * g**k. Overcommit never lowers a retry: it sized the request that failed.
 
-MIG (``mig-mixed``, ``mig-single``): a slice's memory is what the pod gets, so the next request
+MIG (``MIGMixed``, ``MIGSingle``): a slice's memory is what the pod gets, so the next request
 is the memory of the smallest profile (``gpus.smallest_mig_profile``) that holds ``next`` and is
 larger than the previous request's profile: the next profile up at least. The ceiling is the
 largest profile within the cap.
 
-MIG as a DRA claim (``dra`` with driver ``nvidia-mig``): the same next profile, but the request
+MIG as a DRA claim (``DRA`` with driver ``NvidiaMIG``): the same next profile, but the request
 is ``next``, at least one granule above the previous profile's memory and never above the chosen
 profile's, which selects that profile: the claim's CEL selector asks for a device whose
 published ``memory`` is at least the request and below the next slice size
