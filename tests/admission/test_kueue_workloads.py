@@ -1,7 +1,7 @@
 """With the policy's ``integration: Kueue``, a workload that names a Kueue queue is Kueue's to
 hold: the webhook never writes its suspend flag (Kueue's AdmissionCheck waits for the estimate
 instead), and Kueue may write the check's sizing annotations and unsuspend it. Workloads without
-a queue, and every workload in ``suspend`` mode, are held as before."""
+a queue, and every workload in ``Suspend`` mode, are held as before."""
 
 from __future__ import annotations
 

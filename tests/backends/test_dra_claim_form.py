@@ -1,4 +1,4 @@
-"""What ``kubectl get gme`` shows in its Claim column under the ``dra`` backend: the
+"""What ``kubectl get gme`` shows in its Claim column under the ``DRA`` backend: the
 DeviceClass and what the claim asks, per driver convention (``status.claim``)."""
 
 from __future__ import annotations

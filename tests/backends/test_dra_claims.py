@@ -1,4 +1,4 @@
-"""The ``dra`` backend: a released workload's Pod asks for a DRA claim, and the template the
+"""The ``DRA`` backend: a released workload's Pod asks for a DRA claim, and the template the
 controller creates says what the claim asks, for each driver's convention.
 
 The Pod CREATE goes through the webhook over HTTPS (as tests/backends/test_backend_forms.py); a

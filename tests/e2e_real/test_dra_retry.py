@@ -1,4 +1,4 @@
-"""A Job out of GPU memory under the ``dra`` backend is retried with a claim for the grown
+"""A Job out of GPU memory under the ``DRA`` backend is retried with a claim for the grown
 request, and the real kube-scheduler allocates it (the OOM retry loop's
 request), on the real control plane (Kubernetes 1.36, DRA gates at their defaults).
 

@@ -6,7 +6,7 @@ Kueue with our podSetUpdates, unsuspended by Kueue, and its pod, created by the 
 controller, carries the backend's request on a kwok GPU node. A PyTorchJob is admitted with the
 updates in its replica template: the training operator is not built, so no pod is created for it
 and the test stops at the PyTorchJob Kueue unsuspended. A job whose estimate fits no GPU is
-Rejected with the reason and Kueue deactivates it. The same scenarios without Kueue (``suspend``
+Rejected with the reason and Kueue deactivates it. The same scenarios without Kueue (``Suspend``
 mode) are the other tests of tests/e2e_real.
 """
 
@@ -266,7 +266,7 @@ def test_a_job_whose_estimate_fits_no_gpu_is_rejected_with_the_reason(queued):
 
 def test_with_kueue_running_a_job_outside_any_queue_is_still_held_and_released_by_xmem(
         xmem, kueue):
-    """The ``suspend`` mode beside Kueue: a Job without a queue-name label is not Kueue's
+    """The ``Suspend`` mode beside Kueue: a Job without a queue-name label is not Kueue's
     (manageJobsWithoutQueueName is false), so xmem holds it, estimates it and releases it."""
     cluster = xmem.cluster
     xmem.serve()

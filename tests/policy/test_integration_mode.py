@@ -1,5 +1,5 @@
-"""The policy's integration mode: ``suspend`` (the webhook holds, the controller releases) unless
-an admin says ``kueue`` for the cluster or for namespaces; a typo is an error naming the field."""
+"""The policy's integration mode: ``Suspend`` (the webhook holds, the controller releases) unless
+an admin says ``Kueue`` for the cluster or for namespaces; a typo is an error naming the field."""
 
 from __future__ import annotations
 

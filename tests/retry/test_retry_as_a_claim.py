@@ -1,4 +1,4 @@
-"""Under the ``dra`` backend a retry after a GPU OOM is a claim for the grown request: a pod's
+"""Under the ``DRA`` backend a retry after a GPU OOM is a claim for the grown request: a pod's
 ``resourceClaims`` cannot change after creation, so the retry pod is pointed at its CREATE at the
 workload's ResourceClaimTemplate for the grown request, which the controller makes (owned by the
 workload) before it records the retry; with no device of the class that could hold it, the retry
@@ -172,7 +172,7 @@ def test_a_mig_backend_outside_dra_still_asks_the_slices_own_memory() -> None:
 
 
 def _claim_only_pod(request: int, template: str) -> Dict[str, Any]:
-    """A pod from a Job template the webhook sized at the Job's CREATE under ``dra``: its GPU
+    """A pod from a Job template the webhook sized at the Job's CREATE under ``DRA``: its GPU
     container asks xmem's claim and no longer ``nvidia.com/gpu``."""
     pod = _job_pod(request)
     pod["spec"]["resourceClaims"] = [{"name": dra.CLAIM, "resourceClaimTemplateName": template}]

@@ -1,4 +1,4 @@
-"""Under the ``dra`` backend a repeat job's request corrected by its earlier runs
+"""Under the ``DRA`` backend a repeat job's request corrected by its earlier runs
 (right-sizing) is the request its claim asks: sized at the Job's CREATE the
 template it names is the corrected one's; held and released by the controller, the template the
 controller makes asks the corrected memory."""
