@@ -1,6 +1,7 @@
 """Trials that need a trace share one estimation pod (``controller.batches``): the probe starts
 the interpreter and imports torch once, then forks a trace per estimate. On the real control
-plane, a sweep's trials are traced in fewer pods than traced estimates, each estimate gets its
+plane, with one estimation pod at a time in the namespace (the traces without a slot ride in
+the pods of those with one), a sweep's trials are traced in fewer pods than traced estimates, each estimate gets its
 own result and a command line that reproduces it, and a trial that fails ends its own estimate
 only, its pod kept for ``kubectl logs``. The probe's side runs as the estimation container
 runs it (the bundle on ``PYTHONPATH``): a trace killed by SIGKILL or past its own deadline does
@@ -16,7 +17,14 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
-from tests.controller.support import SCRIPTS, Harness, make_policy, training_job, wait
+from tests.controller.support import (
+    SCRIPTS,
+    Harness,
+    make_policy,
+    policy_spec,
+    training_job,
+    wait,
+)
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import podspec, records
 from xmem_admission.contract import probe_env, termination
@@ -40,6 +48,7 @@ def _estimate(harness: Harness, job: str) -> Dict[str, Any]:
 
 def test_a_sweeps_traces_share_pods_and_each_estimate_gets_its_own_result(
         harness: Harness) -> None:
+    harness.use(policy_spec(estimation={"maxConcurrentPerNamespace": 1}))
     sizes = ("2", "4", "8", "16")
     for size in sizes:  # all held before the controller starts: one dispatch sees them all
         harness.submit(_trial(f"bs-{size}", size))
@@ -61,6 +70,7 @@ def test_a_sweeps_traces_share_pods_and_each_estimate_gets_its_own_result(
 
 def test_a_trial_that_fails_ends_its_own_estimate_and_its_pod_is_kept_for_logs(
         harness: Harness) -> None:
+    harness.use(policy_spec(estimation={"maxConcurrentPerNamespace": 1}))
     harness.submit(_trial("good", "2", "--optimizer", "adamw"))
     harness.submit(_trial("bad", "2", "--optimizer", "nonesuch"))
     harness.controller()
@@ -82,6 +92,7 @@ def _sweep_trial(name: str, width: str, end: str) -> Dict[str, Any]:
 
 def test_a_pod_that_runs_out_of_memory_fails_the_trace_under_way_and_the_rest_trace_again(
         harness: Harness) -> None:
+    harness.use(policy_spec(estimation={"maxConcurrentPerNamespace": 1}))
     harness.submit(_sweep_trial("a-first", "64", "train"))
     harness.submit(_sweep_trial("b-hog", "64", "hogs"))
     harness.submit(_sweep_trial("c-last", "128", "train"))

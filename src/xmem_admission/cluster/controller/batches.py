@@ -3,10 +3,12 @@
 A sweep's trials that the line chooses to trace (``trials``) run one image and program with
 other option values. Started one pod each, every trace pays the pod's start, the interpreter's
 and ``import torch`` (seconds in a real training image) and is charged the pod's CPU and memory
-in the namespace's quota. Instead, when the dispatch grants an estimate of a trial family a
-slot, the family's other estimates chosen for a trace in the same pass ride along in its pod
-(``form``), in line order, up to ``TRACES`` and as many as one termination message has room
-for (``termination.batch_capacity``, by the number of target GPU models).
+in the namespace's quota. Instead, the family's estimates chosen for a trace in one dispatch
+that get no slot of their own ride in the pods of those that do (``form``), in line order,
+dealt in turn, up to ``TRACES`` a pod and as many as one termination message has room for
+(``termination.batch_capacity``, by the number of target GPU models). A trace that has a free
+slot keeps it, so the traces run in parallel as far as the caps allow and none waits longer
+than it would have for a slot of its own.
 
 The pod (``fill``): a rider joins when its own estimation pod would be the same pod but for its
 command line (``podspec.batchable``: one program, other option values; the same environment,
@@ -65,35 +67,39 @@ def capacity(gme: Obj) -> int:
 
 
 def form(ctx: Context, new: Sequence[Key], lines: Mapping[str, Sequence[Key]],
-         solo: Set[Key]) -> Tuple[List[Key], Dict[Key, List[Key]]]:
-    """Of the estimates the dispatch grants (``new``, in grant order) and each namespace's
-    estimates chosen for a trace (``lines``, in line order): the estimates that take a slot, and
-    the riders each carries (same namespace and trial family, none of ``solo``)."""
-    assigned: Set[Key] = set()
-    leaders: List[Key] = []
-    riders: Dict[Key, List[Key]] = {}
+         solo: Set[Key]) -> Dict[Key, List[Key]]:
+    """The riders each estimate the dispatch grants a slot carries (``new``, in grant order):
+    the estimates of its namespace and trial family chosen for a trace (``lines``, in line
+    order) that got no slot of their own, none of ``solo``, dealt in turn to the family's
+    granted estimates up to each one's ``capacity``. A trace that has a free slot keeps it (the
+    traces run in parallel, as before); only those that would wait for a slot ride."""
+    granted = set(new)
+    leaders: Dict[Tuple[str, str], List[Key]] = {}
     for key in new:
-        if key in assigned:
-            continue
-        assigned.add(key)
-        leaders.append(key)
         gme = ctx.estimates.get(*key)
         family = _family(gme)
-        if gme is None or not family or key in solo:
-            continue
-        room = capacity(gme) - 1
-        found: List[Key] = []
-        for other in lines.get(key[0], ()):
-            if len(found) >= room:
-                break
-            if other in assigned or other in solo:
+        if gme is not None and family and key not in solo:
+            leaders.setdefault((key[0], family), []).append(key)
+    riders: Dict[Key, List[Key]] = {}
+    if not leaders:
+        return riders
+    turn: Dict[Tuple[str, str], int] = {}
+    for namespace, keys in lines.items():
+        for other in keys:
+            if other in granted or other in solo:
                 continue
-            if _family(ctx.estimates.get(*other)) == family:
-                found.append(other)
-        if found:
-            riders[key] = found
-            assigned.update(found)
-    return leaders, riders
+            group = (namespace, _family(ctx.estimates.get(*other)))
+            heads = leaders.get(group)
+            if not heads:
+                continue
+            for step in range(len(heads)):
+                head = heads[(turn.get(group, 0) + step) % len(heads)]
+                gme = ctx.estimates.get(*head)
+                if gme is not None and len(riders.get(head, ())) + 1 < capacity(gme):
+                    riders.setdefault(head, []).append(other)
+                    turn[group] = (turn.get(group, 0) + step + 1) % len(heads)
+                    break
+    return riders
 
 
 def fill(ctx: Context, gme: Obj, body: Obj, settings: Any) -> Tuple[Obj, List[Obj]]:

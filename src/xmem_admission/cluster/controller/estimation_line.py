@@ -14,8 +14,8 @@ in one place, the ``DISPATCH`` work item, not by whichever estimate's reconcile 
 - of a family of trials (one program, different option values), only the estimates that teach
   which options change memory, or that no traced estimate can serve, get a slot; the others
   wait for those traces and are then sized by sharing (``trials``);
-- of the estimates of one trial family chosen for a trace in one pass, the first granted a slot
-  carries the others in its pod (``batches``): one slot, one pod;
+- the estimates of one trial family chosen for a trace in one pass that get no slot ride in
+  the pods of those that do (``batches``);
 - a namespace whose first estimate in line was refused by a ResourceQuota waits out that
   estimate's back-off as a whole (its next pod is the same size); an estimate refused for
   another reason (a LimitRange, a missing service account) backs off alone.
@@ -285,8 +285,8 @@ def dispatch(ctx: Context) -> Optional[float]:
         oldest = min(heads, key=lambda ns: eligible[ns][0].order) if heads else None
         new, line.cursor = plan({ns: [e.key for e in q] for ns, q in eligible.items()}, free,
                                 cluster_free, line.cursor, oldest)
-        new, riders = batches.form(ctx, new, {ns: [e.key for e in q]
-                                              for ns, q in eligible.items()}, line.solo)
+        riders = batches.form(ctx, new, {ns: [e.key for e in q]
+                                         for ns, q in eligible.items()}, line.solo)
         line.solo &= keys
         stamp = time.monotonic()
         for key in new:
