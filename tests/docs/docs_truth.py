@@ -19,7 +19,8 @@ Nine checks, each a pure function over texts so that a test can run it on a doct
 - no comment or docstring under src/, localkube/, bench/ or tests/ cites this repository's issue
   numbers ("issue" or "#" and a number): they mean nothing to a reader of the code. Another project's
   issue, named with its project (``pytorch issue 49207``, ``carolchenyx/MGFN issue 35``), is a
-  source and stays.
+  source and stays. Nor does any file of the chart ("issue" and a number: its comments, the CRDs'
+  descriptions, the dashboard's titles).
 """
 
 from __future__ import annotations
@@ -419,6 +420,25 @@ def issue_references(sources: Iterable[Tuple[str, str]],
                 if UPSTREAM.search(comment[:match.start()]):
                     continue
                 found.append(f"{path}:{line}: {' '.join(match.group(0).split())}")
+    return found
+
+
+_ISSUE_WORD = re.compile(r"\b[Ii]ssues?\s+#?\d+")
+
+
+def chart_issue_references(chart: Path = CHART) -> List[str]:
+    """This repository's issue numbers ("issue" and a number) anywhere in the chart's files:
+    its comments, the CRDs' descriptions (``kubectl explain`` shows them) and the dashboard's
+    titles. Another project's issue, named with it before the number on its line, is a source."""
+    found: List[str] = []
+    for path in sorted(p for p in chart.rglob("*") if p.is_file()):
+        if path.suffix not in (".yaml", ".tpl", ".json", ".txt"):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in _ISSUE_WORD.finditer(line):
+                if not UPSTREAM.search(line[:match.start()]):
+                    found.append(f"{path.relative_to(chart.parents[1])}:{number}: "
+                                 f"{match.group(0)}")
     return found
 
 

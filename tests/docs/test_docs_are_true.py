@@ -201,6 +201,17 @@ def test_a_stale_kind_list_and_a_missing_backend_are_reported() -> None:
     ]
 
 
+def test_no_file_of_the_chart_cites_an_issue_number_and_a_planted_one_is_reported(
+        tmp_path: Path) -> None:
+    assert docs_truth.chart_issue_references() == []
+    chart = tmp_path / "helm" / "xmem-admission"
+    shutil.copytree(docs_truth.CHART, chart)
+    rbac = chart / "templates" / "rbac.yaml"
+    rbac.write_text(rbac.read_text() + "# Pods (issue 31); a kueue issue 15210 workaround.\n")
+    assert docs_truth.chart_issue_references(chart) == [
+        f"helm/xmem-admission/templates/rbac.yaml:{len(rbac.read_text().splitlines())}: "
+        "issue 31"]
+
 def test_issue_numbers_in_comments_and_docstrings_are_reported_and_other_projects_are_not() -> None:
     source = ('"""The real node (#29, item 3)."""\n\n'
               "# A pytorch issue 49207 workspace, and carolchenyx/MGFN issue 35's message;\n"
