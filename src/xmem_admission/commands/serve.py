@@ -96,7 +96,7 @@ def register(subparsers: Any) -> None:
         "sizing annotations [XMEM_WORKLOAD_CONTROLLERS]")
     add("--kueue-user", dest="kueue_users", metavar="USER[,USER]",
         default=_env("kueue_users", ",".join(DEFAULT_KUEUE_USERS)),
-        help="Kueue's user name(s): under the policy's integration kueue, they may write the "
+        help="Kueue's user name(s): under the policy's integration Kueue, they may write the "
         "AdmissionCheck's sizing annotations into a queued workload and unsuspend it "
         "[XMEM_KUEUE_USERS]")
     add("--break-glass-group", dest="break_glass_groups", metavar="GROUP", action="append",

@@ -425,7 +425,7 @@ class EstimationSpec(EstimationOverrideSpec):
 
 
 class DraSpec(Model):
-    """How the dra backend writes a request as a resource.k8s.io/v1 claim (docs/dra.md): the
+    """How the DRA backend writes a request as a resource.k8s.io/v1 claim (docs/dra.md): the
     DeviceClass, whose driver conventions the claim follows, whether it pins the estimated GPU
     model (a CEL selector on productName), what happens to a GPU container that already
     references a claim, and what the controller does when the class has no shareable device
