@@ -4,7 +4,7 @@ from `make tools`' cache entry), through the webhook's own service account and t
 
 - held at CREATE (suspended, fingerprint and hold annotations, nothing written into its runtime
   patches: the controller sizes it), an estimate known or not; reinvoked, an empty patch;
-- queued by Kueue (policy integration kueue, a queue-name label): an empty patch, so Kueue's
+- queued by Kueue (policy integration Kueue, a queue-name label): an empty patch, so Kueue's
   non-idempotent TrainJob webhook has nothing to be reinvoked for;
 - a runtime that does not exist: a clear answer naming it (admitted with a warning under Warn,
   refused under Enforce), never an HTTP 500;

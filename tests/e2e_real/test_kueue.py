@@ -75,7 +75,7 @@ def kueue(cluster: Cluster) -> Iterator[Kueue]:
 
 @pytest.fixture()
 def queued(xmem, kueue):
-    """The test's namespace in kueue mode, with a LocalQueue and the webhook running."""
+    """The test's namespace in Kueue mode, with a LocalQueue and the webhook running."""
     xmem.cluster.apply(policy(xmem.namespace, integration="Kueue", enforcement="Enforce"))
     xmem.cluster.apply({"apiVersion": V1B2, "kind": "LocalQueue",
                         "metadata": {"name": QUEUE, "namespace": xmem.namespace},
@@ -191,7 +191,7 @@ def test_a_queued_job_is_estimated_then_admitted_by_kueue_and_its_pod_sized(queu
     assert seen[-1]["admitted"], seen
     owners = suspend_managers(running, "spec")
     assert any(m.startswith("kueue") for m in owners), owners
-    assert [e for e in xmem.gmes()]  # recorded, as in suspend mode
+    assert [e for e in xmem.gmes()]  # recorded, as in Suspend mode
 
     # The same job again: its fingerprint is known, so the check is Ready without estimating.
     [before] = xmem.gmes()

@@ -96,7 +96,7 @@ def test_the_controller_writes_only_what_releasing_a_workload_needs() -> None:
         # blockOwnerDeletion on the estimation pods' owner reference (OpenShift's
         # OwnerReferencesPermissionEnforcement asks for it)
         ("", "xmem.io", "gpumemoryestimates/finalizers", "update"),
-        # the dra backend's claim template, owned by the released workload
+        # the DRA backend's claim template, owned by the released workload
         ("", "resource.k8s.io", "resourceclaimtemplates", "create"),
         (NAMESPACE, "coordination.k8s.io", "leases", "create"),
         (NAMESPACE, "coordination.k8s.io", "leases", "update"),

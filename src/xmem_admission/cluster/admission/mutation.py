@@ -94,7 +94,7 @@ class Context:
     trusted: bool = True  # the sizing annotations come from the controller (``trust``)
     owned: bool = False  # a workload controller created this Pod for its owner
     can_hold: bool = True  # a controller runs that releases held workloads
-    queued: bool = False  # Kueue holds it (policy integration kueue, a queue-name label)
+    queued: bool = False  # Kueue holds it (policy integration Kueue, a queue-name label)
     retry: Optional[RetryGrant] = None  # the owning workload's grant after a GPU OOM
     # Where a workload's GPU templates run different programs, each template's own record, by
     # template path (``integrations.estimation_units``); ``record`` is then set only when every

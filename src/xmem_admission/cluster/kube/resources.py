@@ -39,8 +39,8 @@ KAI_FRACTION = "gpu-fraction"
 KAI_CONTAINER = "gpu-fraction-container-name"  # KAI: which container gets the share (default: first)
 KAI_DEVICES = "gpu-fraction-num-devices"  # KAI: devices the fraction spans (default: one)
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"  # GPU Feature Discovery node label, MiB
-XMEM_CLAIM = "xmem-gpu"  # the pod claim the dra backend writes
-# The ResourceClaimTemplate names the dra backend writes: the request in MiB, the GPUs per pod.
+XMEM_CLAIM = "xmem-gpu"  # the pod claim the DRA backend writes
+# The ResourceClaimTemplate names the DRA backend writes: the request in MiB, the GPUs per pod.
 XMEM_TEMPLATE = re.compile(r"-xmem-(\d+)mi(?:-x(\d+))?$")
 
 # Where a container sits in a pod spec: ("containers", 0), ("initContainers", 1), ...
@@ -144,7 +144,7 @@ def kai_target_index(template: Mapping[str, Any]) -> int:
 
 
 def claimed_gpus(spec: Mapping[str, Any], container: Mapping[str, Any]) -> int:
-    """The GPUs a container holds through the claim the dra backend wrote (0: none): its
+    """The GPUs a container holds through the claim the DRA backend wrote (0: none): its
     ``nvidia.com/gpu`` is gone, its count lives in the template's name."""
     claims = (container.get("resources") or {}).get("claims") or []
     if not any(isinstance(c, dict) and c.get("name") == XMEM_CLAIM for c in claims):

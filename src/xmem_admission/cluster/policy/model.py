@@ -71,7 +71,7 @@ class Target:
 
     gpu: gpus.GPU
     backend: BackendName
-    dra: Optional[Dra] = None  # the claim's settings, for backend dra
+    dra: Optional[Dra] = None  # the claim's settings, for backend DRA
 
 
 @dataclass(frozen=True)
