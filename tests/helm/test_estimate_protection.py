@@ -83,6 +83,15 @@ def test_nobody_else_creates_an_estimate(admit, user):
     lambda o: o["status"].update(inputs=[{"kind": "ConfigMap", "name": "code", "uid": "u",
                                           "resourceVersion": "1"}]),
     lambda o: o["status"].update(requestBytes=1),
+    # what judges staleness, trial sharing and the cache's TTL
+    lambda o: o["status"].update(imageID="docker.io/pytorch/pytorch@sha256:" + "0" * 64),
+    lambda o: o["status"].update(allocationDigest="f" * 32),  # makes an option look neutral
+    lambda o: o["status"].update(sharedFrom={"estimate": "gme-" + "b" * 32,
+                                             "options": ["--batch-size"]}),
+    lambda o: o["status"].update(lastUsedTime="2099-01-01T00:00:00Z"),  # never collected
+    lambda o: o["status"].update(overhead={"gpu": "A100-80GB", "source": "pinned"},
+                                 overheadApplied="pinned", range="41-42Gi",
+                                 claim="gpu.nvidia.com memory=1Gi"),
     lambda o: o["status"].pop("estimates"),
     lambda o: o["spec"].update(fingerprint="b" * 32),
     lambda o: o.pop("status"),
