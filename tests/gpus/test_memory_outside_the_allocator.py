@@ -62,6 +62,17 @@ def test_a_gpu_never_measured_gets_the_h200s_context_resized_by_its_thread_stack
     assert inferred.runtime.bytes >= measured.runtime.bytes
 
 
+def test_an_inferred_cudnn_figure_takes_the_widest_spread_known_for_its_cuda():
+    # the paper GPUs' cuDNN figures are all 0 MiB (inside their runtime figure); their spreads
+    # reach 472 MiB on the RTX 3060 and 52 on the RTX 4060: an A100-80GB under CUDA 12 gets 472
+    widest = max(for_gpu(g, 12).cudnn.high_bytes for g in ("RTX-3060", "RTX-4060", "A100-40GB"))
+    assert widest == 472 * MiB
+    for gpu in ("A100-80GB", "H100-80GB"):
+        cudnn = for_gpu(gpu, 12).cudnn
+        assert cudnn.basis is Basis.INFERRED and cudnn.bytes == 0
+        assert cudnn.high_bytes == widest, (gpu, cudnn.source)
+
+
 def test_an_inferred_context_lets_a_job_that_ran_on_the_papers_rtx_4060_fit():
     # T5-small AdamW batch 39 ran on the paper's RTX 4060 (7.75 GiB as torch sees it) peaking
     # 7.38 GiB above the level after CUDA init: the card held that and its context.

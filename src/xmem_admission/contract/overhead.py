@@ -220,7 +220,10 @@ def _figure(table: Dict[Tuple[str, int], Figure], what: str, gpu: str, major: in
         return found
     pool = [(k, f) for k, f in table.items() if k[1] == major or k[0] == gpu] or \
         list(table.items())
-    (other, other_major), figure = max(pool, key=lambda item: (item[1].bytes, item[0]))
+    # the largest figure, then the widest spread above it (the paper GPUs' cuDNN figures are
+    # all 0, inside their runtime figure: their spreads differ)
+    (other, other_major), figure = max(pool, key=lambda item: (item[1].bytes,
+                                                               item[1].high_bytes, item[0]))
     return Figure(figure.bytes, Basis.INFERRED,
                   f"no {what} figure for {gpu} with CUDA {major}: the largest related one, "
                   f"{other} with CUDA {other_major} ({figure.basis.value}: {figure.source})",
