@@ -462,7 +462,7 @@ def compare_heuristics(measured: Sequence[Dict[str, Any]], library: Any = None
              "call when the measurement replayed through the allocator simulator with its "
              "workspace gives the measured bytes", "",
              "| call | first plan | a later plan (its place) | no plan | first plan rounded to "
-             "512 B = measured (before #38) | median measured / first plan |",
+             "512 B = measured (before deviceless planning) | median measured / first plan |",
              "| --- | --- | --- | --- | --- | --- |"]
     summary: Dict[str, Any] = {"gpu": gpu.key, "cudnn_here": lib.version_text, "calls": {}}
     for call in CALLS:

@@ -47,6 +47,7 @@ def settings_with(figures=(), gpus=("H200",), **learned: Any):
     (list(range(1, 11)), 0.9, 9),
     (list(range(1, 21)), 0.9, 18),
     ([7, 1, 9, 3], 0.9, 7),  # order does not matter
+    (list(range(101)), 57 / 100, 57),  # percentile 57: floor(0.57 * 100), not 56.99...
 ])
 def test_the_quantile_is_numpys_lower_quantile(values, q, expected):
     assert quantile_lower(values, q) == expected

@@ -22,7 +22,7 @@ This module serves every AdmissionCheck whose ``spec.controllerName`` is ours
   (``xmem.io/request-bytes``, ``xmem.io/gpu-model``, ``xmem.io/estimate-bytes``) and the opt-in
   label ``xmem.io/estimate: "true"`` (so the job's pods reach the Pod webhook's object entry);
   the backend's request itself (HAMi's ``nvidia.com/gpumem``, a MIG profile's resource, a MIG
-  node affinity) is written by the Pod webhook at Pod CREATE, as in ``suspend`` mode, because a
+  node affinity) is written by the Pod webhook at Pod CREATE, as under the ``Suspend`` integration, because a
   podSetUpdate can change neither resources nor affinity. Keys a template already has are left
   out: Kueue refuses a podSetUpdate that conflicts with the template (``podset.Merge``);
 - a workload an admin exempted (``xmem.io/break-glass`` in every GPU pod template, where

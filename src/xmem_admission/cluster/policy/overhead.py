@@ -130,7 +130,9 @@ def quantile_lower(values: Sequence[_Number], q: float) -> _Number:
     if not 0 <= q <= 1:
         raise ValueError(f"quantile must be in [0, 1], got {q}")
     ordered = sorted(values)
-    return ordered[math.floor(q * (len(ordered) - 1))]
+    # Rounded before the floor: a whole percentile over 100 is not exact in binary
+    # (0.57 * 100 == 56.99999999999999), and the index must be the decimal one.
+    return ordered[math.floor(round(q * (len(ordered) - 1), 9))]
 
 
 class _Finished(Protocol):
