@@ -126,7 +126,7 @@ def test_an_estimate_an_older_release_recorded_gets_its_conditions_on_the_next_p
                 "totalBytes": 4 << 30, "recommendedRequestBytes": 5 << 30, "fits": True}
     kube.replace_status(GME, dict(created, status={  # as written before conditions existed
         "phase": "Succeeded", "attempt": 1, "completionTime": "2026-01-31T12:00:00Z",
-        "mode": "fake", "estimates": [estimate], "gpu": "A100-80GB", "estimateBytes": 4 << 30,
+        "mode": "Fake", "estimates": [estimate], "gpu": "A100-80GB", "estimateBytes": 4 << 30,
         "estimate": "4.0Gi", "requestBytes": 5 << 30, "request": "5.0Gi"}))
     _fresh(caches, harness.namespace, "gme", name, lambda o: "phase" in (o.get("status") or {}))
     estimation_pods.reconcile(caches.ctx, harness.namespace, name)

@@ -134,7 +134,7 @@ def test_a_jobset_of_two_programs_retries_only_the_one_that_ran_out_and_records_
                 return found[0] if found else None
             ran = wait_for(run, 60, f"the {role} program's run on its estimate")
             assert ran["observedPeakBytes"] == PROGRAMS[role][1], (role, ran)
-            assert ran["completed"] is True and ran["source"] == "hami"
+            assert ran["completed"] is True and ran["source"] == "HAMi"
             assert ran["workload"]["kind"] == "JobSet"
             assert ran["estimateBytes"] == int(
                 running[role]["metadata"]["annotations"][labels.ESTIMATE_BYTES])

@@ -132,7 +132,7 @@ def test_the_peak_a_run_used_lands_on_the_estimate_and_sizes_the_repeat_job(
         first, first_pod = _run(xmem, "first", exporter, series, "hami", FIRST_PEAK)
         estimate = int(first_pod["metadata"]["annotations"][labels.ESTIMATE_BYTES])
         ran = wait_for(lambda: _run_of(xmem, first), 60, "the first run on the estimate")
-        assert ran["observedPeakBytes"] == FIRST_PEAK and ran["source"] == "hami"
+        assert ran["observedPeakBytes"] == FIRST_PEAK and ran["source"] == "HAMi"
         assert ran["estimateBytes"] == estimate and ran["completed"] is True
         assert ran["gpu"] == GPU and ran["requestBytes"] == _request(first_pod)
         status = _gme(xmem)["status"]
@@ -148,7 +148,7 @@ def test_the_peak_a_run_used_lands_on_the_estimate_and_sizes_the_repeat_job(
             "nvidia.com/gpumem"]) * MiB >= _request(second_pod)
         assert second_pod["metadata"]["annotations"][labels.ESTIMATE_BYTES] == str(estimate)
         ran = wait_for(lambda: _run_of(xmem, second), 60, "the second run on the estimate")
-        assert ran["observedPeakBytes"] == SECOND_PEAK_MIB * MiB and ran["source"] == "dcgm"
+        assert ran["observedPeakBytes"] == SECOND_PEAK_MIB * MiB and ran["source"] == "DCGM"
         assert _gme(xmem)["status"]["observedPeak"] == "5.0Gi"
         listed = subprocess.run(
             [tool("kubectl"), "--kubeconfig", str(cluster.plane.admin_kubeconfig), "get", "gme",

@@ -89,7 +89,7 @@ def test_nobody_else_creates_an_estimate(admit, user):
     lambda o: o["status"].update(sharedFrom={"estimate": "gme-" + "b" * 32,
                                              "options": ["--batch-size"]}),
     lambda o: o["status"].update(lastUsedTime="2099-01-01T00:00:00Z"),  # never collected
-    lambda o: o["status"].update(overhead={"gpu": "A100-80GB", "source": "pinned"},
+    lambda o: o["status"].update(overhead={"gpu": "A100-80GB", "source": "Pinned"},
                                  overheadApplied="pinned", range="41-42Gi",
                                  claim="gpu.nvidia.com memory=1Gi"),
     lambda o: o["status"].pop("estimates"),
@@ -134,7 +134,7 @@ def test_a_measuring_tool_may_record_the_actual_peak_and_the_garbage_collector_i
 RUN = {"workload": {"kind": "Job", "name": "train", "uid": "u-1"}, "gpu": "A100-80GB",
        "estimateBytes": 41 << 30, "requestBytes": 44 << 30, "completed": True,
        "finished": "2026-01-31T12:00:00Z", "pods": 1, "observedPeakBytes": 38 << 30,
-       "source": "hami", "series": 1}
+       "source": "HAMi", "series": 1}
 OBSERVED = {"runs": [RUN], "observedPeakBytes": 38 << 30, "observedPeak": "38.0Gi",
             "observedPercent": 93}
 

@@ -142,7 +142,7 @@ def test_a_pinned_figure_is_applied_as_given_and_learning_off_keeps_the_catalogu
     without = sizing.plan(record(10), off)
 
     assert with_pin is not None and with_pin.overhead is not None
-    assert with_pin.overhead.source == "pinned"
+    assert with_pin.overhead.source == "Pinned"
     assert with_pin.overhead.correction_bytes == 2 * GiB - 300 * MiB  # not bounded: the admin's
     assert without is not None and without.overhead is None
     assert without.request_bytes == sizing.size_request(

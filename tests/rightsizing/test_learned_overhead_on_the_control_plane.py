@@ -190,7 +190,7 @@ def test_jobs_that_used_more_outside_the_allocator_move_the_next_new_jobs_reques
         assert new_pod["metadata"]["annotations"][labels.ESTIMATE_BYTES] == \
             str(new_row["totalBytes"])  # the estimate stays the estimator's figure
         overhead = new_row["gme"]["status"]["overhead"]
-        assert overhead["source"] == "learned" and overhead["jobs"] == 2
+        assert overhead["source"] == "Learned" and overhead["jobs"] == 2
         assert overhead["correctionBytes"] == correction and overhead["driverVersion"] == DRIVER
         listed = subprocess.run(
             [tool("kubectl"), "--kubeconfig", str(cluster.plane.admin_kubeconfig), "get", "gme",

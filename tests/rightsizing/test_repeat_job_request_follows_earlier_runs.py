@@ -108,7 +108,7 @@ def test_the_runs_the_controller_recorded_on_the_estimate_reach_the_record():
     uid = {"kind": "Job", "name": "train-1", "uid": "u-1"}
     entry = {"workload": uid, "gpu": GPUS[0], "estimateBytes": 20 * GiB, "completed": True,
              "finished": "2026-01-31T12:00:00Z", "pods": 1, "observedPeakBytes": 23 * GiB,
-             "source": "hami", "series": 1}
+             "source": "HAMi", "series": 1}
     no_peak = dict(entry, workload=dict(uid, uid="u-2"))
     no_peak.pop("observedPeakBytes")
     gme["status"] = records.with_run(records.with_run(gme["status"], entry), no_peak)

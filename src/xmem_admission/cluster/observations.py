@@ -76,8 +76,13 @@ TENANT_HEADER = "X-Scope-OrgID"
 class Source(str, enum.Enum):
     """Where an observed peak came from."""
 
-    HAMI = "hami"
-    DCGM = "dcgm"
+    HAMI = "HAMi"  # the GME's runs[].source
+    DCGM = "DCGM"
+
+    @property
+    def label(self) -> str:
+        """The metric's ``source`` label: ``hami``, ``dcgm``."""
+        return self.name.lower()
 
 
 class Failure(str, enum.Enum):
@@ -255,7 +260,7 @@ class PeakReader:
             log.warning("no observed GPU memory peak for %s: Prometheus at %s: %s (%s)", names,
                         self.source.url, exc, exc.reason)
             return None, Failure(exc.reason)
-        self.peaks.labels(found.source.value if found else "none").inc()
+        self.peaks.labels(found.source.label if found else "none").inc()
         return found, None
 
     def _hami(self, pods: Sequence[PodLifetime], deadline: float) -> Optional[ObservedPeak]:

@@ -491,8 +491,9 @@ def _finish(ctx: Context, gme: Obj, status: Dict[str, Any], pod: Optional[Obj],
         status.pop(key, None)
     if outcome.result is not None:
         result = outcome.result
-        status.update(phase=records.SUCCEEDED, mode=result.mode, steps=result.steps,
-                      seconds=result.seconds, estimates=records.estimates_from(result.gpus))
+        status.update(phase=records.SUCCEEDED, mode=records.mode_name(result.mode),
+                      steps=result.steps, seconds=result.seconds,
+                      estimates=records.estimates_from(result.gpus))
         if result.fallback:
             status["fallbackReason"] = result.fallback[:1000]
         if result.digest:

@@ -15,7 +15,7 @@ the estimation's state and result::
     observedGeneration                                    # see "Conditions" below
     phase: Pending | Running | Succeeded | Failed         # what the conditions say, in a word
     attempt, podName, startTime, completionTime, reason, message
-    mode, steps, seconds, fallbackReason                  # from the probe
+    mode, steps, seconds, fallbackReason                  # from the probe (mode: Fake | Profile)
     lastUsedTime                  # when a workload last joined it or was sized from it
     imageID                       # the digest the estimation pod ran (containerStatuses imageID)
     inputs: [{kind, name, uid, resourceVersion}]  # the ConfigMaps the estimation pod read
@@ -106,8 +106,24 @@ MAX_RETRY_ENTRIES = 50  # workloads of one fingerprint with out-of-memory histor
 RUNS = "runs"
 MAX_RUNS = 100  # finished runs of one fingerprint kept: policy.model.MAX_RIGHT_SIZING_RUNS
 FINGERPRINT_LABEL = labels.FINGERPRINT  # label on GMEs and estimation pods
+# status.mode as the API spells it, from the probe's word; an older GME's lower-case value reads
+# the same. runs[].source likewise (an older GME wrote hami/dcgm).
+MODES = {"fake": "Fake", "profile": "Profile"}
+RUN_SOURCES = {"hami": "HAMi", "dcgm": "DCGM"}
 MANAGED_BY = ("app.kubernetes.io/managed-by", "xmem-admission")
 COMPONENT = ("app.kubernetes.io/component", "estimation")
+
+
+def mode_name(word: Any) -> Any:
+    """``status.mode`` as the API spells it: ``Fake`` or ``Profile``, from the probe's
+    ``fake``/``profile`` or an older GME's value (anything else as it is)."""
+    return MODES.get(word.lower(), word) if isinstance(word, str) else word
+
+
+def run_source(value: Any) -> Any:
+    """A run's ``source`` as the API spells it: ``HAMi`` or ``DCGM`` (an older GME's
+    ``hami``/``dcgm`` read the same; anything else as it is)."""
+    return RUN_SOURCES.get(value.lower(), value) if isinstance(value, str) else value
 
 
 def name_for(fingerprint: str) -> str:
@@ -396,6 +412,8 @@ def with_run(status: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
     kubectl columns showing the newest run with a peak."""
     uid = entry["workload"]["uid"]
     kept = [e for e in run_entries({"status": status}) if e["workload"].get("uid") != uid]
+    # an older GME's runs carry hami/dcgm: the list is rewritten whole, in the API's spelling
+    kept = [dict(e, source=run_source(e["source"])) if "source" in e else e for e in kept]
     kept = (kept + [entry])[-MAX_RUNS:]
     out = dict(status, **{RUNS: kept})
     peak, estimate = _count(entry.get("observedPeakBytes")), _count(entry.get("estimateBytes"))

@@ -271,6 +271,8 @@ def share(ctx: Context, obj: Obj, fp: str, gpu_keys: Sequence[str],
         return None
     status: Dict[str, Any] = {k: v for k, v in (source.get("status") or {}).items()
                               if k in COPIED}
+    if "mode" in status:  # an older source GME wrote fake/profile
+        status["mode"] = records.mode_name(status["mode"])
     status.update(phase=records.SUCCEEDED, completionTime=records.stamp(ctx.now()),
                   lastUsedTime=records.stamp(ctx.now()))
     status[SHARED_FROM] = {

@@ -72,13 +72,17 @@ class Sample:
     finished: float  # Unix seconds: the newest count
 
 
+# status.overhead.source of a GME
+LEARNED, PINNED, CATALOGUE = "Learned", "Pinned", "Catalogue"
+
+
 @dataclass(frozen=True)
 class Applied:
     """What the memory-outside-the-allocator term of one estimate became, and why."""
 
     gpu: str
-    source: str  # "learned", "pinned" or "catalogue"
-    outside_bytes: int  # the figure applied (the estimate's own term when "catalogue")
+    source: str  # LEARNED, PINNED or CATALOGUE
+    outside_bytes: int  # the figure applied (the estimate's own term when CATALOGUE)
     catalogue_bytes: int  # the estimate's own term: total - simulated reserved peak
     correction_bytes: int  # added to the estimate's total (0: unchanged)
     jobs: int = 0  # the jobs the figure was learned from (learned only)
@@ -87,10 +91,10 @@ class Applied:
 
     def text(self) -> str:
         """One line for a warning, an Event or a log."""
-        if self.source == "catalogue":
+        if self.source == CATALOGUE:
             return f"catalogue's {_mib(self.catalogue_bytes)} MiB outside the allocator"
         where = f"learned from {self.jobs} job(s), driver {self.driver}" \
-            if self.source == "learned" else "pinned by the policy"
+            if self.source == LEARNED else "pinned by the policy"
         cut = ", cut to the policy's bound" if self.bounded else ""
         return (f"{_mib(self.outside_bytes)} MiB outside the allocator on {self.gpu} ({where}) "
                 f"against the estimate's {_mib(self.catalogue_bytes)} MiB: "
@@ -102,13 +106,13 @@ class Applied:
             "gpu": self.gpu, "source": self.source, "outsideAllocatorBytes": self.outside_bytes,
             "catalogueBytes": self.catalogue_bytes, "correctionBytes": self.correction_bytes,
             "applied": self.column()}
-        if self.source == "learned":
+        if self.source == LEARNED:
             out.update(jobs=self.jobs, driverVersion=self.driver, bounded=self.bounded)
         return out
 
     def column(self) -> str:
         """The ``kubectl get gme`` column: ``+481Mi learned/7``, ``+0Mi catalogue``."""
-        what = f"learned/{self.jobs}" if self.source == "learned" else self.source
+        what = f"learned/{self.jobs}" if self.source == LEARNED else self.source.lower()
         return f"{_signed_mib(self.correction_bytes)}Mi {what}"
 
 
@@ -188,15 +192,15 @@ def applied(estimate: GPUEstimate, settings: LearnedOverhead) -> Applied:
     own = max(0, estimate.total_bytes - estimate.peak_reserved_bytes)
     pin = settings.pin(estimate.gpu)
     if pin is not None:
-        return Applied(estimate.gpu, "pinned", pin, own, pin - own)
+        return Applied(estimate.gpu, PINNED, pin, own, pin - own)
     found = [f for f in settings.figures if f.gpu == estimate.gpu] if settings.enabled else []
     if not found:
-        return Applied(estimate.gpu, "catalogue", own, own, 0)
+        return Applied(estimate.gpu, CATALOGUE, own, own, 0)
     top = max(found, key=lambda f: (f.outside_bytes, f.jobs))
     wanted = top.outside_bytes - own
     bound = settings.max_correction_bytes
     correction = max(-bound, min(bound, wanted))
-    return Applied(estimate.gpu, "learned", top.outside_bytes, own, correction, top.jobs,
+    return Applied(estimate.gpu, LEARNED, top.outside_bytes, own, correction, top.jobs,
                    top.driver, bounded=correction != wanted)
 
 

@@ -181,7 +181,7 @@ def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = Non
                 estimate.total_bytes, total + high - estimate.total_bytes, total,
                 range_position.find(positions, target.gpu.key),
                 settings.learned_overhead.max_correction_bytes)
-            if term.source == "catalogue":
+            if term.source == overhead.CATALOGUE:
                 request = size_request(estimate.total_bytes, settings,
                                        target.gpu.capacity_bytes, covered)
                 return Plan(target, estimate.total_bytes, request, high_bytes=high,
