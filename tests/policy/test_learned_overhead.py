@@ -14,7 +14,7 @@ from tests.support.estimates import record_dict
 from tests.support.harness import make_policy
 from xmem_admission.cluster.policy import overhead, sizing
 from xmem_admission.cluster.policy.model import LearnedOverhead, OverheadFigure, Policy
-from xmem_admission.cluster.policy.overhead import Sample, learn, quantile_lower
+from xmem_admission.cluster.policy.overhead import Sample, learn, percentile_lower
 from xmem_admission.cluster.policy.store import EstimateRecord, Run
 from xmem_admission.contract.errors import PolicyError
 
@@ -39,18 +39,18 @@ def settings_with(figures=(), gpus=("H200",), **learned: Any):
     return policy.with_figures(tuple(figures)).defaults
 
 
-@pytest.mark.parametrize("values, q, expected", [
-    ([5], 0.9, 5),
-    ([1, 2, 3, 4, 5], 0.9, 4),  # floor(0.9 * 4) = 3: never the largest of five
-    ([1, 2, 3, 4, 5], 1.0, 5),
-    ([1, 2, 3, 4, 5], 0.5, 3),
-    (list(range(1, 11)), 0.9, 9),
-    (list(range(1, 21)), 0.9, 18),
-    ([7, 1, 9, 3], 0.9, 7),  # order does not matter
-    (list(range(101)), 57 / 100, 57),  # percentile 57: floor(0.57 * 100), not 56.99...
+@pytest.mark.parametrize("values, p, expected", [
+    ([5], 90, 5),
+    ([1, 2, 3, 4, 5], 90, 4),  # floor(90 * 4 / 100) = 3: never the largest of five
+    ([1, 2, 3, 4, 5], 100, 5),
+    ([1, 2, 3, 4, 5], 50, 3),
+    (list(range(1, 11)), 90, 9),
+    (list(range(1, 21)), 90, 18),
+    ([7, 1, 9, 3], 90, 7),  # order does not matter
+    (list(range(101)), 57, 57),  # floor(57 * 100 / 100), not a float's 56.99...
 ])
-def test_the_quantile_is_numpys_lower_quantile(values, q, expected):
-    assert quantile_lower(values, q) == expected
+def test_the_percentile_is_numpys_lower_percentile(values, p, expected):
+    assert percentile_lower(values, p) == expected
 
 
 def test_no_figure_before_the_minimum_number_of_jobs():

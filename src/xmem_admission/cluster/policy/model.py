@@ -181,7 +181,7 @@ class LearnedOverhead:
     min_jobs: int = 5  # jobs on one GPU model and driver before a figure is learned
     recent_jobs: int = 50  # the newest jobs per GPU model that count
     jobs_per_namespace: int = 10  # ... of which at most this many from any one namespace
-    quantile: float = 0.9  # the high quantile taken (numpy's "lower" method: never the largest)
+    percentile: int = 90  # the high percentile taken (numpy's "lower" method: never the largest)
     max_correction_bytes: int = 1 << 30  # the most a learned figure moves an estimate, +/-
     pinned: Tuple[Tuple[str, int], ...] = ()  # (GPU key, outside bytes) the admin measured
     figures: Tuple[OverheadFigure, ...] = ()  # learned, from the policy's status
@@ -362,7 +362,7 @@ def _dra(spec: api.DraSpec) -> Dra:
 def _learned_overhead(spec: api.LearnedOverheadSpec) -> LearnedOverhead:
     return LearnedOverhead(
         enabled=spec.enabled, min_jobs=spec.min_jobs, recent_jobs=spec.recent_jobs,
-        jobs_per_namespace=spec.jobs_per_namespace, quantile=spec.percentile / 100,
+        jobs_per_namespace=spec.jobs_per_namespace, percentile=spec.percentile,
         max_correction_bytes=_bytes(spec.max_correction),
         pinned=tuple((p.gpu, _bytes(p.outside_allocator)) for p in spec.pinned))
 

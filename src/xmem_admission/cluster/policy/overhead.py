@@ -23,7 +23,7 @@ The rule (``spec.learnedOverhead``, cluster-wide):
 
     window(gpu)  = the newest recentJobs completed runs on that GPU model, across namespaces,
                    with at most jobsPerNamespace of them from any one namespace
-    figure(gpu, driver) = quantile_lower(outside of the window's runs on that driver, quantile)
+    figure(gpu, driver) = percentile_lower(outside of the window's runs on that driver, percentile)
                    once they are at least minJobs; no figure below that
     applied(gpu) = a pinned figure (spec.learnedOverhead.pinned, the admin's) if any, else the
                    largest figure of the GPU model's drivers (a new job may land on any of
@@ -31,8 +31,8 @@ The rule (``spec.learnedOverhead``, cluster-wide):
     correction   = applied - (total - peak reserved), within +/- maxCorrection when learned
                    (a pinned figure is the admin's own and is applied as given)
 
-``quantile_lower`` is numpy's "lower" quantile: the value at index floor(q * (n - 1)) of the
-sorted values, so with q < 1 and n >= 2 it is never the single largest value: one wild
+``percentile_lower`` is numpy's "lower" percentile: the value at index floor(p * (n - 1) / 100)
+of the sorted values, so with p < 100 and n >= 2 it is never the single largest value: one wild
 observation (a job that leaks, a sidecar on the same GPU) is never the figure (it shifts it by
 at most one rank among the others), and any number of them moves an estimate by at most
 maxCorrection.
@@ -50,7 +50,6 @@ nine in ten of the window's jobs to be low.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Protocol, Sequence, Tuple, TypeVar
 
@@ -127,16 +126,15 @@ def _signed_mib(size: int) -> str:
 _Number = TypeVar("_Number", int, float)
 
 
-def quantile_lower(values: Sequence[_Number], q: float) -> _Number:
-    """numpy.quantile(values, q, method="lower"): the sorted value at floor(q * (n - 1))."""
+def percentile_lower(values: Sequence[_Number], p: int) -> _Number:
+    """numpy.percentile(values, p, method="lower"): the sorted value at floor(p * (n - 1) / 100),
+    in integers (a float quantile p / 100 is not exact in binary: 0.57 * 100 < 57)."""
     if not values:
         raise ValueError("no values")
-    if not 0 <= q <= 1:
-        raise ValueError(f"quantile must be in [0, 1], got {q}")
+    if not 0 <= p <= 100:
+        raise ValueError(f"percentile must be in [0, 100], got {p}")
     ordered = sorted(values)
-    # Rounded before the floor: a whole percentile over 100 is not exact in binary
-    # (0.57 * 100 == 56.99999999999999), and the index must be the decimal one.
-    return ordered[math.floor(round(q * (len(ordered) - 1), 9))]
+    return ordered[p * (len(ordered) - 1) // 100]
 
 
 class _Finished(Protocol):
@@ -179,7 +177,7 @@ def learn(samples: Iterable[Sample], settings: LearnedOverhead) -> Tuple[Overhea
         for driver, group in sorted(drivers.items()):
             if len(group) < settings.min_jobs:
                 continue
-            value = quantile_lower([s.outside_bytes for s in group], settings.quantile)
+            value = percentile_lower([s.outside_bytes for s in group], settings.percentile)
             if value <= 0:  # no process holds nothing outside the allocator: not a figure
                 continue
             out.append(OverheadFigure(gpu, driver, value, len(group),
@@ -216,4 +214,4 @@ def describe(figure: OverheadFigure) -> str:
 
 
 __all__ = ["Applied", "Sample", "UNKNOWN_DRIVER", "applied", "corrected_total", "describe",
-           "learn", "quantile_lower", "window"]
+           "learn", "percentile_lower", "window"]
