@@ -107,7 +107,7 @@ test:
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 	$(MAKE) --no-print-directory torch-tests
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=40
 
 # The probe's tests with each end of the range, both at once (each is one single-threaded
 # pytest, mostly tracing; one after the other they took 5 minutes of a warm run): each run's

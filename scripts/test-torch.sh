@@ -22,7 +22,7 @@ ENV_DIR="$(bash "$ROOT/scripts/torch-venv.sh" "$TORCH" "$PYMINOR")"
 cd "$ROOT"
 echo "== the probe's tests with torch $(cat "$ENV_DIR/torch-version.txt") on Python $PYMINOR ($ENV_DIR)"
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}" XMEM_TORCH_ENV="$ENV_DIR"
-exec "$ENV_DIR/bin/python" -m pytest -q -p no:cacheprovider \
+exec "$ENV_DIR/bin/python" -m pytest -q -p no:cacheprovider --durations=20 \
   tests/estimator tests/conformance tests/distributed \
   --ignore tests/estimator/test_pod_refusal.py \
   --ignore tests/estimator/test_estimate_cli.py \
