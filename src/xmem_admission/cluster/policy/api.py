@@ -1,9 +1,11 @@
-"""The GPUAdmissionPolicy API: typed models of a policy's spec, the one source of its schema.
+"""The GPUAdmissionPolicy API: typed models of a policy's spec and status, the one source of
+their schema.
 
 These pydantic models validate a policy wherever it is read (``policy.model``: the webhook, the
 controller, ``xmem serve --policy FILE``), and ``policy.schema`` generates from them the CRD's
 ``openAPIV3Schema`` (with its CEL rules) and the chart's ``values.schema.json`` policy part. A
-field, bound, enum, default or description changes here and nowhere else.
+field, bound, enum, default or description changes here and nowhere else. The status models
+(``PolicyStatus``) are what the controller writes; readers check each range position with them.
 
 A cross-field rule is a ``Rule`` on the model it reads: its CEL expression goes into the CRD's
 ``x-kubernetes-validations`` (the API server refuses a wrong policy with the field's path), and
@@ -706,3 +708,78 @@ class PolicySpec(SettingsSpec):
 
 # The spec fields that are not a namespace's settings.
 TOP_LEVEL_FIELDS = ("overrides", "estimateSharing", "learnedOverhead")
+
+
+# --- the status (the controller's: the status subresource) -----------------------------------
+
+
+class ConditionStatus(Model):
+    """A condition as Kubernetes writes them (metav1.Condition)."""
+
+    type: StrictStr = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    observed_generation: Optional[StrictInt] = Field(default=None, ge=0)
+    last_transition_time: StrictStr = Field(json_schema_extra={"format": "date-time"})
+    reason: StrictStr = Field(max_length=1024)
+    message: StrictStr = Field(max_length=32768)
+
+
+class LearnedOverheadStatus(Model):
+    """What one GPU model and driver kept outside the allocator in recent finished jobs."""
+
+    gpu: StrictStr
+    driver_version: StrictStr
+    outside_allocator_bytes: StrictInt
+    outside_allocator: StrictStr
+    jobs: StrictInt
+    namespaces: StrictInt
+
+
+class RangePositionStatus(Model):
+    """Where in their range the recent finished jobs with one landed on one GPU model."""
+
+    gpu: GpuName
+    position_percent: StrictInt = Field(
+        ge=0, le=100, description="The largest position of the window's runs, in whole percent "
+        "rounded up (0 - the point, 100 - the high end): a new estimate's request covers this "
+        "share of its range.")
+    jobs: StrictInt = Field(ge=1, le=MAX_OVERHEAD_JOBS, description="The runs it was learned "
+                            "from.")
+    namespaces: StrictInt = Field(ge=1, le=MAX_OVERHEAD_JOBS, description="The namespaces "
+                                  "those runs came from.")
+    above: StrictInt = Field(ge=0, le=MAX_OVERHEAD_JOBS, description="Of them, runs that "
+                             "landed above their high end (counted, never followed).")
+
+
+class PolicyStatus(Model):
+    """Written by the xmem controller (the status subresource)."""
+
+    observed_generation: Optional[StrictInt] = Field(
+        default=None, description="The generation the controller last judged (the conditions "
+        "say what it found).")
+    conditions: Optional[List[ConditionStatus]] = Field(
+        default=None, json_schema_extra=_list_map("type"), description="Accepted - the "
+        "controller and the webhook could load this generation (False - the message names the "
+        "field, e.g. a GPU model the catalogue lacks); Ready - a generation of this policy is "
+        "in force.")
+    learned: Optional[StrictStr] = Field(
+        default=None, description="The learned figures in words, for kubectl get.")
+    learned_at: Optional[StrictStr] = None
+    learned_overhead: Optional[List[LearnedOverheadStatus]] = Field(
+        default=None, description="What each GPU model and driver kept outside the allocator "
+        "in recent finished jobs (observed peak minus simulated reserved peak), learned by the "
+        "controller under spec.learnedOverhead; the webhook and the controller apply it to new "
+        "estimates.")
+    range_positions: Optional[List[RangePositionStatus]] = Field(
+        default=None, description="Where in their range (an estimate's point to its high end) "
+        "recent finished jobs with a range landed, per GPU model, learned by the controller "
+        "under spec.learnedOverhead (its window, minJobs and maxCorrection); the webhook and "
+        "the controller narrow the high end a new estimate's request covers to it. Absent - "
+        "nothing learned: requests cover whole ranges.")
+
+
+def status_schema() -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """``PolicyStatus``'s JSON Schema and its definitions, apart (``policy.schema`` turns them
+    into the CRD's ``status`` node)."""
+    raw = PolicyStatus.model_json_schema(by_alias=True)
+    return raw, raw.pop("$defs", {})

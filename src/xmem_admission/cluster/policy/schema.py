@@ -35,8 +35,7 @@ CRD_HEADER = """\
 # The same object, saved as YAML, is what `xmem serve --policy FILE.yaml` reads.
 """
 
-# Everything of the CRD but spec's schema: names, printer columns, the status the controller
-# writes (its own, not the admin's: no model validates it).
+# Everything of the CRD but the schemas of spec and status: names, printer columns.
 CRD_FRAME = """
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
@@ -90,50 +89,7 @@ spec:
             kind: {type: string}
             metadata: {type: object}
             spec: {}
-            status:
-              type: object
-              description: Written by the xmem controller (the status subresource).
-              properties:
-                observedGeneration:
-                  type: integer
-                  description: The generation the controller last judged (the conditions say what it found).
-                conditions:
-                  type: array
-                  description: >-
-                    Accepted - the controller and the webhook could load this generation (False - the
-                    message names the field, e.g. a GPU model the catalogue lacks); Ready - a generation of
-                    this policy is in force.
-                  x-kubernetes-list-type: map
-                  x-kubernetes-list-map-keys: [type]
-                  items:
-                    type: object
-                    required: [type, status, lastTransitionTime, reason, message]
-                    properties:
-                      type: {type: string, maxLength: 316}
-                      status: {type: string, enum: ["True", "False", Unknown]}
-                      observedGeneration: {type: integer, minimum: 0}
-                      lastTransitionTime: {type: string, format: date-time}
-                      reason: {type: string, maxLength: 1024}
-                      message: {type: string, maxLength: 32768}
-                learned:
-                  type: string
-                  description: The learned figures in words, for kubectl get.
-                learnedAt: {type: string}
-                learnedOverhead:
-                  type: array
-                  description: >-
-                    What each GPU model and driver kept outside the allocator in recent
-                    finished jobs (observed peak minus simulated reserved peak), learned by the
-                    controller under spec.learnedOverhead; the webhook applies it to new estimates.
-                  items:
-                    type: object
-                    properties:
-                      gpu: {type: string}
-                      driverVersion: {type: string}
-                      outsideAllocatorBytes: {type: integer}
-                      outsideAllocator: {type: string}
-                      jobs: {type: integer}
-                      namespaces: {type: integer}
+            status: {}
 """
 
 
@@ -248,6 +204,7 @@ def crd() -> Dict[str, Any]:
     spec = spec_schema()
     root["description"] = spec["description"]
     root["properties"]["spec"] = spec
+    root["properties"]["status"] = _openapi(*api.status_schema())
     return out
 
 
