@@ -23,8 +23,8 @@ PAPER_ROWS = Path(__file__).resolve().parents[1] / "data" / "paper_cnn_landings.
 
 def landings(positions: List[float], gpu: str = "H200", namespace: str = "ml",
              start: float = 1.0e9) -> List[Landing]:
-    """Runs of 8 GiB estimates with 1 GiB ranges, landing at the given positions."""
-    point, width = 8 * GiB, GiB
+    """Runs of 8 GiB estimates with 1000 MiB ranges, landing at the given positions."""
+    point, width = 8 * GiB, 1000 * MiB
     return [Landing(gpu, namespace, point, point + width, point + round(p * width), start + i)
             for i, p in enumerate(positions)]
 
@@ -41,17 +41,17 @@ def test_no_position_before_the_minimum_number_of_jobs_and_one_high_run_gives_th
     assert learn(landings([0.1, 0.2, 0.1, 0.3]), settings) == ()
     [steady] = learn(landings([0.1, 0.2, 0.1, 0.3, 0.2]), settings)
     [wild] = learn(landings([0.1, 0.2, 0.1, 0.3, 0.2, 40.0]), settings)
-    assert steady.position == pytest.approx(0.3, abs=1e-9)  # every job of the window fits
-    assert wild.position == 1.0
-    assert wild.above == 1 and wild.jobs == 6
+    assert steady.percent == 30  # every job of the window fits
+    assert wild.percent == 100
+    assert wild.above == 1 and wild.jobs == 6 and wild.namespaces == 1
 
 
 def test_a_position_stays_within_the_range_runs_above_it_are_counted_not_followed():
     settings = LearnedOverhead(min_jobs=3)
     [high] = learn(landings([1.5, 2.0, 3.0, 1.2]), settings)
     [low] = learn(landings([-0.5, -0.4, -0.3]), settings)
-    assert high.position == 1.0 and high.above == 4
-    assert low.position == 0.0 and low.above == 0
+    assert high.percent == 100 and high.above == 4
+    assert low.percent == 0 and low.above == 0
     assert "4 landed above it" in high.text()
 
 
@@ -62,8 +62,12 @@ def test_positions_are_per_gpu_model_within_the_window_and_learning_off_learns_n
             + landings([0.5, 0.5], gpu="A100-80GB"))
     found = {p.gpu: p for p in learn(runs, settings)}
     # the newest three on the H200, at most two from one namespace: b, b and a's newest
-    assert found["H200"].jobs == 3 and found["H200"].position == pytest.approx(0.9, abs=1e-9)
-    assert found["A100-80GB"].position == pytest.approx(0.5, abs=1e-9)
+    assert found["H200"].jobs == 3 and found["H200"].percent == 90
+    assert found["H200"].namespaces == 2
+    assert found["A100-80GB"].percent == 50
+    # a position between two whole percents is rounded up: never below a run of the window
+    [between] = learn(landings([0.2501]), LearnedOverhead(min_jobs=1))
+    assert between.percent == 26
     assert learn(runs, LearnedOverhead(enabled=False)) == ()
 
 
@@ -71,15 +75,15 @@ def test_a_learned_position_narrows_the_request_and_says_so():
     settings = make_policy(gpus=("H200",)).defaults
     record = ranged_record(8.0, 9.0)
     full = sizing.plan(record, settings, positions=())
-    learned = (RangePosition("H200", 0.25, 20, 0),)
+    learned = (RangePosition("H200", 25, 20, 1),)
     narrowed = sizing.plan(record, settings, positions=learned)
     assert full is not None and narrowed is not None
     # the margin on the point, plus a quarter of the 1 GiB range instead of all of it
     assert full.request_bytes - narrowed.request_bytes == 768 * MiB
-    assert "landed at most 25% of the way to its high end (20 job(s))" in narrowed.range_text()
+    assert "landed at most 25% of the way to its high end (20 job(s) in 1 namespace(s))" in narrowed.range_text()
     assert "bound" not in narrowed.range_text()
     assert narrowed.high_bytes == full.high_bytes == 9 * GiB
-    other_gpu = sizing.plan(record, settings, positions=(RangePosition("A100-80GB", 0.0, 9, 0),))
+    other_gpu = sizing.plan(record, settings, positions=(RangePosition("A100-80GB", 0, 9, 1),))
     assert other_gpu is not None and other_gpu.request_bytes == full.request_bytes
 
 
@@ -87,7 +91,7 @@ def test_a_learned_position_moves_a_request_by_at_most_the_learned_overheads_bou
     settings = make_policy(gpus=("H200",), learnedOverhead={"maxCorrection": "512Mi"}).defaults
     record = ranged_record(8.0, 10.0)
     full = sizing.plan(record, settings, positions=())
-    narrowed = sizing.plan(record, settings, positions=(RangePosition("H200", 0.0, 20, 0),))
+    narrowed = sizing.plan(record, settings, positions=(RangePosition("H200", 0, 20, 1),))
     assert full is not None and narrowed is not None
     assert full.request_bytes - narrowed.request_bytes == 512 * MiB
     assert "cut to the policy's bound" in narrowed.range_text()
@@ -96,21 +100,8 @@ def test_a_learned_position_moves_a_request_by_at_most_the_learned_overheads_bou
 def test_an_exact_estimate_is_not_touched():
     settings = make_policy(gpus=("H200",)).defaults
     record = EstimateRecord.from_dict(record_dict("f" * 64, {"H200": 8.0}))
-    assert sizing.plan(record, settings, positions=(RangePosition("H200", 0.0, 20, 0),)) == \
+    assert sizing.plan(record, settings, positions=(RangePosition("H200", 0, 20, 1),)) == \
         sizing.plan(record, settings, positions=())
-
-
-def test_sizing_uses_the_positions_this_process_learned_last():
-    settings = make_policy(gpus=("H200",)).defaults
-    record = ranged_record(8.0, 10.0)
-    before = range_position.published()
-    try:
-        assert range_position.publish((RangePosition("H200", 0.25, 20, 0),))
-        assert not range_position.publish((RangePosition("H200", 0.25, 20, 0),))
-        learned = sizing.plan(record, settings)
-        assert learned is not None and "25%" in learned.narrowed
-    finally:
-        range_position.publish(before)
 
 
 def test_learned_on_half_the_papers_convolution_rows_the_position_narrows_the_others_safely():
@@ -133,7 +124,8 @@ def test_learned_on_half_the_papers_convolution_rows_the_position_narrows_the_ot
             [position] = learned
             for r in score:
                 point, high = r["estimate_bytes"], r["high_bytes"]
-                narrowed, _ = range_position.narrowed_high(point, high, point, position, GiB)
+                narrowed, _ = range_position.narrowed_high(point, high, high, point, position,
+                                                             GiB)
                 request = request_bytes(point, narrowed, gpu)
                 assert r["measured_bytes"] <= request, (r["id"], position)
                 saved += request_bytes(point, high, gpu) - request

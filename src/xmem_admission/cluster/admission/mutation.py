@@ -345,6 +345,8 @@ def mutate(
                     outcome.warnings.append(right_sized_line(plan))
                 if plan.overhead is not None and plan.overhead.correction_bytes:
                     outcome.warnings.append(f"xmem: {plan.overhead.text()}"[:500])
+                if plan.narrowed:
+                    outcome.warnings.append(f"xmem: {plan.narrowed}"[:500])
             outcome.warnings.extend(apply_backend(draft, template, plan))
     elif integration.can_hold and ctx.queued:
         # Kueue owns the suspend flag: the xmem AdmissionCheck keeps the Workload Pending until

@@ -10,8 +10,9 @@ per driver version), learns the figures under the policy's ``spec.learnedOverhea
 ``status.learnedOverhead`` (the status subresource: only the controller writes it). The webhook
 and this controller read them back with the policy (``policy.model.overhead_figures``) and
 ``sizing.plan`` applies them to new estimates. The same pass learns where in their range the
-jobs with one land per GPU model (``policy.range_position``) and publishes it to this
-controller's sizing.
+jobs with one land per GPU model (``policy.range_position``) and writes it, with the figures, on
+the policy's ``status.rangePositions``: every reader narrows with it from there
+(``policy.model.range_positions``).
 
 Samples cross namespaces on purpose: what a GPU model and driver keep outside the allocator is a
 fact of the hardware and driver, not of a tenant. How that stays safe when a tenant forges its
@@ -28,12 +29,13 @@ from xmem_admission.cluster.controller import records
 from xmem_admission.cluster.controller.context import Context
 from xmem_admission.cluster.kube.client import POLICY
 from xmem_admission.cluster.policy import range_position
-from xmem_admission.cluster.policy.model import OverheadFigure
+from xmem_admission.cluster.policy.model import OverheadFigure, RangePosition
 from xmem_admission.cluster.policy.overhead import UNKNOWN_DRIVER, Sample, describe, learn
 from xmem_admission.contract.errors import KubeApiError
 
 log = logging.getLogger(__name__)
-_unwritten: Dict[str, Tuple[OverheadFigure, ...]] = {}  # per policy name: said once, not per pass
+# per policy name: said once, not per pass
+_unwritten: Dict[str, Tuple[Tuple[OverheadFigure, ...], Tuple[RangePosition, ...]]] = {}
 
 
 def _count(value: Any) -> Optional[int]:
@@ -91,6 +93,12 @@ def status_entries(figures: Tuple[OverheadFigure, ...]) -> List[Dict[str, Any]]:
              "namespaces": f.namespaces} for f in figures]
 
 
+def position_entries(positions: Tuple[RangePosition, ...]) -> List[Dict[str, Any]]:
+    """The policy's ``status.rangePositions`` (``api.RangePositionStatus``)."""
+    return [{"gpu": p.gpu, "positionPercent": p.percent, "jobs": p.jobs,
+             "namespaces": p.namespaces, "above": p.above} for p in positions]
+
+
 def summary(figures: Tuple[OverheadFigure, ...]) -> str:
     """The ``kubectl get gap`` column: ``H200/580.159.04 770Mi (7 jobs)``."""
     text = "; ".join(f"{f.gpu}/{f.driver} {round(f.outside_bytes / (1 << 20))}Mi "
@@ -99,33 +107,34 @@ def summary(figures: Tuple[OverheadFigure, ...]) -> str:
 
 
 def reconcile(ctx: Context) -> Optional[float]:
-    """Learn, publish, and write the figures on the policy when they changed."""
+    """Learn, publish, and write the figures and positions on the policy when they changed."""
     policy = ctx.policy.current()
     if policy is None:
         return None
     settings = policy.learned_overhead
     positions = range_position.learn(landings(ctx.estimates.items()), settings)
-    if range_position.publish(positions):  # this controller's sizing narrows with them
-        for gpu, text in range_position.summary(positions).items():
-            log.info("learned for %s: %s", gpu, text)
     figures = learn(samples(ctx), settings)
     ctx.metrics.set_overhead((f.gpu, f.driver, f.outside_bytes, f.jobs) for f in figures)
-    if figures == settings.figures:
+    if figures == settings.figures and positions == settings.positions:
         return None
     try:
         obj = ctx.kube.get_cluster(POLICY, policy.name)
     except KubeApiError as exc:
         if exc.not_found:  # a policy from a file (``--policy``): nothing to write it on
-            if _unwritten.get(policy.name) != figures:
+            if _unwritten.get(policy.name) != (figures, positions):
                 log.info("learned overhead not written: no GPUAdmissionPolicy %r (%s)",
-                         policy.name, "; ".join(describe(f) for f in figures) or "none")
-                _unwritten[policy.name] = figures
+                         policy.name, "; ".join([describe(f) for f in figures]
+                                                + [p.text() for p in positions]) or "none")
+                _unwritten[policy.name] = (figures, positions)
             return None
         raise
     status = dict(obj.get("status") or {}, learnedOverhead=status_entries(figures),
-                  learned=summary(figures), learnedAt=records.stamp(ctx.now()))
+                  rangePositions=position_entries(positions), learned=summary(figures),
+                  learnedAt=records.stamp(ctx.now()))
     ctx.kube.replace_cluster_status(POLICY, dict(obj, status=status))
     for figure in figures:
         log.info("learned: %s", describe(figure))
+    for gpu, text in range_position.summary(positions).items():
+        log.info("learned for %s: %s", gpu, text)
     ctx.policy.refresh()  # the controller's own sizing uses them from now on
     return None

@@ -172,6 +172,31 @@ class OverheadFigure:
 
 
 @dataclass(frozen=True)
+class RangePosition:
+    """Where in their range the recent jobs with one landed on one GPU model, as the controller
+    learned it from finished runs (``policy.range_position``): written on the policy's
+    ``status.rangePositions`` by the controller, read back with the policy by every reader."""
+
+    gpu: str  # catalogue key
+    percent: int  # the window's largest position, in whole percent rounded up, within [0, 100]
+    jobs: int  # the runs it was learned from
+    namespaces: int  # how many namespaces those runs came from
+    above: int = 0  # of them, runs that landed above their high end
+
+    @property
+    def position(self) -> float:
+        """0: the point, 1: the high end."""
+        return self.percent / 100
+
+    def text(self) -> str:
+        out = (f"jobs with a range on {self.gpu} landed at most {self.percent}% of the way to "
+               f"its high end ({self.jobs} job(s) in {self.namespaces} namespace(s))")
+        if self.above:
+            out += f"; {self.above} landed above it"
+        return out
+
+
+@dataclass(frozen=True)
 class LearnedOverhead:
     """How the memory outside the allocator is learned from finished jobs and applied to new
     estimates (the rule is ``policy/overhead.py``). Cluster-wide: the figures are
@@ -185,6 +210,7 @@ class LearnedOverhead:
     max_correction_bytes: int = 1 << 30  # the most a learned figure moves an estimate, +/-
     pinned: Tuple[Tuple[str, int], ...] = ()  # (GPU key, outside bytes) the admin measured
     figures: Tuple[OverheadFigure, ...] = ()  # learned, from the policy's status
+    positions: Tuple[RangePosition, ...] = ()  # learned, from the policy's status
 
     def pin(self, gpu: str) -> Optional[int]:
         for key, value in self.pinned:
@@ -235,6 +261,7 @@ class Settings:
 
 
 STATUS_FIGURES = 200  # learned figures read from a policy's status (GPU models x drivers)
+STATUS_POSITIONS = 100  # learned range positions read from a policy's status (GPU models)
 
 
 def _where(prefix: str, loc: Tuple[Any, ...]) -> str:
@@ -391,6 +418,25 @@ def overhead_figures(status: Any) -> Tuple[OverheadFigure, ...]:
     return tuple(out)
 
 
+def range_positions(status: Any) -> Tuple[RangePosition, ...]:
+    """The learned range positions of a policy's ``status.rangePositions`` (written by the
+    controller alone). A status without them (an older controller's) learned none; entries
+    that are not well formed (``api.RangePositionStatus``) or name a GPU model the catalogue
+    lacks are skipped, never an error."""
+    raw = status.get("rangePositions") if isinstance(status, dict) else None
+    if not isinstance(raw, list):
+        return ()
+    out: List[RangePosition] = []
+    for item in raw[:STATUS_POSITIONS]:
+        try:
+            entry = api.RangePositionStatus.model_validate(item)
+        except ValidationError:
+            continue
+        out.append(RangePosition(entry.gpu, entry.position_percent, entry.jobs,
+                                 entry.namespaces, entry.above))
+    return tuple(out)
+
+
 def _settings(raw: Mapping[str, Any], origin: Mapping[str, str]) -> Settings:
     """A namespace's settings from its resolved fields (``spec``'s, an override merged on
     top): the models' every check, including the rules that read inherited fields; an error
@@ -497,9 +543,12 @@ class Policy:
                       tuple((p, add(s)) for p, s in self.overrides), self.generation,
                       self.sharing)
 
-    def with_figures(self, figures: Tuple[OverheadFigure, ...]) -> Policy:
-        """This policy with the controller's learned figures (its status)."""
-        return self.with_overhead(dataclasses.replace(self.learned_overhead, figures=figures))
+    def with_figures(self, figures: Tuple[OverheadFigure, ...],
+                     positions: Tuple[RangePosition, ...] = ()) -> Policy:
+        """This policy with what the controller learned (its status): the figures of the
+        memory outside the allocator and where jobs land in their range."""
+        return self.with_overhead(dataclasses.replace(self.learned_overhead, figures=figures,
+                                                      positions=positions))
 
     @property
     def max_concurrent(self) -> int:
@@ -562,9 +611,9 @@ class Policy:
         metadata = obj.get("metadata") or {}
         name = metadata.get("name", DEFAULT_NAME) if isinstance(metadata, dict) else DEFAULT_NAME
         policy = cls.from_spec(obj.get("spec"), name=str(name))
-        figures = overhead_figures(obj.get("status"))
-        if figures:
-            policy = policy.with_figures(figures)
+        figures, positions = overhead_figures(obj.get("status")), range_positions(obj.get("status"))
+        if figures or positions:
+            policy = policy.with_figures(figures, positions)
         generation = metadata.get("generation") if isinstance(metadata, dict) else None
         policy.generation = generation if isinstance(generation, int) else None
         return policy

@@ -18,10 +18,21 @@ learned memory outside the allocator, ``policy.overhead``):
 
     window(gpu)   = the newest recentJobs completed runs with a range on that GPU model, at most
                     jobsPerNamespace of them from any one namespace
-    position(gpu) = the largest position of the window once it holds at least minJobs runs,
-                    kept within [0, 1]
-    high'         = max(E + position * (H - E), the point the request is sized from)
-                    and never more than maxCorrection below H
+    percent(gpu)  = the largest position of the window in whole percent, rounded up, once it
+                    holds at least minJobs runs, kept within [0, 100]
+    high'         = max(E, S) + percent/100 * (H - E), where S is the point the request is sized
+                    from (E with the learned or pinned memory outside the allocator), never above
+                    the high end the request covers without narrowing (H moved as E was: H + S - E)
+                    nor more than maxCorrection below it; 100 narrows nothing
+
+The share sits on the higher of E and S: positions are measured from E, so a negative learned
+correction never also takes the share down, and a positive one is never undone. The request is
+then the margin on S plus high' - S (``sizing.size_request``): never below S plus its margin.
+
+The controller learns the positions and writes them on the policy's ``status.rangePositions``
+(``controller.learned_overhead``); every reader of the policy, the webhook at CREATE and the
+controller at release, reads them back with it (``policy.model.range_positions``), so both size a
+workload alike. A status without them learned none: requests cover whole ranges.
 
 Narrowing only ever lowers requests, the direction that fails jobs, so it takes the window's
 largest position, not the learned overhead's quantile: every job of the window fits under the
@@ -33,8 +44,12 @@ half over their narrowed request; the largest position none
 A position is never above 1: runs that land past the high end do not widen a range here (the
 request would then exceed what the estimator says); they are counted (``RangePosition.above``)
 and said in the plan's text, and the learned memory outside the allocator and right-sizing are
-what raise such requests. A forged sample moves other tenants' requests by at most the bound,
-as in ``policy.overhead``.
+what raise such requests.
+
+Trust, as in ``policy.overhead``: a tenant can forge its own runs, so whatever they say a
+position moves any other tenant's request by at most maxCorrection, one namespace holds at most
+jobsPerNamespace of a window, and lowering a position takes every run of the window (the
+largest counts), raising it one. The status says how many namespaces a position came from.
 """
 
 from __future__ import annotations
@@ -42,8 +57,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from xmem_admission.cluster.kube.quantity import gib
-from xmem_admission.cluster.policy.model import LearnedOverhead
+from xmem_admission.cluster.kube.quantity import ceil_div, gib
+from xmem_admission.cluster.policy.model import LearnedOverhead, RangePosition
 from xmem_admission.cluster.policy.overhead import window
 
 
@@ -62,22 +77,11 @@ class Landing:
     def position(self) -> float:
         return (self.observed_bytes - self.estimate_bytes) / (self.high_bytes - self.estimate_bytes)
 
-
-@dataclass(frozen=True)
-class RangePosition:
-    """Where in their range the window's jobs with a range land on one GPU model."""
-
-    gpu: str
-    position: float  # the window's largest position, within [0, 1]
-    jobs: int
-    above: int  # of them, runs that landed above their high end
-
-    def text(self) -> str:
-        out = (f"jobs with a range on {self.gpu} landed at most {self.position:.0%} of the way to "
-               f"its high end ({self.jobs} job(s))")
-        if self.above:
-            out += f"; {self.above} landed above it"
-        return out
+    @property
+    def percent(self) -> int:
+        """The position in whole percent, rounded up (exact: integers)."""
+        return ceil_div(100 * (self.observed_bytes - self.estimate_bytes),
+                        self.high_bytes - self.estimate_bytes)
 
 
 def landing(gpu: str, namespace: str, estimate_bytes: int, high_bytes: Optional[int],
@@ -97,44 +101,36 @@ def learn(landings: Iterable[Landing], settings: LearnedOverhead) -> Tuple[Range
     for gpu, kept in sorted(window(landings, settings).items()):
         if len(kept) < settings.min_jobs:
             continue
-        positions = [s.position for s in kept]
-        learned = min(1.0, max(0.0, max(positions)))
-        out.append(RangePosition(gpu, learned, len(kept), sum(p > 1.0 for p in positions)))
+        percent = min(100, max(0, max(s.percent for s in kept)))
+        out.append(RangePosition(gpu, percent, len(kept), len({s.namespace for s in kept}),
+                                 sum(s.observed_bytes > s.high_bytes for s in kept)))
     return tuple(out)
 
 
-def narrowed_high(estimate_bytes: int, high_bytes: int, sized_bytes: int,
+def narrowed_high(estimate_bytes: int, high_bytes: int, covered_bytes: int, sized_bytes: int,
                   learned: Optional[RangePosition], bound_bytes: int) -> Tuple[int, str]:
     """The high end a request covers for an estimate E (``estimate_bytes``) with a range up to
-    H (``high_bytes``, already moved by any learned overhead), sized from ``sized_bytes`` (E or
-    E corrected): where the GPU model's jobs land, never above H, below the point sized from,
-    or more than ``bound_bytes`` under H. Returns it and why ('' when unchanged)."""
-    if learned is None or high_bytes <= sized_bytes:
-        return high_bytes, ""
-    wanted = estimate_bytes + round(learned.position * (high_bytes - estimate_bytes))
-    high = min(high_bytes, max(wanted, sized_bytes, high_bytes - bound_bytes))
-    if high == high_bytes:
-        return high_bytes, ""
-    cut = ", cut to the policy's bound" if high > max(wanted, sized_bytes) else ""
+    H (``high_bytes``), sized from ``sized_bytes`` (E, or E with the learned or pinned memory
+    outside the allocator) and covering ``covered_bytes`` (H moved as E was) without narrowing:
+    the learned share of the range on top of the higher of E and the point sized from, never
+    above ``covered_bytes`` nor more than ``bound_bytes`` under it. Returns it and why ('' when
+    unchanged)."""
+    if learned is None or learned.percent >= 100 or covered_bytes <= sized_bytes:
+        return covered_bytes, ""
+    share = ceil_div(learned.percent * (high_bytes - estimate_bytes), 100)
+    wanted = max(estimate_bytes, sized_bytes) + share
+    high = min(covered_bytes, max(wanted, covered_bytes - bound_bytes))
+    if high == covered_bytes:
+        return covered_bytes, ""
+    cut = ", cut to the policy's bound" if high > wanted else ""
     return high, (f"{learned.text()}: the request covers {gib(high)} GiB of the range's "
-                  f"{gib(high_bytes)} GiB{cut}")
+                  f"{gib(covered_bytes)} GiB{cut}")
 
 
-# What the controller learned last (``controller.learned_overhead``'s pass publishes it): its own
-# sizing narrows with it. A process that learns nothing (the webhook's) covers whole ranges.
-_published: Tuple[RangePosition, ...] = ()
-
-
-def publish(positions: Tuple[RangePosition, ...]) -> bool:
-    """Make ``positions`` the ones sizing uses in this process; True when they changed."""
-    global _published
-    changed = positions != _published
-    _published = positions
-    return changed
-
-
-def published() -> Tuple[RangePosition, ...]:
-    return _published
+def positions(settings: LearnedOverhead) -> Tuple[RangePosition, ...]:
+    """The positions sizing narrows with: those learned, from the policy's status, unless
+    learning is off."""
+    return settings.positions if settings.enabled else ()
 
 
 def find(positions: Sequence[RangePosition], gpu: str) -> Optional[RangePosition]:
@@ -146,5 +142,5 @@ def summary(positions: Sequence[RangePosition]) -> Dict[str, str]:
     return {p.gpu: p.text() for p in positions}
 
 
-__all__ = ["Landing", "RangePosition", "find", "landing", "learn", "narrowed_high", "publish",
-           "published", "summary"]
+__all__ = ["Landing", "RangePosition", "find", "landing", "learn", "narrowed_high", "positions",
+           "summary"]

@@ -34,6 +34,10 @@ retry grown from it). A repeat job whose own earlier runs correct it is sized fr
 alone: their observed peaks already hold everything outside the allocator. E stays the
 estimator's figure (``xmem.io/estimate-bytes``), and the plan says what was applied
 (``Plan.overhead``).
+
+Where in their range a GPU model's jobs land (``policy.range_position``, learned by the
+controller and read with the policy's status) narrows the high end the request covers, on every
+path alike; ``Plan.narrowed`` says why.
 """
 
 from __future__ import annotations
@@ -158,10 +162,10 @@ def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = Non
          positions: Optional[Sequence[range_position.RangePosition]] = None) -> Optional[Plan]:
     """The plan for a record under a policy, or None when the estimate fits no target GPU.
     ``positions``: where jobs with a range land in it per GPU model, learned from finished
-    runs (``policy.range_position``; None: those this process learned): the high end the
-    request covers is narrowed to it."""
+    runs (``policy.range_position``; None: the policy's, read from its status): the high end
+    the request covers is narrowed to it."""
     if positions is None:
-        positions = range_position.published()
+        positions = range_position.positions(settings.learned_overhead)
     candidates: List[Target] = list(settings.targets)
     if pinned is not None and settings.target(pinned) is not None:
         candidates = [t for t in candidates if t.gpu.key == pinned]
@@ -178,7 +182,7 @@ def plan(record: EstimateRecord, settings: Settings, pinned: Optional[str] = Non
                 continue
             # the range's excess is the convolutions', outside the overhead term: it moves along
             covered, narrowed = (None, "") if high is None else range_position.narrowed_high(
-                estimate.total_bytes, total + high - estimate.total_bytes, total,
+                estimate.total_bytes, high, total + high - estimate.total_bytes, total,
                 range_position.find(positions, target.gpu.key),
                 settings.learned_overhead.max_correction_bytes)
             if term.source == overhead.CATALOGUE:
