@@ -36,7 +36,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from xmem_admission.cluster.controller import podspec, records
+from xmem_admission.cluster.controller import estimate_cache, podspec, records
+from xmem_admission.cluster.controller.pod_outcome import (
+    STATUS_REASONS,
+    Outcome,
+    classify,
+    main_status,
+)
 from xmem_admission.cluster.controller.trials import FAMILY_LABEL
 from xmem_admission.cluster.kube.client import Obj
 from xmem_admission.contract import termination
@@ -44,7 +50,6 @@ from xmem_admission.contract.errors import InvalidObjectError, TerminationMessag
 
 if TYPE_CHECKING:  # the context holds the line, which calls ``form``
     from xmem_admission.cluster.controller.context import Context
-    from xmem_admission.cluster.controller.estimation_pods import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +110,6 @@ def form(ctx: Context, new: Sequence[Key], lines: Mapping[str, Sequence[Key]],
 def fill(ctx: Context, gme: Obj, body: Obj, settings: Any) -> Tuple[Obj, List[Obj]]:
     """The leader's pod with the riders the line gave it that can ride (see the module
     docstring), and those riders' estimates; the others go back to the line."""
-    from xmem_admission.cluster.controller import estimation_pods
     from xmem_admission.cluster.integrations import NotResolved, gpu_templates
 
     namespace = gme["metadata"]["namespace"]
@@ -116,7 +120,7 @@ def fill(ctx: Context, gme: Obj, body: Obj, settings: Any) -> Tuple[Obj, List[Ob
         if other is None or records.phase(other) != records.PENDING or \
                 ctx.pods.get(namespace, podspec.pod_name(other)) is not None:
             continue
-        found = estimation_pods.owner(ctx, other)
+        found = estimate_cache.waiter(ctx, other)
         if found is None:
             continue
         workload, obj = found
@@ -127,7 +131,7 @@ def fill(ctx: Context, gme: Obj, body: Obj, settings: Any) -> Tuple[Obj, List[Ob
             continue
         if not templates:
             continue
-        ref, containers, world = estimation_pods._unit_template(
+        ref, containers, world = podspec.unit_template(
             workload, obj, templates, other, settings, ctx.versions(namespace))
         own = podspec.build(other, obj, ref.template, containers[0][1], settings,
                             ctx.probe_image, world)
@@ -167,13 +171,6 @@ def _record_riders(ctx: Context, name: str, riders: List[Obj], write: Any) -> No
 
 def outcome(ctx: Context, pod: Obj, gme: Obj) -> Optional[Outcome]:
     """How ``gme``'s trace in a pod that carries several ended, or None while it runs."""
-    from xmem_admission.cluster.controller.estimation_pods import (
-        STATUS_REASONS,
-        Outcome,
-        _main_status,
-        classify,
-    )
-
     phase = (pod.get("status") or {}).get("phase")
     whole = classify(ctx, pod)
     if phase not in ("Succeeded", "Failed"):
@@ -183,7 +180,7 @@ def outcome(ctx: Context, pod: Obj, gme: Obj) -> Optional[Outcome]:
     if name not in traces:
         return Outcome(reason=REQUEUE, message="not among the pod's traces")
     index = traces.index(name)
-    terminated = (_main_status(pod).get("state") or {}).get("terminated") or {}
+    terminated = (main_status(pod).get("state") or {}).get("terminated") or {}
     try:
         batch = termination.decode_batch(terminated.get("message"))
     except TerminationMessageError as exc:
@@ -225,9 +222,7 @@ def siblings(ctx: Context, pod: Obj, gme: Obj) -> List[Obj]:
 
 
 def requeue(ctx: Context, gme: Obj, status: Dict[str, Any], solo: bool, write: Any) -> None:
-    """Back to the line, for a new attempt (alone, when ``solo``)."""
-    from xmem_admission.cluster.controller import estimation_line
-
+    """Back to the line, for a new attempt (alone, when ``solo``); the caller wakes the line."""
     key = (gme["metadata"]["namespace"], gme["metadata"]["name"])
     log.info("estimation %s was not traced in pod %s; it waits again%s", key[1],
              status.get("podName"), " for a pod of its own" if solo else "")
@@ -237,7 +232,6 @@ def requeue(ctx: Context, gme: Obj, status: Dict[str, Any], solo: bool, write: A
     for field in ("podName", "startTime"):
         status.pop(field, None)
     write(ctx, gme, status)
-    estimation_line.wake(ctx)
 
 
 def trace_view(pod: Obj, gme: Obj) -> Obj:

@@ -20,9 +20,10 @@ next reconcile continues from):
    fails (``PodNameTaken``) instead of reading a result its author wrote;
 3. a pod that finished, or is stuck (image pull failure, bad config), or outlived
    ``activeDeadlineSeconds`` plus a slack (an unschedulable pod never starts its own clock):
-   classify it and record ``Succeeded`` with the estimates, then delete the pod (the estimate
-   holds everything it said), or ``Failed`` with a reason and a message that quotes the
-   script's last log lines, keeping a finished pod for ``kubectl logs`` (it goes with the next
+   classify it (``pod_outcome``; a pod that carries several estimates, ``batches``) and record
+   ``Succeeded`` with the estimates, then delete the pod (the estimate holds everything it
+   said), or ``Failed`` with a reason and a message that quotes the script's last log lines
+   (one that carries several: traces not run go back to the line, which is woken), keeping a finished pod for ``kubectl logs`` (it goes with the next
    attempt or with its estimate);
 4. ``actualBytes`` set by whoever measures the job on a GPU: the ``actual`` and
    ``relativeErrorPercent`` columns are filled in.
@@ -31,17 +32,15 @@ Every status write brings the conditions along (``records.with_status``); an est
 conditions lag its status (an older release wrote it) is written once more, and one queued
 for its pod is written ``Pending`` with ``Estimating=True`` (``Queued``).
 
-Failure reasons: ``ScriptFailed``, ``NoOptimizerStep``, ``NeedsRealValues``, ``Unsupported``,
-``ProbeError``, ``NoResult``, ``OOMKilled``, ``DeadlineExceeded``, ``ImagePullFailed``,
-``ContainerConfigError``, ``ProbeInjectionFailed``, ``Error``, ``PodDeleted``, ``PodNameTaken``.
+Failure reasons: those of a pod that ended (``pod_outcome``), and ``DeadlineExceeded``,
+``PodDeleted``, ``PodNameTaken``.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from xmem_admission.cluster.backends import dra
 from xmem_admission.cluster.controller import (
@@ -52,43 +51,15 @@ from xmem_admission.cluster.controller import (
     records,
 )
 from xmem_admission.cluster.controller.context import Context, Workload
-from xmem_admission.cluster.integrations import (
-    GpuTemplate,
-    NotResolved,
-    TemplateRef,
-    estimation_units,
-    gpu_templates,
-)
+from xmem_admission.cluster.controller.pod_outcome import Outcome, classify, statuses
+from xmem_admission.cluster.integrations import NotResolved, gpu_templates
 from xmem_admission.cluster.kube.client import GME, POD, Obj
 from xmem_admission.cluster.policy import sizing
 from xmem_admission.cluster.policy.model import BackendName
-from xmem_admission.contract import probe_env, termination
-from xmem_admission.contract.errors import (
-    InvalidObjectError,
-    KubeApiError,
-    TerminationMessageError,
-)
+from xmem_admission.contract import probe_env
+from xmem_admission.contract.errors import InvalidObjectError, KubeApiError
 
 log = logging.getLogger(__name__)
-
-IMAGE_PULL_FAILURES = ("ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
-CONFIG_FAILURES = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
-# A container whose process never started: containerd's reason (kubelet kuberuntime,
-# reason from the CRI status), and dockershim's / cri-dockerd's.
-START_FAILURES = ("StartError", "ContainerCannotRun")
-STATUS_REASONS = {"script_error": "ScriptFailed", "no_step": "NoOptimizerStep",
-                  "needs_real_values": "NeedsRealValues", "unsupported": "Unsupported",
-                  "probe_error": "ProbeError", "no_torch": "TorchNotFound",
-                  "deadline_exceeded": "DeadlineExceeded", "oom_killed": "OOMKilled"}
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How an estimation pod ended: a result, or a failure reason and message."""
-
-    result: Optional[termination.Result] = None
-    reason: str = ""
-    message: str = ""
 
 
 def owner(ctx: Context, gme: Obj) -> Optional[Tuple[Workload, Obj]]:
@@ -132,121 +103,6 @@ def at_capacity(ctx: Context, namespace: str, settings: Any) -> Optional[str]:
     if here >= cap:
         return f"{here} estimation pods run in {namespace} (maxConcurrentPerNamespace {cap})"
     return None
-
-
-def _statuses(pod: Obj, field: str) -> List[Dict[str, Any]]:
-    return (pod.get("status") or {}).get(field) or []
-
-
-def _main_status(pod: Obj) -> Dict[str, Any]:
-    name = pod["spec"]["containers"][0]["name"]
-    for status in _statuses(pod, "containerStatuses"):
-        if status.get("name") == name:
-            return status
-    return {}
-
-
-def _tail(ctx: Context, pod: Obj, container: Optional[str] = None) -> str:
-    """The last lines a failed container printed: the kubelet puts them in its termination
-    message when it wrote no result (``FallbackToLogsOnError``), so the controller needs no
-    right to read any pod's logs."""
-    name = container or pod["spec"]["containers"][0]["name"]
-    text = ""
-    for status in _statuses(pod, "initContainerStatuses") + _statuses(pod, "containerStatuses"):
-        if status.get("name") == name:
-            message = ((status.get("state") or {}).get("terminated") or {}).get("message") or ""
-            if _decoded(message) is None:
-                text = "\n".join(str(message).strip().splitlines()[-ctx.log_lines:])
-    return f"; last log lines:\n{text}" if text else ""
-
-
-def _decoded(message: Optional[str]) -> Optional[termination.Result]:
-    try:
-        return termination.decode(message)
-    except TerminationMessageError:
-        return None
-
-
-def classify(ctx: Context, pod: Obj) -> Optional[Outcome]:
-    """The outcome of an estimation pod, or None while it is still on its way."""
-    status = pod.get("status") or {}
-    phase = status.get("phase", "Pending")
-    main = _main_status(pod)
-    terminated = (main.get("state") or {}).get("terminated") or {}
-    result = _decoded(terminated.get("message"))
-    if phase == "Succeeded":
-        if result is not None and result.ok:
-            return Outcome(result=result)
-        if result is not None:
-            return _failed_result(ctx, pod, result)
-        return Outcome(reason="NoResult", message="the estimation container exited 0 without a "
-                       "result: did the command start Python with the probe on PYTHONPATH?"
-                       + _tail(ctx, pod))
-    if phase == "Failed":
-        limit = pod["spec"].get("activeDeadlineSeconds")
-        if status.get("reason") == "DeadlineExceeded":
-            return Outcome(reason="DeadlineExceeded", message=f"the estimation did not finish "
-                           f"within activeDeadlineSeconds={limit}" + _tail(ctx, pod))
-        for init in _statuses(pod, "initContainerStatuses"):
-            ended = (init.get("state") or {}).get("terminated") or {}
-            code = ended.get("exitCode")
-            if code in (None, 0):
-                continue
-            how = f"exit code {code}, {ended.get('reason') or 'no reason'}"
-            if init.get("name") == podspec.IMAGE_ENV_NAME:
-                spec: Dict[str, Any] = next((c for c in pod["spec"].get("initContainers") or []
-                                       if c.get("name") == podspec.IMAGE_ENV_NAME), {})
-                python = (spec.get("command") or ["python3"])[0]
-                return Outcome(reason="ImageEnvUnreadable", message=f"the init container that "
-                               f"reads the image's PYTHONPATH with {python!r} from image "
-                               f"{init.get('image')!r} failed ({how}): the image needs that "
-                               "Python (start the workload's command with the interpreter, or "
-                               "set PYTHONPATH in the pod spec)"
-                               + _tail(ctx, pod, init.get("name")))
-            return Outcome(reason="ProbeInjectionFailed", message="the init container that "
-                           f"installs the probe failed ({how})"
-                           + _tail(ctx, pod, init.get("name")))
-        if terminated.get("reason") == "OOMKilled":
-            memory = pod["spec"]["containers"][0]["resources"]["limits"].get("memory")
-            return Outcome(reason="OOMKilled", message=f"the estimation pod exceeded its memory "
-                           f"limit ({memory}): raise spec.estimation.resources.memory in the "
-                           "policy, or use fake mode (spec.estimation.mode)" + _tail(ctx, pod))
-        if result is not None and not result.ok:
-            return _failed_result(ctx, pod, result)
-        if terminated.get("reason") in START_FAILURES:
-            # the runtime's own words (kubelet: the CRI error as the termination message)
-            return Outcome(reason="CannotStart", message="the estimation container could not "
-                           f"start its command {_command(pod)}: "
-                           f"{str(terminated.get('message') or '').strip()[-1000:]}")
-        code = terminated.get("exitCode")
-        return Outcome(reason="Error", message=f"the estimation container failed (exit code "
-                       f"{code}, {terminated.get('reason') or 'no reason'})" + _tail(ctx, pod))
-    for item in _statuses(pod, "initContainerStatuses") + _statuses(pod, "containerStatuses"):
-        waiting = (item.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in IMAGE_PULL_FAILURES:
-            return Outcome(reason="ImagePullFailed", message=f"cannot pull image "
-                           f"{item.get('image')!r} ({waiting.get('reason')}): "
-                           f"{waiting.get('message', '')}".rstrip(": "))
-        if waiting.get("reason") in CONFIG_FAILURES:
-            return Outcome(reason="ContainerConfigError", message=f"container "
-                           f"{item.get('name')!r} cannot start ({waiting.get('reason')}): "
-                           f"{waiting.get('message', '')}".rstrip(": "))
-    return None
-
-
-def _command(pod: Obj) -> str:
-    container = pod["spec"]["containers"][0]
-    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
-    return repr(" ".join(argv)[:200]) if argv else "(the image's ENTRYPOINT and CMD)"
-
-
-def _failed_result(ctx: Context, pod: Obj, result: termination.Result) -> Outcome:
-    text = result.reason
-    if result.traceback:
-        text += "\n" + "\n".join(result.traceback.strip().splitlines()[-ctx.log_lines:])
-    else:
-        text += _tail(ctx, pod)
-    return Outcome(reason=STATUS_REASONS.get(result.status, "Error"), message=text)
 
 
 def _summary(ctx: Context, gme: Obj, status: Dict[str, Any]) -> None:
@@ -328,6 +184,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
     outcome = batches.outcome(ctx, pod, gme) if podspec.carried(pod) else classify(ctx, pod)
     if outcome is not None and outcome.reason == batches.REQUEUE:
         batches.requeue(ctx, gme, status, outcome.message == "solo", _write_status)
+        estimation_line.wake(ctx)
         return None
     if outcome is None:
         started = records.parse_time(status.get("startTime")) or ctx.now()
@@ -337,7 +194,7 @@ def reconcile(ctx: Context, namespace: str, name: str) -> Optional[float]:
         if ctx.now() < overdue:
             return min(30.0, max(1.0, (overdue - ctx.now()).total_seconds()))
         waiting = [((s.get("state") or {}).get("waiting") or {}).get("reason", "")
-                   for s in _statuses(pod, "containerStatuses")]
+                   for s in statuses(pod, "containerStatuses")]
         outcome = Outcome(reason="DeadlineExceeded", message=f"the estimation pod did not finish "
                           f"within activeDeadlineSeconds={int(limit)} (phase "
                           f"{(pod.get('status') or {}).get('phase', 'Pending')}"
@@ -370,7 +227,7 @@ def _start(ctx: Context, gme: Obj, status: Dict[str, Any], workload: Workload, o
         _write_status(ctx, gme, status)
         _enqueue_workloads(ctx, gme)
         return None
-    ref, containers, world = _unit_template(workload, obj, templates, gme, settings,
+    ref, containers, world = podspec.unit_template(workload, obj, templates, gme, settings,
                                             ctx.versions(gme["metadata"]["namespace"]))
     body, riders = batches.fill(ctx, gme, podspec.build(
         gme, obj, ref.template, containers[0][1], settings, ctx.probe_image, world), settings)
@@ -443,24 +300,6 @@ def _delete_earlier_attempts(ctx: Context, gme: Obj, current: str) -> None:
         if m.get("namespace") == namespace and m["name"] != current and owns(gme, pod, True) and \
                 "deletionTimestamp" not in m:
             ctx.kube.delete_pod(namespace, m["name"], m.get("uid"))
-
-
-def _unit_template(workload: Workload, obj: Obj, templates: List[GpuTemplate], gme: Obj,
-                   settings: Any, versions: Any = None,
-                   ) -> Tuple[TemplateRef, List[Any], Optional[Dict[str, str]]]:
-    """The GPU template the GME's program runs in, and the world to trace it in: the first
-    GPU template for a workload estimated as one unit; for one whose templates run different
-    programs, the first template of the unit the GME is recorded under, in that unit's world
-    (``integrations.estimation_units``)."""
-    wanted = (gme.get("spec") or {}).get("fingerprint")
-    units = estimation_units(workload.integration, obj, settings.gpu_keys, versions)
-    unit = next((u for u in units if u.fingerprint == wanted), None)
-    if len(units) < 2 or unit is None:
-        ref, containers = templates[0]
-        return ref, containers, None
-    ref, containers = templates[unit.templates[0]]
-    roles = [templates[i][0].role for i in unit.templates]
-    return ref, containers, workload.integration.unit_environment(obj, roles)
 
 
 def _name_taken(pod: Obj) -> Outcome:

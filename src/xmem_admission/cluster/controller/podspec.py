@@ -57,13 +57,17 @@ import hashlib
 import json
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from xmem_admission.cluster.controller import records
+from xmem_admission.cluster.integrations import GpuTemplate, TemplateRef, estimation_units
 from xmem_admission.cluster.integrations.base import for_kind
 from xmem_admission.cluster.kube.client import Obj
 from xmem_admission.cluster.policy.model import Settings
 from xmem_admission.contract import probe_env, side_effects
+
+if TYPE_CHECKING:
+    from xmem_admission.cluster.controller.context import Workload
 
 PROBE_DIR = "/xmem/probe"
 PROBE_VOLUME = "xmem-probe"
@@ -252,6 +256,24 @@ def image_env_container(container: Mapping[str, Any]) -> Optional[Dict[str, Any]
     if container.get("imagePullPolicy") is not None:
         out["imagePullPolicy"] = container["imagePullPolicy"]
     return out
+
+
+def unit_template(workload: Workload, obj: Obj, templates: List[GpuTemplate], gme: Obj,
+                  settings: Any, versions: Any = None,
+                  ) -> Tuple[TemplateRef, List[Any], Optional[Dict[str, str]]]:
+    """The GPU template the GME's program runs in, and the world to trace it in: the first
+    GPU template for a workload estimated as one unit; for one whose templates run different
+    programs, the first template of the unit the GME is recorded under, in that unit's world
+    (``integrations.estimation_units``)."""
+    wanted = (gme.get("spec") or {}).get("fingerprint")
+    units = estimation_units(workload.integration, obj, settings.gpu_keys, versions)
+    unit = next((u for u in units if u.fingerprint == wanted), None)
+    if len(units) < 2 or unit is None:
+        ref, containers = templates[0]
+        return ref, containers, None
+    ref, containers = templates[unit.templates[0]]
+    roles = [templates[i][0].role for i in unit.templates]
+    return ref, containers, workload.integration.unit_environment(obj, roles)
 
 
 def build(gme: Obj, workload: Obj, template: Mapping[str, Any], container: Mapping[str, Any],
