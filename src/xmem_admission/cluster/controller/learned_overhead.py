@@ -99,10 +99,12 @@ def position_entries(positions: Tuple[RangePosition, ...]) -> List[Dict[str, Any
              "namespaces": p.namespaces, "above": p.above} for p in positions]
 
 
-def summary(figures: Tuple[OverheadFigure, ...]) -> str:
-    """The ``kubectl get gap`` column: ``H200/580.159.04 770Mi (7 jobs)``."""
-    text = "; ".join(f"{f.gpu}/{f.driver} {round(f.outside_bytes / (1 << 20))}Mi "
-                     f"({f.jobs} jobs)" for f in figures)
+def summary(figures: Tuple[OverheadFigure, ...], positions: Tuple[RangePosition, ...] = ()) -> str:
+    """The ``kubectl get gap`` column: ``H200/580.159.04 770Mi (7 jobs); H200 range 30% (5
+    jobs)``."""
+    text = "; ".join([f"{f.gpu}/{f.driver} {round(f.outside_bytes / (1 << 20))}Mi "
+                      f"({f.jobs} jobs)" for f in figures]
+                     + [f"{p.gpu} range {p.percent}% ({p.jobs} jobs)" for p in positions])
     return text[:500] or "none yet"
 
 
@@ -129,7 +131,7 @@ def reconcile(ctx: Context) -> Optional[float]:
             return None
         raise
     status = dict(obj.get("status") or {}, learnedOverhead=status_entries(figures),
-                  rangePositions=position_entries(positions), learned=summary(figures),
+                  rangePositions=position_entries(positions), learned=summary(figures, positions),
                   learnedAt=records.stamp(ctx.now()))
     ctx.kube.replace_cluster_status(POLICY, dict(obj, status=status))
     for figure in figures:
