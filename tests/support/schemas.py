@@ -4,7 +4,8 @@
   every minor version this project supports (1.30 to 1.35), in their strict form (unknown fields
   rejected, as ``kubectl --validate=strict`` and server-side field validation do).
 - Custom resources (PyTorchJob, GPUAdmissionPolicy): the CRD's openAPIV3Schema, read the way
-  the API server reads it (OpenAPI 3.0 dialect turned into JSON Schema, unknown fields refused).
+  the API server reads it (OpenAPI 3.0 dialect turned into JSON Schema, unknown fields refused,
+  by the walk that writes the chart's values.schema.json: ``policy.schema.json_schema_of``).
 
 Validators are built once per schema: ``kubernetes_validate.validate`` re-reads a 1.2 MB
 definitions file on every call, which would dominate the test time.
@@ -23,6 +24,8 @@ import jsonschema
 import kubernetes_validate
 import yaml
 from referencing import Registry, Resource
+
+from xmem_admission.cluster.policy.schema import json_schema_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
@@ -79,45 +82,12 @@ def validate_pod_spec(spec: Mapping[str, Any], versions: Iterable[str] = VERSION
             ) from None
 
 
-def openapi_to_jsonschema(node: Any) -> Any:
-    """A CRD's OpenAPI 3.0 schema as JSON Schema, with unknown fields refused (strict)."""
-    if isinstance(node, list):
-        return [openapi_to_jsonschema(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out: Dict[str, Any] = {}
-    for key, value in node.items():
-        if key in ("properties", "patternProperties"):
-            out[key] = {k: openapi_to_jsonschema(v) for k, v in value.items()}
-        elif key == "default" or key.startswith("x-kubernetes-") or key == "description":
-            continue
-        else:
-            out[key] = openapi_to_jsonschema(value)
-    if out.get("exclusiveMaximum") is True:
-        out["exclusiveMaximum"] = out.pop("maximum")
-    elif out.get("exclusiveMaximum") is False:
-        out.pop("exclusiveMaximum")
-    if out.get("exclusiveMinimum") is True:
-        out["exclusiveMinimum"] = out.pop("minimum")
-    elif out.get("exclusiveMinimum") is False:
-        out.pop("exclusiveMinimum")
-    if node.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-        out.pop("nullable", None)
-    if (
-        "properties" in out
-        and "additionalProperties" not in out
-        and not node.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        out["additionalProperties"] = False
-    return out
-
-
 @functools.cache
 def crd_validator(path: str) -> jsonschema.Validator:
     with open(path, encoding="utf-8") as handle:
         crd = yaml.safe_load(handle)
-    schema = openapi_to_jsonschema(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    schema = json_schema_of(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"],
+                            descriptions=False)
     return jsonschema.Draft202012Validator(schema)
 
 

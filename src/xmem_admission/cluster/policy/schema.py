@@ -18,7 +18,7 @@ import difflib
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from xmem_admission.cluster.policy import api
 
@@ -93,52 +93,88 @@ spec:
 """
 
 
+DROP = object()  # what a key's rewrite returns to leave the key out
+NAMED = ("properties", "patternProperties")  # maps from names to nodes, not nodes themselves
+
+
+def rewrite(node: Any, key: Callable[[str, Any], Any] = lambda _, value: value,
+            close: Callable[[Dict[str, Any], Dict[str, Any]], Any] = lambda _, out: out,
+            enter: Callable[[Dict[str, Any]], Dict[str, Any]] = lambda node: node) -> Any:
+    """A schema tree rewritten from one dialect to another, bottom-up: the one walk of this
+    module (and of the tests' CRD validators). A list is rewritten item by item; an object is
+    first passed to ``enter`` (which may replace it), then key by key: each node of a ``NAMED``
+    map is rewritten (a field's name is never taken for a keyword), any other key's value goes
+    through ``key(name, value)``, which gives the value to keep (rewritten in its turn) or
+    ``DROP``; ``close(node, out)`` makes the result from the object entered and its keys
+    rewritten."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        node = enter(node)
+        out: Dict[str, Any] = {}
+        for name, value in node.items():
+            if name in NAMED and isinstance(value, dict):
+                out[name] = {field: walk(child) for field, child in value.items()}
+                continue
+            value = key(name, value)
+            if value is not DROP:
+                out[name] = walk(value)
+        return close(node, out)
+
+    return walk(node)
+
+
+def _words(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
 def _openapi(node: Any, defs: Dict[str, Any]) -> Any:
     """A pydantic JSON Schema node as a Kubernetes structural schema node: references inlined,
     optional (nullable) fields as plain ones, OpenAPI 3.0's boolean exclusive bounds, no titles,
     no defaults of objects or lists (the API server defaults the fields of an object present)."""
-    if isinstance(node, list):
-        return [_openapi(n, defs) for n in node]
-    if not isinstance(node, dict):
+
+    def enter(node: Dict[str, Any]) -> Dict[str, Any]:
+        node = dict(node)
+        ref = node.pop("$ref", None)
+        if ref is not None:
+            target = dict(defs[ref.rsplit("/", 1)[-1]])
+            if "enum" in target:  # an enum's docstring describes the Python class, not the field
+                target = {"type": target["type"], "enum": target["enum"]}
+            node = {**target, **node}
+        options = node.get("anyOf")
+        if options and {"type": "null"} in options:
+            rest = [o for o in options if o != {"type": "null"}]
+            del node["anyOf"]
+            if len(rest) == 1:
+                node = {**rest[0], **node}
+            else:
+                node["anyOf"] = rest
+            if node.get("default", 0) is None:
+                del node["default"]
+            if "$ref" in node:
+                return enter(node)
         return node
-    node = dict(node)
-    ref = node.pop("$ref", None)
-    if ref is not None:
-        target = dict(defs[ref.rsplit("/", 1)[-1]])
-        if "enum" in target:  # an enum's docstring describes the Python class, not the field
-            target = {"type": target["type"], "enum": target["enum"]}
-        node = {**target, **node}
-    options = node.get("anyOf")
-    if options and {"type": "null"} in options:
-        rest = [o for o in options if o != {"type": "null"}]
-        del node["anyOf"]
-        if len(rest) == 1:
-            node = {**rest[0], **node}
-        else:
-            node["anyOf"] = rest
-        if node.get("default", 0) is None:
-            del node["default"]
-        if "$ref" in node:
-            return _openapi(node, defs)
-    out: Dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "title" or (key == "additionalProperties" and value is False):
-            continue
-        if key == "default" and isinstance(value, (dict, list)):
-            continue
-        if key == "properties":
-            out[key] = {k: _openapi(v, defs) for k, v in value.items()}
-        elif key == "description":
-            out[key] = " ".join(str(value).split())
-        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
-            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
-            out[key] = True
-        else:
-            out[key] = _openapi(value, defs)
-    required = out.get("required")
-    if required is not None:
-        out["required"] = [r for r in required if r in out.get("properties", {})]
-    return _ordered(out)
+
+    def key(name: str, value: Any) -> Any:
+        if name == "title" or (name == "additionalProperties" and value is False) or \
+                (name == "default" and isinstance(value, (dict, list))):
+            return DROP
+        return _words(value) if name == "description" else value
+
+    def close(_: Dict[str, Any], out: Dict[str, Any]) -> Dict[str, Any]:
+        for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            if bound in out and not isinstance(out[bound], bool):
+                out[limit] = out[bound]
+                out[bound] = True
+        required = out.get("required")
+        if required is not None:
+            out["required"] = [r for r in required if r in out.get("properties", {})]
+        return _ordered(out)
+
+    return rewrite(node, key, close, enter)
 
 
 _ORDER = ("type", "x-kubernetes-int-or-string", "anyOf", "pattern", "enum", "minimum",
@@ -157,31 +193,19 @@ def _ordered(node: Dict[str, Any]) -> Dict[str, Any]:
 def _without(node: Any) -> Any:
     """An override's node: no defaults (an unset field keeps the value ``spec`` resolved), no
     rule that reads a field the override may inherit."""
-    if isinstance(node, list):
-        return [_without(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out: Dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "default":
-            continue
-        if key == "x-kubernetes-validations":
-            rules = [r for r in value if not r.get(api.INHERITED)]
-            if rules:
-                out[key] = rules
-        elif key == "properties":
-            out[key] = {k: _without(v) for k, v in value.items()}
-        else:
-            out[key] = _without(value)
-    return out
+
+    def key(name: str, value: Any) -> Any:
+        if name == "default":
+            return DROP
+        if name == "x-kubernetes-validations":
+            return [r for r in value if not r.get(api.INHERITED)] or DROP
+        return value
+
+    return rewrite(node, key)
 
 
 def _strip_marks(node: Any) -> Any:
-    if isinstance(node, list):
-        return [_strip_marks(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    return {k: _strip_marks(v) for k, v in node.items() if k != api.INHERITED}
+    return rewrite(node, lambda name, value: DROP if name == api.INHERITED else value)
 
 
 def spec_schema() -> Dict[str, Any]:
@@ -215,39 +239,42 @@ def render_crd(obj: Dict[str, Any]) -> str:
     return CRD_HEADER + text
 
 
-def values_schema_of(node: Any) -> Any:
-    """A CRD schema node in the JSON Schema dialect Helm checks values with: unknown fields
-    refused, OpenAPI 3.0's boolean exclusive bounds as numbers, no defaults (values may leave a
-    field out: the API server defaults it), no Kubernetes extensions."""
-    if isinstance(node, list):
-        return [values_schema_of(n) for n in node]
-    if not isinstance(node, dict):
-        return node
-    out: Dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "properties":
-            out[key] = {k: values_schema_of(v) for k, v in value.items()}
-        elif key == "default" or key.startswith("x-kubernetes-"):
-            continue
-        elif key == "description":
-            out[key] = " ".join(str(value).split())
-        else:
-            out[key] = values_schema_of(value)
-    for bound, limit in (("exclusiveMaximum", "maximum"), ("exclusiveMinimum", "minimum")):
-        if out.get(bound) is True:
-            out[bound] = out.pop(limit)
-        elif out.get(bound) is False:
-            out.pop(bound)
-    if "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
+def json_schema_of(node: Any, descriptions: bool = True) -> Any:
+    """A CRD schema node in the JSON Schema dialect Helm checks values with (and the tests
+    validate custom resources with): unknown fields refused (unless the node preserves them),
+    OpenAPI 3.0's boolean exclusive bounds as numbers, ``nullable`` as a type that admits null,
+    no defaults (values may leave a field out: the API server defaults it), no Kubernetes
+    extensions; descriptions on one line, or none."""
+
+    def key(name: str, value: Any) -> Any:
+        if name == "default" or name.startswith("x-kubernetes-"):
+            return DROP
+        if name == "description":
+            return _words(value) if descriptions else DROP
+        return value
+
+    def close(node: Dict[str, Any], out: Dict[str, Any]) -> Dict[str, Any]:
+        for bound, limit in (("exclusiveMaximum", "maximum"), ("exclusiveMinimum", "minimum")):
+            if out.get(bound) is True:
+                out[bound] = out.pop(limit)
+            elif out.get(bound) is False:
+                out.pop(bound)
+        if node.get("nullable") and "type" in out:
+            out["type"] = [out["type"], "null"]
+            out.pop("nullable", None)
+        if "properties" in out and "additionalProperties" not in out and \
+                not node.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+        return out
+
+    return rewrite(node, key, close)
 
 
 def generated_values(values_schema: Dict[str, Any]) -> Dict[str, Any]:
     """``values_schema`` with its ``policy.spec`` generated from the models (through the CRD's
     node: one path)."""
     out = copy.deepcopy(values_schema)
-    spec = values_schema_of(spec_schema())
+    spec = json_schema_of(spec_schema())
     spec["description"] = SPEC_DESCRIPTION
     out["properties"]["policy"]["properties"]["spec"] = spec
     return out
