@@ -75,7 +75,7 @@ spec:
           jsonPath: .status.conditions[?(@.type=="Accepted")].reason
         - name: Learned
           type: string
-          description: The memory outside the allocator learned per GPU model and driver.
+          description: What finished runs taught, per GPU model (the memory outside the allocator per driver, and where jobs land in their range).
           jsonPath: .status.learned
         - name: Age
           type: date
