@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xmem_admission.estimator.probe.tracker import _dense
+from xmem_admission.estimator.probe.autograd_nodes import dense as _dense
 
 
 def _strided(shape, stride):

@@ -7,19 +7,20 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from xmem_admission.estimator.probe import tracker as tracker_module
 from xmem_admission.estimator.probe.tracker import HOST_FACTORY_NUMEL, AllocationTracker
 from xmem_admission.estimator.trace import Trace
 
 
 def test_a_profiler_range_is_passed_through_without_being_weighed(monkeypatch):
     weighed = []
-    real_host_data = AllocationTracker._host_data
+    real_host_data = tracker_module.host_data
 
-    def host_data(self, func, *rest):
+    def host_data(func, *rest):
         weighed.append(str(func))
-        return real_host_data(self, func, *rest)
+        return real_host_data(func, *rest)
 
-    monkeypatch.setattr(AllocationTracker, "_host_data", host_data)
+    monkeypatch.setattr(tracker_module, "host_data", host_data)
     mode = FakeTensorMode()
     trace = Trace()
     tracker = AllocationTracker(trace, fake=True, fake_mode=mode)
