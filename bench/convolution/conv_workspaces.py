@@ -73,7 +73,7 @@ _FLAGS = ("cl", "bm", "det", "tf32")
 
 
 def parse_mark(label: str) -> Optional[Dict[str, Any]]:
-    """A probe ``cudnn:`` mark (``tracker.conv_mark``) as a shape, or None for other marks;
+    """A probe ``cudnn:`` mark (``convolutions.conv_mark``) as a shape, or None for other marks;
     the geometry, dtype and flags of a newer probe's marks come with it."""
     head, _, rest = label.partition(" ")
     if not head.startswith("cudnn:"):

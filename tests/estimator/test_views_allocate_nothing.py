@@ -1,7 +1,7 @@
 """A view of a GPU tensor allocates nothing, whatever size the traced torch's fake storage says.
 
-torch 2.3's fake mode reports a view's extent as its storage's size (``tracker.
-_views_resize_storages``): BERT's embeddings, slicing their position and token-type buffers,
+torch 2.3's fake mode reports a view's extent as its storage's size (``blocks.
+views_resize_storages``): BERT's embeddings, slicing their position and token-type buffers,
 looked like two resized buffers there, each freed and made again as an activation of the
 slice's size (the conformance corpus's accelerate script, `make compat`'s 2.3.1 rows)."""
 

@@ -78,7 +78,7 @@ def gpu_only_cause(exc: BaseException) -> Optional[GPUOnlyCall]:
 
 
 # What torch's fake execution raises when it meets a value it does not have: the probe's own
-# ``DataDependentValue`` (tracker.py), FakeTensor's exceptions (torch/_subclasses/
+# ``DataDependentValue`` (data_dependent.py), FakeTensor's exceptions (torch/_subclasses/
 # fake_tensor.py: DataDependentOutputException, DynamicOutputShapeException,
 # UnsupportedOperatorException is not one of them) and the symbolic-shape guard on an unbacked
 # value (torch/fx/experimental/symbolic_shapes.py: GuardOnDataDependentSymNode).

@@ -145,7 +145,7 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
         device = kwargs.get("device")
         if device is not None and _is_cuda_device(device) is not None:
             kwargs = dict(kwargs, device="cpu")
-            # "meta": shape-only memory, never host data (see tracker._host_data)
+            # "meta": shape-only memory, never host data (see placement.host_data)
             side = "cuda" if _is_cuda_device(device) else (
                 "meta" if str(device).startswith("meta") else "host")
             with self.on(side):
