@@ -1,13 +1,16 @@
 """What text generation costs the probe in fake mode, token by token: TRL's GRPO job
 (``tests/finetune/scripts/trl_grpo.py``, 4 completions a step) traced by the probe with every
-sampling step of ``model.generate`` timed, at each completion length asked for.
+traced sampling step of ``model.generate`` timed, at each completion length asked for.
 
 Printed per completion length: the probe's seconds, CPU seconds and peak RSS; per generation
-(one per optimizer step), its sampling steps, CPU and wall seconds, the CPU of a sampling step in
-each quarter of the generation (a cost that grows with the token index shows as rising
-quarters) and the trace events a step adds.
+(one per optimizer step), its sampling steps traced and written from the traced ones
+(``probe/generation_steps.py``) and the CPU seconds the writing took, CPU and wall seconds, the
+CPU of a traced sampling step in each quarter of the traced ones (a cost that grows with the
+token index shows as rising quarters) and the trace events a traced step adds.
+``--every-step`` traces every sampling step (``XMEM_TRACE_EVERY_GENERATION_STEP=1``).
 
     .venv/bin/python bench/speed/generation_steps.py [--checkpoint tiny|bench|DIR] [--tokens 16,64]
+        [--every-step]
 
 ``tiny`` is the tests' checkpoint (2 layers, hidden 64), ``bench`` the fine-tuning matrix's 0.85B
 one (16 layers, hidden 2048; ``bench/coverage/finetune_matrix.py``), made once into
@@ -42,8 +45,14 @@ H200 = ('{"name": "NVIDIA H200", "total_memory": 150109945856, "compute_capabili
 # (transformers' LogitsProcessorList call, patched by the probe's generation module) timed.
 DRIVER = """
 import json, runpy, sys, time
-from xmem_admission.estimator.probe import generation
+from xmem_admission.estimator.probe import generation, generation_steps
 log = []
+write = generation_steps.Loop._write
+def timed_write(self, rule, last, jump, plan):
+    log.append(("write", time.perf_counter(), time.process_time(), jump))
+    write(self, rule, last, jump, plan)
+    log.append(("written", time.perf_counter(), time.process_time(), jump))
+generation_steps.Loop._write = timed_write
 def timed(patch, kind):
     def install(patches, tracker, state, module):
         patch(patches, tracker, state, module)
@@ -73,18 +82,19 @@ finally:
 PARSER = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 PARSER.add_argument("--tokens", default="16,64", help="completion lengths, comma-separated")
 PARSER.add_argument("--checkpoint", default="tiny", help="tiny, bench or a folder")
+PARSER.add_argument("--every-step", action="store_true", help="trace every sampling step")
 
 
 def generations(log: List[list]) -> List[List[list]]:
-    """The log split per generate() call: its start, its sampling steps, its end."""
+    """The log split per generate() call: its start, its sampling steps and writes, its end."""
     found, current = [], []
     for entry in log:
         if entry[0] == "generate":
             current = [entry]
-        elif entry[0] == "step":
-            current.append(entry)
-        else:
+        elif entry[0] == "end":
             found.append(current + [entry])
+        else:
+            current.append(entry)
     return found
 
 
@@ -93,16 +103,21 @@ def report(tokens: int, log: List[list], result: dict, cpu: float) -> None:
           f"{result['peak_rss_bytes'] / 2**30:.2f} GiB, status {result['status']}, trace events "
           f"{len(result['trace']['events']) if result.get('trace') else 0:,}")
     for index, gen in enumerate(generations(log)):
-        steps = gen[1:-1]
-        cpu_steps = [b[2] - a[2] for a, b in zip(steps, steps[1:])]
+        steps = [entry for entry in gen if entry[0] == "step"]
+        writes = [entry for entry in gen if entry[0] in ("write", "written")]
+        written = sum(entry[3] for entry in writes if entry[0] == "write")
+        write_cpu = sum(b[2] - a[2] for a, b in zip(writes[::2], writes[1::2]))
+        pairs = [(a, b) for a, b in zip(steps, steps[1:])
+                 if not any(a[1] <= w[1] <= b[1] for w in writes)]
+        cpu_steps = [b[2] - a[2] for a, b in pairs]
         quarter = max(1, len(cpu_steps) // 4)
         quarters = [cpu_steps[k * quarter:(k + 1) * quarter] for k in range(4)]
         per_step = " ".join(f"{1000 * sum(q) / len(q):.0f}" for q in quarters if q)
-        events = (steps[-1][3] - steps[0][3]) / max(1, len(steps) - 1)
+        events = sum(b[3] - a[3] for a, b in pairs) / max(1, len(pairs))
         cpu_total, wall_total = gen[-1][2] - gen[0][2], gen[-1][1] - gen[0][1]
-        print(f"  generation {index}: {len(steps)} sampling steps, {cpu_total:.1f} s CPU, "
-              f"{wall_total:.1f} s wall; ms CPU per step by quarter: {per_step}; {events:.0f} "
-              f"trace events per step")
+        print(f"  generation {index}: {len(steps)} sampling steps traced, {written} written "
+              f"({write_cpu:.2f} s CPU), {cpu_total:.1f} s CPU, {wall_total:.1f} s wall; ms CPU "
+              f"per traced step by quarter: {per_step}; {events:.0f} trace events per step")
 
 
 def main(argv: List[str]) -> None:
@@ -115,6 +130,9 @@ def main(argv: List[str]) -> None:
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {folder}, load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env.pop("XMEM_TRACE_EVERY_GENERATION_STEP", None)
+    if options.every_step:
+        env["XMEM_TRACE_EVERY_GENERATION_STEP"] = "1"
     for tokens in (int(t) for t in options.tokens.split(",")):
         with tempfile.TemporaryDirectory(prefix="generation-steps-") as tmp:
             log_path, out = os.path.join(tmp, "steps.json"), os.path.join(tmp, "result.json")

@@ -29,6 +29,8 @@ completions, and tensors made from them). A loop whose scores are not known this
 never stops on an unknown value: ``StopCheck.__call__`` (transformers 5: generation/utils.py,
 ``bool(unfinished_sequences.max() == 0)``) and ``GenerationMixin._has_unfinished_sequences``
 (4.x and 5: ``elif this_peer_finished``) answer "not finished" where the value is unknown.
+``GenerationMixin._sample`` and that loop head also let ``generation_steps`` write the
+sampling steps that repeat instead of tracing each one.
 
 Python >= 3.9, standard library and torch only: the probe bundle.
 """
@@ -43,6 +45,7 @@ from typing import Any, Dict, FrozenSet, Iterator, List, Optional, Set, Tuple
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from xmem_admission.estimator.probe import generation_steps
 from xmem_admission.estimator.probe.distributed import _AfterImport
 from xmem_admission.estimator.probe.outcomes import NeedsRealValues
 from xmem_admission.estimator.probe.tracker import where_in_script
@@ -66,6 +69,9 @@ class _State:
         self.steps = 0  # sampling steps of the latest generation
         self.texts: Set[str] = set()  # decoded texts that hold a stand-in completion
         self.chosen: Dict[Tuple[int, FrozenSet[int]], Optional[int]] = {}  # by vocab and ends
+        self.loops: List[Any] = []  # one generation_steps.Loop (or None) per _sample under way
+        self.rule: Any = None  # the steps' rule the latest generation followed (generation_steps)
+        self.rule_prompt = 0  # and its prompt's length
 
 
 def install(patches: Any, tracker: Any, fake: bool) -> None:
@@ -129,8 +135,28 @@ def _patch_generation(patches: Any, tracker: Any, state: _State, module: Any) ->
     if mixin is None:
         return
     if "_has_unfinished_sequences" in vars(mixin):
-        patches.set(mixin, "_has_unfinished_sequences",
-                    bounded(True)(vars(mixin)["_has_unfinished_sequences"]))
+        unfinished = bounded(True)(vars(mixin)["_has_unfinished_sequences"])
+
+        def has_unfinished(self: Any, *args: Any, **kwargs: Any) -> Any:
+            more = unfinished(self, *args, **kwargs)
+            loop = state.loops[-1] if state.loops else None
+            if loop is not None:  # a loop head: the sampling step before it has ended
+                loop.head(bool(more))
+            return more
+
+        patches.set(mixin, "_has_unfinished_sequences", has_unfinished)
+    if "_sample" in vars(mixin):
+        real_sample = vars(mixin)["_sample"]
+
+        def sample(self: Any, *args: Any, **kwargs: Any) -> Any:
+            state.loops.append(generation_steps.loop_for(tracker, state, real_sample, self, args,
+                                                         kwargs))
+            try:
+                return real_sample(self, *args, **kwargs)
+            finally:
+                state.loops.pop()
+
+        patches.set(mixin, "_sample", sample)
     if "generate" in vars(mixin):
         real_generate = vars(mixin)["generate"]
 

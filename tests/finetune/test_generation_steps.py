@@ -1,0 +1,84 @@
+"""TRL's GRPO job with its own generation (``scripts/trl_grpo.py``) in fake mode: once the
+sampling steps repeat, the probe writes the rest of them from the traced ones instead of running
+the model on each token (``probe/generation_steps.py``). What a user sees must not change: the
+trace is the one that tracing every step gives, event for event, and so are the peaks.
+
+``XMEM_TRACE_EVERY_GENERATION_STEP=1`` traces every step (the same job, the old way). The job
+runs three optimizer steps with 32-token completions. Each generation writes steps 20 to 27 (16
+regular steps traced first; the rule's period is 8 on this checkpoint, as memory-efficient
+attention copies its mask padded to a multiple of 8 keys: ``probe/attention.py``) and traces the
+last 5, except where it reuses the previous generation's rule: the third generation's steps 4 to
+12 are what the second's rule gives for their number of keys (the first generation's steps differ
+from the second's in phase: it runs before the first optimizer step), so it writes steps 13 to 28.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+from tests.support.torch_envs import NEWEST
+from xmem_admission.estimator.trace import Trace
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "trl_grpo.py"
+
+
+def start(checkpoint: Path, trace: Path, every_step: bool) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env.pop("XMEM_TRACE_EVERY_GENERATION_STEP", None)
+    if every_step:
+        env["XMEM_TRACE_EVERY_GENERATION_STEP"] = "1"
+    command = [sys.executable, "-m", "xmem_admission.cli", "estimate", "--python",
+               NEWEST.interpreter, "--json", "--gpu", "H100-80GB,H200", "--steps", "3",
+               "--trace", str(trace), "--", "python", str(SCRIPT), "--model", str(checkpoint),
+               "--batch-size", "4", "--seq-len", "64"]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> Dict[str, Any]:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-4000:]
+    result: Dict[str, Any] = json.loads(out)
+    return result
+
+
+def events(trace: Trace) -> List[Tuple[Any, ...]]:
+    """The events with each id replaced by its allocation's rank: two traces of one program
+    agree on everything else."""
+    rank: Dict[int, int] = {}
+    found: List[Tuple[Any, ...]] = []
+    for event in trace.events:
+        if event.op == "alloc":
+            rank[event.id] = len(rank)
+            found.append(tuple(event._replace(id=rank[event.id])))
+        elif event.op == "free":
+            found.append(("free", rank[event.id]))
+        else:
+            found.append(tuple(event))
+    return found
+
+
+def test_grpos_generation_written_from_its_traced_steps_traces_what_every_step_traces(
+        llama_checkpoint: Path, tmp_path: Path) -> None:
+    written_trace, traced_trace = tmp_path / "written.json", tmp_path / "traced.json"
+    written_run = start(llama_checkpoint, written_trace, every_step=False)
+    traced_run = start(llama_checkpoint, traced_trace, every_step=True)
+    written, traced = finish(written_run), finish(traced_run)
+    assert written["mode"] == traced["mode"] == "fake"
+    notes = [note for note in Trace.load(str(written_trace)).notes()
+             if note.get("key") == "generation-steps"]
+    assert notes and notes[0]["message"].startswith(
+        "text generation: sampling steps 20 to 27 of 32 written from the traced ones"), notes
+    assert notes[0]["count"] == 3  # every generation jumped
+    assert not [note for note in Trace.load(str(traced_trace)).notes()
+                if note.get("key") == "generation-steps"]
+    assert events(Trace.load(str(written_trace))) == events(Trace.load(str(traced_trace)))
+    peaks = ("gpu", "peak_allocated_bytes", "peak_reserved_bytes", "total_bytes")
+    assert [{k: gpu[k] for k in peaks} for gpu in written["gpus"]] == \
+        [{k: gpu[k] for k in peaks} for gpu in traced["gpus"]]
