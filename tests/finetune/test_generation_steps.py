@@ -4,12 +4,13 @@ the model on each token (``probe/generation_steps.py``). What a user sees must n
 trace is the one that tracing every step gives, event for event, and so are the peaks.
 
 ``XMEM_TRACE_EVERY_GENERATION_STEP=1`` traces every step (the same job, the old way). The job
-runs three optimizer steps with 32-token completions. Each generation writes steps 20 to 27 (16
+runs three optimizer steps with 48-token completions. Each generation writes steps 20 to 35 (16
 regular steps traced first; the rule's period is 8 on this checkpoint, as memory-efficient
 attention copies its mask padded to a multiple of 8 keys: ``probe/attention.py``) and traces the
-last 5, except where it reuses the previous generation's rule: the third generation's steps 4 to
+last 13 (at least a period, so every position of the period is checked after the written
+steps), except where it reuses the previous generation's rule: the third generation's steps 4 to
 12 are what the second's rule gives for their number of keys (the first generation's steps differ
-from the second's in phase: it runs before the first optimizer step), so it writes steps 13 to 28.
+from the second's in phase: it runs before the first optimizer step), so it writes steps 13 to 36.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def start(checkpoint: Path, trace: Path, every_step: bool) -> subprocess.Popen[s
     command = [sys.executable, "-m", "xmem_admission.cli", "estimate", "--python",
                NEWEST.interpreter, "--json", "--gpu", "H100-80GB,H200", "--steps", "3",
                "--trace", str(trace), "--", "python", str(SCRIPT), "--model", str(checkpoint),
-               "--batch-size", "4", "--seq-len", "64"]
+               "--batch-size", "4", "--seq-len", "96"]
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -74,7 +75,7 @@ def test_grpos_generation_written_from_its_traced_steps_traces_what_every_step_t
     notes = [note for note in Trace.load(str(written_trace)).notes()
              if note.get("key") == "generation-steps"]
     assert notes and notes[0]["message"].startswith(
-        "text generation: sampling steps 20 to 27 of 32 written from the traced ones"), notes
+        "text generation: sampling steps 20 to 35 of 48 written from the traced ones"), notes
     assert notes[0]["count"] == 3  # every generation jumped
     assert not [note for note in Trace.load(str(traced_trace)).notes()
                 if note.get("key") == "generation-steps"]

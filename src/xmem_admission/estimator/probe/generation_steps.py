@@ -30,8 +30,9 @@ they follow:
    larger fake storage; known values are extended with their last column, which the window
    shows constant), and every live block of the last traced steps takes the identity of its
    counterpart in the last written steps, so later frees name the right ids.
-4. The remaining steps (1 to p) run for real and are checked against the rule; a difference
-   refuses the job (status ``unsupported``) rather than keep an extrapolation that was wrong.
+4. The remaining steps (p to 2p - 1, so every position of the period once) run for real and
+   are checked against the rule; a difference refuses the job (status ``unsupported``) rather
+   than keep an extrapolation that was wrong.
 5. A later generation whose first regular steps (one period and one more) are the steps the
    previous generation's rule was read from, size for size (the same prompt length, model and
    batch: TRL generates once per optimizer step), jumps on that rule without a window of its own,
@@ -268,7 +269,10 @@ class Loop:
 
     def _jump(self, rule: _Rule, last: int) -> None:
         remaining = self.total - last  # steps still to sample
-        jump = ((remaining - 1) // rule.period) * rule.period  # leave 1..p steps to trace
+        # Leave p..2p-1 steps to trace: each position of the period is traced once after the
+        # written steps and checked against the rule (``_check``), so a size the rule got wrong
+        # at any position refuses the job instead of passing as written.
+        jump = ((remaining - rule.period) // rule.period) * rule.period
         if jump < MAX_LAG:
             self.done = True
             return
@@ -291,7 +295,17 @@ class Loop:
         frame = self._sample_frame()
         if frame is None:
             return None
-        names = frame.f_locals
+        # Only the two names read below. Before Python 3.13, ``frame.f_locals`` is a snapshot
+        # dict kept on the frame, holding every local of ``_sample`` as it is now (the step's
+        # logits, scores, tokens) until ``_sample`` returns: those tensors would not be freed
+        # when the next step rebinds them, and the traced steps after the jump would differ
+        # from the rule. Clearing the snapshot drops those references; the frame's own locals
+        # are untouched (a later read fills it again).
+        snapshot = frame.f_locals
+        names = {key: snapshot.get(key) for key in ("input_ids", "model_kwargs")}
+        if sys.version_info < (3, 13):
+            snapshot.clear()
+        del snapshot
         # The live blocks the loop made: each must be one the rule frees within MAX_LAG steps.
         live: Dict[int, Tuple[Any, Any]] = {}
         for storage, block in list(blocks.storages.items()):
@@ -504,7 +518,7 @@ def loop_for(tracker: Any, state: Any, real_sample: Any, model: Any, args: Tuple
     if getattr(config, "is_assistant", False):
         return None
     cache = extra.get("past_key_values")
-    if type(cache).__name__ != "DynamicCache" or any(
+    if type(cache).__name__ != "DynamicCache" or getattr(cache, "offloading", False) or any(
             type(layer).__name__ != "DynamicLayer" for layer in getattr(cache, "layers", [None])):
         return None
     input_ids = values.get("input_ids")
