@@ -415,8 +415,9 @@ def choose_interpreter(command: Sequence[str], python: Optional[str] = None,
     - ``python`` (``--python``): that one, a bare name looked up on ``PATH``; an interpreter
       path after ``--`` that is another one is an error (two interpreters);
     - a path after ``--`` (``/venv/bin/python train.py``): that interpreter;
-    - a launcher given by its path (``/venv/bin/torchrun ...``): the interpreter of its ``#!``
-      line, the one of the environment it is installed in;
+    - a launcher or another installed program given by its path (``/venv/bin/torchrun ...``,
+      ``/venv/bin/axolotl ...``; ``resolve_program`` gives a bare name its path): the
+      interpreter of its ``#!`` line, the one of the environment it is installed in;
     - otherwise (a bare ``python``/``python3``, a bare ``torchrun``, a script): the interpreter
       this process runs under (``sys.executable``).
 
@@ -448,16 +449,62 @@ def choose_interpreter(command: Sequence[str], python: Optional[str] = None,
         path = _absolute(first, cwd)
         _require_executable(path, f"{first} (the interpreter after --)")
         return path, "the interpreter after --"
-    if os.sep in first and launch.launcher_of(command) is not None:
+    launcher = launch.launcher_of(command) is not None
+    if os.sep in first and (launcher or not first.endswith(".py")):
         path = _absolute(first, cwd)
-        _require_executable(path, f"{first} (the launcher after --)")
+        what = "the launcher after --" if launcher else "the program after --"
+        _require_executable(path, f"{first} ({what})")
         interpreter = _shebang_interpreter(path)
         if interpreter is None:
+            line = _first_line(path)
+            if not line.startswith("#!") or "python" not in line:
+                said = f"its first line is {line!r}" if line.startswith("#!") else "no #! line"
+                raise EstimateError(f"{first} is not a Python program ({said}): the probe "
+                                    f"traces Python programs; give the Python command it runs")
             raise EstimateError(f"cannot tell which Python {first} runs under (its first line "
                                 f"names no interpreter by its path): give it with --python PATH")
         _require_executable(interpreter, f"{interpreter} (the interpreter of {first})")
         return interpreter, f"{first}'s interpreter"
     return sys.executable, OWN
+
+
+def resolve_program(command: Sequence[str], python: Optional[str] = None,
+                    cwd: Optional[str] = None) -> List[str]:
+    """``command`` with a program given by its bare name (``axolotl train cfg.yml``,
+    ``llamafactory-cli train cfg.yaml``: a console script that pip installed beside its
+    environment's interpreter) replaced by its path, found as a shell would run it from that
+    environment: beside the ``--python`` interpreter, else on ``PATH``. A script in ``cwd``, an
+    interpreter or a launcher (``torchrun``) is left as it is. Raises ``EstimateError`` for a
+    name found nowhere."""
+    import shutil
+
+    from xmem_admission.contract import launch
+
+    first = command[0] if command else ""
+    if (not first or os.sep in first or first == "-m" or is_interpreter_word(first)
+            or launch.launcher_of(command) is not None
+            or os.path.isfile(os.path.join(cwd or ".", first))):
+        return list(command)
+    places = []
+    if python is not None and python.strip():
+        found = python if os.sep in python else shutil.which(python)
+        if found is not None:
+            places.append(os.path.dirname(_absolute(found, cwd)))
+    places.append(os.environ.get("PATH", os.defpath))
+    path = shutil.which(first, path=os.pathsep.join(places))
+    if path is None:
+        beside = f", not beside --python {python}" if python else ""
+        raise EstimateError(f"script not found: {first} (not a file in "
+                            f"{os.path.abspath(cwd or '.')}{beside}, not on PATH)")
+    return [_absolute(path, cwd), *command[1:]]
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            return handle.readline(200).decode("utf-8", "replace").rstrip()
+    except OSError:
+        return ""
 
 
 def _absolute(path: str, cwd: Optional[str]) -> str:
@@ -643,6 +690,7 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     if not gpus:
         raise EstimateError("no GPU given")
     allocator_config(alloc_conf)  # a malformed string fails before anything runs
+    command = resolve_program(command, python, cwd)
     _check_command(command, cwd)
     path, how = choose_interpreter(command, python, cwd)
     if bundle is None and path != sys.executable:
