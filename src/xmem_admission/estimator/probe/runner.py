@@ -32,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set
 # Also read as the runner's own (sitehook): re-exported.
 from xmem_admission.estimator.command import launch_of as launch_of
 from xmem_admission.estimator.command import split_command as split_command
+from xmem_admission.estimator.probe import replaced
 from xmem_admission.estimator.probe.outcomes import (
     NeedsRealValues,
     NotAGPUJob,
@@ -377,6 +378,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         patching.apply(patches, props, tracker, device_mode, fake)
         world = distributed.install(patches, tracker, device_mode)
         hooks.install(patches)
+        replaced.install(patches)
         _run_argv(argv, fake_mode, tracker, device_mode)
         hooks.close_manual_step()
     except StopProbe:
@@ -465,16 +467,27 @@ def _run_argv(argv: Sequence[str], fake_mode: Any, tracker: Any, device_mode: An
             stack.enter_context(fake_mode)
         stack.enter_context(tracker)
         stack.enter_context(device_mode)
-        if argv[0] == "-m":
-            if len(argv) < 2:
-                raise ValueError("-m needs a module name")
-            sys.argv[:] = [argv[1]] + list(argv[2:])
-            sys.path.insert(0, os.getcwd())
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv[:] = list(argv)
-            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-            runpy.run_path(argv[0], run_name="__main__")
+        while True:
+            try:
+                _run_program(argv)
+                return
+            except replaced.Replaced as exc:  # os.exec*: trace the program it starts instead
+                command = replaced.follow(exc, os.environ)
+                prepare_rank(command, os.environ)
+                argv = split_command(command)
+
+
+def _run_program(argv: Sequence[str]) -> None:
+    if argv[0] == "-m":
+        if len(argv) < 2:
+            raise ValueError("-m needs a module name")
+        sys.argv[:] = [argv[1]] + list(argv[2:])
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv[:] = list(argv)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+        runpy.run_path(argv[0], run_name="__main__")
 
 
 def _user_traceback(exc: BaseException) -> str:
