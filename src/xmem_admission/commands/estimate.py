@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from xmem_admission import bundle
     from xmem_admission.contract.errors import EstimateError
     from xmem_admission.estimator.estimate import DEFAULT_GPUS, estimate
+    from xmem_admission.estimator.replays import Replays
 
     command: List[str] = list(args.training_command)
     if command and command[0] == "--":
@@ -95,13 +96,15 @@ def run(args: argparse.Namespace) -> int:
     names = [n for n in args.gpu.split(",") if n.strip()] if args.gpu else list(DEFAULT_GPUS)
     # The script's own stdout must never mix with ours: it goes to stderr. Every run, with
     # whichever interpreter, imports the probe from the bundle an estimation pod gets.
+    # the estimate's GPU streams and simulations, which the peak's explanation reuses
+    replays = Replays()
     est, trace = estimate(command, names, mode=args.mode, steps=args.steps,
                           alloc_conf=args.alloc_conf, margin=args.margin / 100.0,
                           timeout=args.timeout, stream=sys.stderr, progress=sys.stderr,
-                          python=args.python, bundle=bundle.cached())
+                          python=args.python, bundle=bundle.cached(), replays=replays)
     if args.trace:
         trace.dump(args.trace)
-    explained = _explain(trace, est, args)
+    explained = _explain(trace, est, args, replays)
     if args.plot:
         _plot(trace, est, explained, args, args.plot)
     if args.report:
@@ -195,16 +198,17 @@ def _allocator_config(args: argparse.Namespace, trace: Any) -> Any:
     return allocator_config(args.alloc_conf, trace.meta.get("torch"))
 
 
-def _explain(trace: Any, est: Any, args: argparse.Namespace) -> Any:
+def _explain(trace: Any, est: Any, args: argparse.Namespace, replays: Any) -> Any:
     from xmem_admission.estimator import peak
     from xmem_admission.estimator.estimate import resolve_gpus
 
     config = _allocator_config(args, trace)
-    peaks = peak.explain(trace, resolve_gpus([g.gpu for g in est.gpus]), config)
+    peaks = peak.explain(trace, resolve_gpus([g.gpu for g in est.gpus]), config,
+                         replays=replays)
     everywhere = (args.alternatives or ("catalogue" if args.report else "targets")) == "catalogue"
     return peak.Explained(peaks, peak.alternatives(trace, est.gpus, config,
                                                    args.margin / 100.0, peaks,
-                                                   everywhere=everywhere))
+                                                   everywhere=everywhere, replays=replays))
 
 
 def reproduce_command(command: List[str], args: argparse.Namespace) -> str:

@@ -40,6 +40,7 @@ from xmem_admission.estimator.allocator.alloc_conf import (
 )
 from xmem_admission.estimator.allocator.simulate import simulate
 from xmem_admission.estimator.orchestrate import HIGH, LOW, for_gpu
+from xmem_admission.estimator.replays import Replays
 from xmem_admission.estimator.trace import UPPER_BOUND_NOTES, Category, Trace
 
 DEFAULT_GPUS = ("A100-40GB", "A100-80GB", "H100-80GB", "L40S")
@@ -234,18 +235,23 @@ def _conv_range(trace: Trace, stream: Trace, gpu: catalogue.GPU,
 
 def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
                    config: Optional[AllocatorConfig] = None, margin: float = DEFAULT_MARGIN,
-                   env: Optional[Dict[str, str]] = None) -> List[GPUEstimate]:
+                   env: Optional[Dict[str, str]] = None,
+                   replays: Optional[Replays] = None) -> List[GPUEstimate]:
     """Simulate ``trace`` on each GPU, with the range of what it guesses (``GPUEstimate``'s
-    ``low_bytes``/``high_bytes``/``uncertain``), call whether it fits, and size the request."""
+    ``low_bytes``/``high_bytes``/``uncertain``), call whether it fits, and size the request.
+    ``replays`` keeps each GPU's stream and simulation for the peak's explanation (its ``env``
+    is the one used; ``env`` makes a new one when it is not given)."""
     results = []
+    replays = replays if replays is not None else Replays(env)
+    env = replays.env
     bounded = [n for n in trace.notes() if n.get("kind") in UPPER_BOUND_NOTES]
     for gpu in gpus:
         nccl = nccl_bytes(trace, gpu, env)
-        stream = for_gpu(trace, gpu, env)
+        stream = replays.stream(trace, gpu)
         figures = overhead_for(stream, gpu)
         overhead = figures.total_bytes
         capacity = allocator_capacity(gpu, overhead) - nccl
-        sim = simulate(stream, config, capacity_bytes=capacity)
+        sim = replays.simulation(trace, gpu, config, capacity)
         total = sim.peak_reserved_bytes + nccl + overhead
         point = _End(total, sim.oom is not None)
         low, high, uncertain = point, point, []
@@ -675,13 +681,15 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
              timeout: float = DEFAULT_TIMEOUT, stream: Optional[IO[str]] = None,
              progress: Optional[IO[str]] = None,
              cwd: Optional[str] = None, python: Optional[str] = None,
-             bundle: Optional[str] = None) -> tuple[Estimate, Trace]:
+             bundle: Optional[str] = None,
+             replays: Optional[Replays] = None) -> tuple[Estimate, Trace]:
     """Trace ``command`` once, run from ``cwd`` (default this process's working directory),
     and estimate it for every GPU of ``gpu_names``.
 
     The interpreter is ``choose_interpreter(command, python, cwd)``'s; ``bundle`` is the probe
     bundle's folder, needed for any interpreter but this process's own (see the module's
-    docstring)."""
+    docstring). ``replays``, when given (empty), keeps the GPU streams and simulations of the
+    trace for the peak's explanation."""
     if mode not in MODES:
         raise EstimateError(f"unknown mode {mode!r}: choose one of {', '.join(MODES)}")
     if steps < 1:
@@ -719,7 +727,7 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     trace = Trace.from_dict(result["trace"])
     say(f"xmem: {result['steps']} steps traced in {result['seconds']:.1f} s "
         f"({len(trace)} events); simulating {len(gpus)} GPU model(s)")
-    per_gpu = estimate_trace(trace, gpus, config, margin)
+    per_gpu = estimate_trace(trace, gpus, config, margin, replays=replays)
     est = Estimate(mode=result["mode"], steps=result["steps"],
                    seconds=time.perf_counter() - started, gpus=per_gpu, fallback_reason=reason,
                    probe_seconds=result["seconds"], probe_peak_rss_bytes=result["peak_rss_bytes"],

@@ -1,8 +1,8 @@
 """The peak explained: what holds the memory at each GPU's simulated peak, and what would change it.
 
-``explain(trace, gpus, ...)`` replays the trace for each GPU model (``orchestrate.for_gpu``, then
-the allocator simulator), finds the event at which reserved memory peaks (what the request is
-sized on), replays the stream again up to that event and reads the state there:
+``explain(trace, gpus, ...)`` takes each GPU model's simulation of the trace (``Replays``: the
+one the estimate made, where it is given), the event at which reserved memory peaks (what the
+request is sized on) and the allocator's figures there, and reads the stream up to that event:
 
 - the live blocks, grouped by (module, category) with the op that made most of each group's
   bytes, largest first (module and op come from trace format v2; a v1 trace has neither and
@@ -31,14 +31,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from xmem_admission.contract import gpus as catalogue
 from xmem_admission.estimator.allocator.alloc_conf import AllocatorConfig
 from xmem_admission.estimator.allocator.caching import CachingAllocator
-from xmem_admission.estimator.allocator.simulate import simulate
+from xmem_admission.estimator.allocator.simulate import SimulationResult
 from xmem_admission.estimator.estimate import (
     allocator_capacity,
     allocator_room,
     nccl_bytes,
     overhead_for,
 )
-from xmem_admission.estimator.orchestrate import for_gpu
+from xmem_admission.estimator.replays import Replays
 from xmem_admission.estimator.trace import ALLOC, FREE, MARK, Category, Trace
 
 TOP_GROUPS = 10  # groups listed in --json and the report; the rest is one line
@@ -95,27 +95,30 @@ def display_module(module: str) -> str:
 
 
 def explain(trace: Trace, gpus: Sequence[catalogue.GPU], config: Optional[AllocatorConfig] = None,
-            env: Optional[Dict[str, str]] = None, top: int = TOP_GROUPS) -> List[Peak]:
-    """Each GPU's peak, itemised (see the module docstring)."""
+            env: Optional[Dict[str, str]] = None, top: int = TOP_GROUPS,
+            replays: Optional[Replays] = None) -> List[Peak]:
+    """Each GPU's peak, itemised (see the module docstring). ``replays``: the streams and
+    simulations the estimate made of ``trace`` (``estimate_trace``'s), reused here."""
     config = config if config is not None else AllocatorConfig()
+    replays = replays if replays is not None else Replays(env)
     out = []
     for gpu in gpus:
-        stream = for_gpu(trace, gpu, env)
-        capacity = allocator_room(trace, stream, gpu, env)
-        sim = simulate(stream, config, capacity_bytes=capacity)
-        out.append(itemise(stream, config, capacity, sim.peak_reserved_event, gpu.key, top))
+        stream = replays.stream(trace, gpu)
+        sim = replays.simulation(trace, gpu, config,
+                                 allocator_room(trace, stream, gpu, replays.env))
+        out.append(itemise(stream, sim, gpu.key, top))
     return out
 
 
-def itemise(stream: Trace, config: AllocatorConfig, capacity: Optional[int], event: int,
-            gpu: str = "", top: int = TOP_GROUPS) -> Peak:
-    """The state of ``stream`` (a GPU's allocation stream) right after event ``event``."""
+def itemise(stream: Trace, sim: SimulationResult, gpu: str = "", top: int = TOP_GROUPS) -> Peak:
+    """The state of ``stream`` (a GPU's allocation stream) right after its reserved peak, from
+    its simulation ``sim``: the blocks live there, grouped, and the allocator's figures at that
+    event."""
     events = stream.events
+    event = sim.peak_reserved_event
     if event < 0:  # nothing was ever allocated
         return Peak(gpu, event, "", 0, 0, 0, 0, 0, [], 0, 0, None)
-    state = simulate(Trace(events[:event + 1], stream.meta), config, capacity_bytes=capacity)
-    stats = state.stats
-    rounding = CachingAllocator(config)
+    rounding = CachingAllocator(sim.config)
     live: Dict[int, Any] = {}
     step = 0
     for e in events[:event + 1]:
@@ -143,15 +146,15 @@ def itemise(stream: Trace, config: AllocatorConfig, capacity: Optional[int], eve
         made_by = sorted(ops[k].items(), key=lambda kv: (-kv[1], kv[0]))
         groups.append(Group(k[0], k[1], made_by[0][0], sizes[k], counts[k],
                             [op for op, _ in made_by[:3]]))
-    allocated = stats["allocated_bytes.all.current"]
-    reserved = stats["reserved_bytes.all.current"]
+    allocated = sim.allocated_at_peak_reserved
+    reserved = sim.peak_reserved_bytes
     listed = sum(g.bytes for g in groups)
     peak_event = events[event]
     return Peak(gpu=gpu, event=event,
                 phase=peak_event.phase if peak_event.op == ALLOC else "", step=step,
                 allocated_bytes=allocated, reserved_bytes=reserved,
                 cached_free_bytes=reserved - allocated,
-                fragmentation_bytes=stats["inactive_split_bytes.all.current"],
+                fragmentation_bytes=sim.inactive_split_at_peak_reserved,
                 groups=groups, rest_bytes=max(allocated - listed, 0),
                 rest_groups=max(len(ranked) - len(groups), 0),
                 dominant_activations=_dominant_activations(sizes, allocated))
@@ -173,13 +176,13 @@ class Alternatives:
 
 
 def _total(trace: Trace, gpu: catalogue.GPU, config: AllocatorConfig,
-           env: Optional[Dict[str, str]]) -> Tuple[int, bool, bool]:
+           replays: Replays) -> Tuple[int, bool, bool]:
     """Total, fits, and whether the simulation ran out of memory (then the total is what it
     reached before)."""
-    nccl = nccl_bytes(trace, gpu, env)
-    stream = for_gpu(trace, gpu, env)
+    nccl = nccl_bytes(trace, gpu, replays.env)
+    stream = replays.stream(trace, gpu)
     outside = overhead_for(stream, gpu).total_bytes
-    sim = simulate(stream, config, capacity_bytes=allocator_capacity(gpu, outside) - nccl)
+    sim = replays.simulation(trace, gpu, config, allocator_capacity(gpu, outside) - nccl)
     total = sim.peak_reserved_bytes + nccl + outside
     return total, sim.oom is None and total <= gpu.capacity_bytes, sim.oom is not None
 
@@ -203,11 +206,13 @@ def request_for(total: int, margin: float) -> int:
 
 def alternatives(trace: Trace, estimates: Sequence[Any], config: AllocatorConfig, margin: float,
                  peaks: Sequence[Peak], env: Optional[Dict[str, str]] = None,
-                 everywhere: bool = True) -> Alternatives:
+                 everywhere: bool = True, replays: Optional[Replays] = None) -> Alternatives:
     """What would change the estimate, each figure from a simulation of ``trace``.
 
     ``estimates`` are the target GPUs' ``GPUEstimate``s; ``peaks`` their ``explain`` results;
-    ``everywhere`` simulates every catalogue GPU too."""
+    ``everywhere`` simulates every catalogue GPU too; ``replays`` shares the GPU streams made
+    for the estimate."""
+    replays = replays if replays is not None else Replays(env)
     expandable = dataclasses.replace(config, expandable_segments=True)
     by_key = {g.key: g for g in catalogue.all_gpus()}
     with_expandable = []
@@ -215,7 +220,7 @@ def alternatives(trace: Trace, estimates: Sequence[Any], config: AllocatorConfig
     for est in estimates:
         gpu = by_key[est.gpu]
         total, fits, _ = (est.total_bytes, est.fits, est.oom is not None) \
-            if config.expandable_segments else _total(trace, gpu, expandable, env)
+            if config.expandable_segments else _total(trace, gpu, expandable, replays)
         with_expandable.append({"gpu": est.gpu, "total_bytes": total,
                                 "saves_bytes": est.total_bytes - total,
                                 "recommended_request_bytes": request_for(total, margin),
@@ -235,7 +240,7 @@ def alternatives(trace: Trace, estimates: Sequence[Any], config: AllocatorConfig
         for gpu in catalogue.all_gpus():
             est = done.get(gpu.key)
             total, fits, oom = (est.total_bytes, est.fits, est.oom is not None) \
-                if est is not None else _total(trace, gpu, config, env)
+                if est is not None else _total(trace, gpu, config, replays)
             everything.append({"gpu": gpu.key, "capacity_bytes": gpu.capacity_bytes,
                                "total_bytes": total,
                                "recommended_request_bytes": request_for(total, margin),

@@ -298,7 +298,7 @@ class Trace:
 
     def dump(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_dict(), fh, separators=(",", ":"))
+            fh.write(json.dumps(self.to_dict(), separators=(",", ":")))  # json.dump: pure Python
             fh.write("\n")
 
     @classmethod

@@ -57,6 +57,10 @@ class SimulationResult:
     allocated_by_category_at_peak_allocated: Dict[str, int]
     peak_reserved_event: int  # index of the event that reached the reserved peak (-1: none)
     peak_allocated_event: int
+    # the allocated and inactive-split bytes right after ``peak_reserved_event`` (what
+    # ``peak.itemise`` reads there without replaying the trace again)
+    allocated_at_peak_reserved: int
+    inactive_split_at_peak_reserved: int
     timeline: Optional[List[Tuple[int, int, int]]]  # (event index, allocated, reserved)
     config: AllocatorConfig
     capacity_bytes: Optional[int]
@@ -69,6 +73,8 @@ class SimulationResult:
             "num_events": self.num_events,
             "peak_reserved_event": self.peak_reserved_event,
             "peak_allocated_event": self.peak_allocated_event,
+            "allocated_at_peak_reserved": self.allocated_at_peak_reserved,
+            "inactive_split_at_peak_reserved": self.inactive_split_at_peak_reserved,
             "allocated_by_category_at_peak_reserved":
                 dict(self.allocated_by_category_at_peak_reserved),
             "allocated_by_category_at_peak_allocated":
@@ -111,6 +117,7 @@ def simulate(
     at_peak_reserved: List[int] = list(sums)
     peak_allocated = peak_reserved = 0
     peak_allocated_event = peak_reserved_event = -1
+    allocated_at_peak_reserved = split_at_peak_reserved = 0
     live: Dict[Any, Any] = {}
     samples: Optional[List[Tuple[int, int, int]]] = [] if timeline else None
     last_sample = (0, 0)
@@ -164,6 +171,8 @@ def simulate(
                 peak_reserved = reserved
                 peak_reserved_event = index
                 at_peak_reserved = sums[:]
+                allocated_at_peak_reserved = allocated
+                split_at_peak_reserved = counters.split_b
         elif event.op == FREE:
             block = live.pop(event.id, _MISSING)
             if block is None:
@@ -193,6 +202,8 @@ def simulate(
         allocated_by_category_at_peak_allocated=dict(zip(names, at_peak_allocated)),
         peak_reserved_event=peak_reserved_event,
         peak_allocated_event=peak_allocated_event,
+        allocated_at_peak_reserved=allocated_at_peak_reserved,
+        inactive_split_at_peak_reserved=split_at_peak_reserved,
         timeline=samples,
         config=config,
         capacity_bytes=capacity_bytes,

@@ -523,7 +523,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     prepare_rank(command, os.environ)
     result = run(split_command(command), ns.mode, ns.steps, json.loads(ns.device_json))
     with open(ns.out, "w", encoding="utf-8") as fh:
-        json.dump(result.to_dict(), fh, separators=(",", ":"))
+        fh.write(json.dumps(result.to_dict(), separators=(",", ":")))  # json.dump: pure Python
     return 0
 
 

@@ -231,6 +231,7 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
     from xmem_admission.estimator.allocator.alloc_conf import config_from_env
     from xmem_admission.estimator.estimate import device_json, estimate_trace, resolve_gpus
     from xmem_admission.estimator.probe import runner
+    from xmem_admission.estimator.replays import Replays
     from xmem_admission.estimator.trace import allocation_digest
 
     names, steps, mode = _settings()
@@ -248,11 +249,12 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
               "profile mode", file=sys.stderr, flush=True)
         _reexec_profile(argv, result.reason)
     if result.status == "ok":
-        per_gpu = estimate_trace(result.trace, gpus, config, env=dict(os.environ))
+        replays = Replays(dict(os.environ))  # the first GPU's simulation serves its peak too
+        per_gpu = estimate_trace(result.trace, gpus, config, replays=replays)
         rows = [g.to_dict() for g in per_gpu]
         write_result(path, termination.encode_ok(
             result.mode, result.steps, result.seconds, rows,
-            os.environ.get(probe_env.FALLBACK, ""), _peak(result.trace, gpus[0], config),
+            os.environ.get(probe_env.FALLBACK, ""), _peak(result.trace, gpus[0], config, replays),
             allocation_digest(result.trace, [result.mode, rows])))
         print(f"xmem probe: {result.steps} steps traced in {result.seconds:.1f} s; estimates for "
               f"{', '.join(g.gpu for g in per_gpu)} written", file=sys.stderr, flush=True)
@@ -434,11 +436,11 @@ def _descendants(pid: int) -> List[int]:
     return out
 
 
-def _peak(trace: Any, gpu: Any, config: Any) -> Dict[str, Any]:
+def _peak(trace: Any, gpu: Any, config: Any, replays: Any) -> Dict[str, Any]:
     """The first target GPU's peak for the compact result: its three largest groups."""
     from xmem_admission.estimator import peak
 
-    found = peak.explain(trace, [gpu], config, env=dict(os.environ))[0]
+    found = peak.explain(trace, [gpu], config, replays=replays)[0]
     return {"gpu": found.gpu, "groups": peak.compact(found),
             "cached": found.cached_free_bytes, "fragmentation": found.fragmentation_bytes}
 
