@@ -195,7 +195,7 @@ def _columns(rows: List[Tuple[str, ...]]) -> List[str]:
 def _allocator_config(args: argparse.Namespace, trace: Any) -> Any:
     from xmem_admission.estimator.estimate import allocator_config
 
-    return allocator_config(args.alloc_conf, trace.meta.get("torch"))
+    return allocator_config(args.alloc_conf, trace.meta.get("torch"), trace.meta)
 
 
 def _explain(trace: Any, est: Any, args: argparse.Namespace, replays: Any) -> Any:

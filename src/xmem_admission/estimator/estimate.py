@@ -36,6 +36,7 @@ from xmem_admission.contract.errors import EstimateError, ProbeTimeout, ScriptFa
 from xmem_admission.estimator.allocator.alloc_conf import (
     AllocatorConfig,
     config_from_env,
+    job_environment,
     parse_alloc_conf,
 )
 from xmem_admission.estimator.allocator.simulate import simulate
@@ -150,14 +151,15 @@ def resolve_gpus(names: Sequence[str]) -> List[catalogue.GPU]:
     return found
 
 
-def allocator_config(alloc_conf: Optional[str] = None,
-                     torch: Optional[str] = None) -> AllocatorConfig:
+def allocator_config(alloc_conf: Optional[str] = None, torch: Optional[str] = None,
+                     meta: Optional[Dict[str, Any]] = None) -> AllocatorConfig:
     """The allocator settings to simulate, as the job's torch (``torch``: its version string,
-    None for the newest supported) reads them: the given string, else the environment's
-    (``PYTORCH_CUDA_ALLOC_CONF``, or ``PYTORCH_ALLOC_CONF`` where that torch reads it)."""
+    None for the newest supported) reads them: the given string, else the job's environment's
+    (``PYTORCH_CUDA_ALLOC_CONF``, or ``PYTORCH_ALLOC_CONF`` where that torch reads it): as its
+    trace recorded it (``meta``), else this process's."""
     if alloc_conf is not None:
         return parse_alloc_conf(alloc_conf, torch)
-    return config_from_env(os.environ, torch)
+    return config_from_env(job_environment(meta or {}, os.environ), torch)
 
 
 def allocator_capacity(gpu: catalogue.GPU, overhead_bytes: Optional[int] = None) -> int:
@@ -727,6 +729,7 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     trace = Trace.from_dict(result["trace"])
     say(f"xmem: {result['steps']} steps traced in {result['seconds']:.1f} s "
         f"({len(trace)} events); simulating {len(gpus)} GPU model(s)")
+    config = allocator_config(alloc_conf, interpreter.torch, trace.meta)
     per_gpu = estimate_trace(trace, gpus, config, margin, replays=replays)
     est = Estimate(mode=result["mode"], steps=result["steps"],
                    seconds=time.perf_counter() - started, gpus=per_gpu, fallback_reason=reason,

@@ -400,6 +400,22 @@ def parse_alloc_conf(text: str, version: Union[Sequence[int], str, None] = LATES
     return AllocatorConfig(source=text, torch_release=release, **values)
 
 
+# The probe's record, in the trace's meta, of these variables in the job's own environment when
+# its caching allocator started (probe.blocks, at the first GPU block): torch reads them once
+# then (c10/cuda/CUDAAllocatorConfig.h, ``instance()``), and a program may set them itself
+# (Axolotl's CLI sets PYTORCH_ALLOC_CONF=expandable_segments:True, axolotl/utils/__init__.py,
+# ``set_pytorch_cuda_alloc_conf``).
+ENV_META = "alloc_conf_env"
+VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def job_environment(meta: Mapping[str, Any], env: Mapping[str, str]) -> Mapping[str, str]:
+    """The allocator variables the traced job ran with: the trace's record, else ``env`` (a
+    trace without one: made before the record, or with no GPU block)."""
+    recorded = meta.get(ENV_META)
+    return recorded if isinstance(recorded, dict) else env
+
+
 def config_from_env(env: Mapping[str, str], version: Union[Sequence[int], str, None] = LATEST
                     ) -> AllocatorConfig:
     """The settings torch of ``version`` takes from the environment ``env``.

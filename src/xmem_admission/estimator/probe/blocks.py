@@ -12,6 +12,7 @@ Runs inside users' images: Python >= 3.9, torch >= 2.2, no other dependency.
 
 from __future__ import annotations
 
+import os
 import weakref
 from typing import Any, Dict, List, Optional
 
@@ -19,6 +20,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.weak import WeakIdKeyDictionary
 
+from xmem_admission.estimator.allocator.alloc_conf import ENV_META, VARIABLES
 from xmem_admission.estimator.probe.autograd_nodes import AutogradNodes
 from xmem_admission.estimator.probe.module_paths import ModuleTracker
 from xmem_admission.estimator.probe.placement import local
@@ -127,6 +129,8 @@ class Blocks:
             return
         ident = self.next_id
         self.next_id += 1
+        if ident == 1:  # the job's caching allocator starts: the settings it reads (alloc_conf)
+            self.trace.meta[ENV_META] = {k: os.environ[k] for k in VARIABLES if k in os.environ}
         phase = self.phase
         category = PHASE_CATEGORY.get(phase)
         if phase == "forward":

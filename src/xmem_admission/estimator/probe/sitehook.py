@@ -228,7 +228,7 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
     torch = _torch(path)
     if torch is None:
         return 1
-    from xmem_admission.estimator.allocator.alloc_conf import config_from_env
+    from xmem_admission.estimator.allocator.alloc_conf import config_from_env, job_environment
     from xmem_admission.estimator.estimate import device_json, estimate_trace, resolve_gpus
     from xmem_admission.estimator.probe import runner
     from xmem_admission.estimator.replays import Replays
@@ -249,6 +249,7 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
               "profile mode", file=sys.stderr, flush=True)
         _reexec_profile(argv, result.reason)
     if result.status == "ok":
+        config = config_from_env(job_environment(result.trace.meta, os.environ), torch.__version__)
         replays = Replays(dict(os.environ))  # the first GPU's simulation serves its peak too
         per_gpu = estimate_trace(result.trace, gpus, config, replays=replays)
         rows = [g.to_dict() for g in per_gpu]

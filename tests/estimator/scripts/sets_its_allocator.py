@@ -1,0 +1,11 @@
+"""Sets its own allocator settings before its first GPU tensor, as Axolotl's CLI does
+(``PYTORCH_ALLOC_CONF=expandable_segments:True``), then trains tiny_mlp.py's model."""
+
+import os
+import runpy
+import sys
+
+os.environ.setdefault("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+sys.argv = [sys.argv[0], "--hidden", "640", "--batch", "96"]
+runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "tiny_mlp.py"),
+               run_name="__main__")
