@@ -6,7 +6,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GPT = os.path.join(HERE, "..", "..", "..", "examples", "train_gpt.py")
-env = dict(os.environ, XMEM_TEST_REPLACED="yes",
+env = dict(os.environ,
            PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
 os.execvpe("torchrun", ["torchrun", "--nproc-per-node", "2", GPT, "--parallel", "ddp",
                         "--layers", "1", "--hidden", "64", "--heads", "4", "--vocab", "100",
