@@ -4,13 +4,13 @@ the model on each token (``probe/generation_steps.py``). What a user sees must n
 trace is the one that tracing every step gives, event for event, and so are the peaks.
 
 ``XMEM_TRACE_EVERY_GENERATION_STEP=1`` traces every step (the same job, the old way). The job
-runs three optimizer steps with 48-token completions. Each generation writes steps 20 to 35 (16
-regular steps traced first; the rule's period is 8 on this checkpoint, as memory-efficient
+runs three optimizer steps with 48-token completions. The first generation writes steps 20 to 35
+(16 regular steps traced first; the rule's period is 8 on this checkpoint, as memory-efficient
 attention copies its mask padded to a multiple of 8 keys: ``probe/attention.py``) and traces the
-last 13 (at least a period, so every position of the period is checked after the written
-steps), except where it reuses the previous generation's rule: the third generation's steps 4 to
-12 are what the second's rule gives for their number of keys (the first generation's steps differ
-from the second's in phase: it runs before the first optimizer step), so it writes steps 13 to 36.
+last 13 (at least a period, so every position of the period is checked after the written steps).
+The second and third reuse its rule: their steps 4 to 12 are what it gives for their number of
+keys, with other labels (the first generation runs before the first optimizer step, in other
+phases and categories), so each writes steps 13 to 44 with its own labels and traces the last 4.
 """
 
 from __future__ import annotations
@@ -76,9 +76,15 @@ def test_grpos_generation_written_from_its_traced_steps_traces_what_every_step_t
              if note.get("key") == "generation-steps"]
     assert notes and notes[0]["message"].startswith(
         "text generation: sampling steps 20 to 35 of 48 written from the traced ones"), notes
-    assert notes[0]["count"] == 3  # every generation jumped
+    assert notes[0]["count"] == 1
+    reused = [note for note in Trace.load(str(written_trace)).notes()
+              if note.get("key") == "generation-steps-reused"]
+    assert reused and reused[0]["message"].startswith(
+        "text generation: sampling steps 13 to 44 of 48 written from an earlier generation's "
+        "rule"), reused
+    assert reused[0]["count"] == 2  # the later generations jumped on the first one's rule
     assert not [note for note in Trace.load(str(traced_trace)).notes()
-                if note.get("key") == "generation-steps"]
+                if str(note.get("key")).startswith("generation-steps")]
     assert events(Trace.load(str(written_trace))) == events(Trace.load(str(traced_trace)))
     peaks = ("gpu", "peak_allocated_bytes", "peak_reserved_bytes", "total_bytes")
     assert [{k: gpu[k] for k in peaks} for gpu in written["gpus"]] == \

@@ -35,8 +35,12 @@ they follow:
    than keep an extrapolation that was wrong.
 5. A later generation whose first regular steps (one period and one more) are the steps the
    previous generation's rule was read from, size for size (the same prompt length, model and
-   batch: TRL generates once per optimizer step), jumps on that rule without a window of its own,
-   and is checked the same way.
+   batch: TRL generates once per optimizer step; the labels may differ, one for another, as a
+   generation before the first optimizer step is traced in other phases), jumps on that rule
+   without a window of its own.
+   Those steps were every position of the period once, and the rule was checked at every
+   position in the generation it was read from, so the jump leaves 1 to p steps to trace and
+   check (the state it grew, the end of the loop).
 
 Anything the rule does not cover traces every step, as without this module: a cache other than
 ``DynamicCache`` of ``DynamicLayer``s, a logits processor or stopping criterion not known to
@@ -197,9 +201,28 @@ class Loop:
         self.jumped_to = 0  # the first step traced after the jump
         self.traced = 0  # the last step traced before it
         self.done = False
+        self.writing = False  # the trace or the loop's state has been changed by a jump
 
     # -- at every loop head -----------------------------------------------------------------
     def head(self, more: bool) -> None:
+        """Read the step that just ended; check it, or jump once the steps repeat. An error of
+        this module's own (not the refusal) never reaches the script, whose ``except Exception``
+        around ``generate`` could take it for its own: before anything is written the loop goes
+        on tracing every step; once the trace or the loop's state was changed, the job is
+        refused."""
+        try:
+            self._head(more)
+        except Refused:
+            raise
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            if not self.writing:
+                self.done = True
+                return
+            raise Refused(f"text generation: writing sampling steps from the traced ones failed "
+                          f"({type(exc).__name__}: {exc}); set {OFF}=1 to trace every "
+                          f"step") from exc
+
+    def _head(self, more: bool) -> None:
         events = self.tracker.trace.events
         self.heads.append(len(events))
         index = len(self.heads) - 1  # the step that just ended (0: none yet)
@@ -238,23 +261,38 @@ class Loop:
         """The previous generation's rule, where this one's regular steps so far (a period and
         one more) are what it gives for the same number of keys (the same model and batch; a
         prompt d tokens longer starts d steps further on). It then needs no window of its
-        own."""
+        own. The allocations' labels (category, phase, module) may differ: a generation before
+        the first optimizer step is traced in the ``forward`` and ``loss`` phases, a later one
+        as ``after_step``, with other categories. The rule then writes, at each position of
+        the period, the labels this generation's own step at that position has."""
         previous: Optional[_Rule] = getattr(self.state, "rule", None)
         if previous is None or previous.start != start or last != start + previous.period:
             return None
         shift = previous.shift + self.prompt - self.state.rule_prompt
         rule = _Rule(previous.steps, previous.start, previous.last, previous.period, shift)
+        shapes: Dict[int, List[Shape]] = {}  # the rule's step -> this generation's shape
         for j in range(start, last + 1):
-            if self.steps[j].shape != rule.shape(j) or self.steps[j].numbers != rule.numbers(j):
+            mine, theirs = self.steps[j].shape, rule.shape(j)
+            if len(mine) != len(theirs) or self.steps[j].numbers != rule.numbers(j) or any(
+                    a != b and not (a[0] == ALLOC == b[0] and a[1] == b[1] and a[5:] == b[5:])
+                    for a, b in zip(theirs, mine)):
                 return None
-        return rule
+            if shapes.setdefault(rule.base(j + shift), mine) != mine:
+                return None  # this generation's labels do not repeat with the period
+        steps = dict(previous.steps)
+        for base, shape in shapes.items():
+            if shape != steps[base].shape:
+                relabelled = steps[base] = _Step()
+                relabelled.numbers, relabelled.ids = previous.steps[base].numbers, []
+                relabelled.shape = shape
+        return _Rule(steps, previous.start, previous.last, previous.period, shift)
 
     def _maybe_jump(self, last: int) -> None:
         start = self._regular_start(last)
         if last - start + 1 < WINDOW:
             rule = self._reused(start, last)
             if rule is not None:
-                self._jump(rule, last)
+                self._jump(rule, last, reused=True)
             return
         if any(lag > MAX_LAG for i in range(start, last + 1)
                for lag in (i - made for made, _ in self.steps[i].refs)):
@@ -267,12 +305,16 @@ class Loop:
             return
         self._jump(rule, last)
 
-    def _jump(self, rule: _Rule, last: int) -> None:
+    def _jump(self, rule: _Rule, last: int, reused: bool = False) -> None:
         remaining = self.total - last  # steps still to sample
-        # Leave p..2p-1 steps to trace: each position of the period is traced once after the
-        # written steps and checked against the rule (``_check``), so a size the rule got wrong
-        # at any position refuses the job instead of passing as written.
-        jump = ((remaining - rule.period) // rule.period) * rule.period
+        # A rule read from this generation's window leaves p..2p-1 steps to trace: each position
+        # of the period is traced once after the written steps and checked against the rule
+        # (``_check``), so a size the rule got wrong at any position refuses the job instead of
+        # passing as written. A reused rule was checked so at every position in the generation
+        # it was read from, and this generation's own steps before the jump (a period and one
+        # more) are every position again: it leaves 1..p, which check the state the jump grew.
+        left = 1 if reused else rule.period
+        jump = ((remaining - left) // rule.period) * rule.period
         if jump < MAX_LAG:
             self.done = True
             return
@@ -280,7 +322,7 @@ class Loop:
         if plan is None:
             self.done = True
             return
-        self._write(rule, last, jump, plan)
+        self._write(rule, last, jump, plan, reused)
 
     def _sample_frame(self) -> Any:
         frame: Any = sys._getframe(1)
@@ -389,7 +431,9 @@ class Loop:
         shape[dims[0]] += (after - before) // slice_bytes
         return tuple(shape)
 
-    def _write(self, rule: _Rule, last: int, jump: int, plan: Dict[str, Any]) -> None:
+    def _write(self, rule: _Rule, last: int, jump: int, plan: Dict[str, Any],
+               reused: bool) -> None:
+        self.writing = True
         tracker, blocks = self.tracker, self.tracker.blocks
         events = tracker.trace.events
         ids: Dict[int, List[int]] = {}
@@ -439,12 +483,20 @@ class Loop:
         for tensor, shape, values in plan["grows"]:
             self._grow(tensor, shape, values)
         self.state.steps += jump
-        tracker.trace.note(
-            NoteKind.MODELLED, f"text generation: sampling steps {last + 1} to {last + jump} of "
-            f"{self.total} written from the traced ones: from step {rule.start} on, the steps "
-            f"repeat every {rule.period} with sizes growing by the same bytes each period (traced "
-            f"steps {rule.start} to {rule.last}); the steps after them are traced and match that "
-            f"rule", key="generation-steps")
+        if reused:
+            tracker.trace.note(
+                NoteKind.MODELLED, f"text generation: sampling steps {last + 1} to {last + jump} "
+                f"of {self.total} written from an earlier generation's rule (period "
+                f"{rule.period}): steps {rule.start} to {last} were traced and are what it gives "
+                f"for their number of keys; the steps after them are traced and match it",
+                key="generation-steps-reused")
+        else:
+            tracker.trace.note(
+                NoteKind.MODELLED, f"text generation: sampling steps {last + 1} to {last + jump} "
+                f"of {self.total} written from the traced ones: from step {rule.start} on, the "
+                f"steps repeat every {rule.period} with sizes growing by the same bytes each "
+                f"period (traced steps {rule.start} to {rule.last}); the steps after them are "
+                f"traced and match that rule", key="generation-steps")
         self.rule = rule
         self.jumped_to = last + jump + 1
         self.traced = last
