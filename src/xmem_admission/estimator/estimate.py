@@ -646,10 +646,11 @@ def probe_environment(bundle: Optional[str] = None,
 def run_probe(command: Sequence[str], gpu: catalogue.GPU, mode: str, steps: int,
               timeout: float, stream: Optional[IO[str]] = None,
               cwd: Optional[str] = None, interpreter: Optional[str] = None,
-              bundle: Optional[str] = None) -> Dict[str, Any]:
+              bundle: Optional[str] = None,
+              extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Run the probe in a subprocess (in ``cwd``, default this process's) with ``interpreter``
-    (default this process's) and the probe bundle ``bundle`` first on ``PYTHONPATH``, and
-    return its JSON result (raises on timeout)."""
+    (default this process's), the probe bundle ``bundle`` first on ``PYTHONPATH`` and
+    ``extra_env`` set, and return its JSON result (raises on timeout)."""
     stream = stream if stream is not None else sys.stderr
     with tempfile.TemporaryDirectory(prefix="xmem-probe-") as tmp:
         out = os.path.join(tmp, "result.json")
@@ -659,7 +660,7 @@ def run_probe(command: Sequence[str], gpu: catalogue.GPU, mode: str, steps: int,
         try:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=stream, stderr=stream,
                                   timeout=timeout, check=False, cwd=cwd,
-                                  env=probe_environment(bundle))
+                                  env={**probe_environment(bundle), **(extra_env or {})})
         except subprocess.TimeoutExpired:
             raise ProbeTimeout(
                 f"no result within {timeout:.0f} s: the script made fewer than {steps} optimizer "
@@ -719,12 +720,20 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     say(f"xmem: tracing {' '.join(command)} ({first} mode, {steps} steps) as {gpus[0].cuda_name}"
         f" with torch {interpreter.torch} on Python {interpreter.python} ({interpreter.path})")
     result = run_probe(command, gpus[0], first, steps, timeout, stream, cwd, path, bundle)
+    extra: Dict[str, str] = {}
+    if result["status"] == "unsupported" and result.get("retry_env"):
+        # a shortcut of the probe's own failed its check: trace again without it
+        extra = dict(result["retry_env"])
+        say(f"xmem: {result['reason']}; tracing again with "
+            f"{' '.join(f'{k}={v}' for k, v in sorted(extra.items()))}")
+        result = run_probe(command, gpus[0], first, steps, timeout, stream, cwd, path, bundle,
+                           extra)
     reason = ""
     if result["status"] == "needs_real_values" and mode == "auto":
         reason = result["reason"]
         say(f"xmem: fake mode needs real values ({reason}); tracing again in profile mode")
         result = run_probe(command, gpus[0], "profile", steps, timeout, stream, cwd, path,
-                           bundle)
+                           bundle, extra)
     _raise_for_status(result, command)
     trace = Trace.from_dict(result["trace"])
     say(f"xmem: {result['steps']} steps traced in {result['seconds']:.1f} s "

@@ -26,13 +26,15 @@ they follow:
    longer.
 3. The loop then jumps a whole number of periods: the skipped steps' events are written from
    the rule (new ids, the sizes extrapolated), and the loop is given the state it would have:
-   the ids, attention mask and each cache layer's keys and values grow in place (``set_`` to a
-   larger fake storage; known values are extended with their last column, which the window
-   shows constant), and every live block of the last traced steps takes the identity of its
+   the ids, attention mask, position ids and each cache layer's keys and values grow in place
+   (``set_`` to a larger fake storage; known values are extended by the step their last
+   columns take: none for the stand-in token and the mask, one for positions), and every live
+   block of the last traced steps takes the identity of its
    counterpart in the last written steps, so later frees name the right ids.
 4. The remaining steps (p to 2p - 1, so every position of the period once) run for real and
-   are checked against the rule; a difference refuses the job (status ``unsupported``) rather
-   than keep an extrapolation that was wrong.
+   are checked against the rule; a difference ends this trace rather than keep an
+   extrapolation that was wrong, and the job is traced again with every step traced
+   (``outcomes.ShortcutFailed``: ``xmem estimate`` and the estimation pod start it anew).
 5. A later generation whose first regular steps (one period and one more) are the steps the
    previous generation's rule was read from, size for size (the same prompt length, model and
    batch: TRL generates once per optimizer step; the labels may differ, one for another, as a
@@ -63,7 +65,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from xmem_admission.estimator.probe.outcomes import Refused
+from xmem_admission.estimator.probe.outcomes import Refused, ShortcutFailed
 from xmem_admission.estimator.trace import (
     ALLOC,
     FREE,
@@ -208,8 +210,8 @@ class Loop:
         """Read the step that just ended; check it, or jump once the steps repeat. An error of
         this module's own (not the refusal) never reaches the script, whose ``except Exception``
         around ``generate`` could take it for its own: before anything is written the loop goes
-        on tracing every step; once the trace or the loop's state was changed, the job is
-        refused."""
+        on tracing every step; once the trace or the loop's state was changed, this trace ends
+        and the job is traced again with every step traced (``ShortcutFailed``)."""
         try:
             self._head(more)
         except Refused:
@@ -218,9 +220,8 @@ class Loop:
             if not self.writing:
                 self.done = True
                 return
-            raise Refused(f"text generation: writing sampling steps from the traced ones failed "
-                          f"({type(exc).__name__}: {exc}); set {OFF}=1 to trace every "
-                          f"step") from exc
+            raise ShortcutFailed(f"text generation: writing sampling steps from the traced ones "
+                                 f"failed ({type(exc).__name__}: {exc})", {OFF: "1"}) from exc
 
     def _head(self, more: bool) -> None:
         events = self.tracker.trace.events
@@ -243,11 +244,10 @@ class Loop:
         rule = self.rule
         assert rule is not None
         if step.shape != rule.shape(index) or step.numbers != rule.numbers(index):
-            raise Refused(
+            raise ShortcutFailed(
                 f"text generation: sampling step {index} of {self.total} differs from the rule "
                 f"steps {rule.start} to {rule.last} follow (period {rule.period}), from which "
-                f"steps {self.traced + 1} to {self.jumped_to - 1} were written; their "
-                f"memory is not known (set {OFF}=1 to trace every step)")
+                f"steps {self.traced + 1} to {self.jumped_to - 1} were written", {OFF: "1"})
 
     # -- the jump ---------------------------------------------------------------------------
     def _regular_start(self, last: int) -> int:
@@ -529,21 +529,31 @@ class Loop:
 
 
 def _extended(values: torch.Tensor, shape: Tuple[int, ...]) -> Optional[torch.Tensor]:
-    """Known values grown to ``shape`` along the one dimension that differs, by repeating the
-    last slice, where the last slices are all equal (the stand-in token, a mask's ones)."""
+    """Known values grown to ``shape`` along the one dimension that differs, each new slice the
+    last one plus the step between the last slices, where the last three slices take equal
+    steps (the stand-in token and a mask's ones repeat; position ids grow by one a step).
+    Boolean values repeat their last slice, where the last two are equal."""
     dims = [d for d, (a, b) in enumerate(zip(values.shape, shape)) if a != b]
     if len(dims) != 1:
         return None
     d = dims[0]
+    length, more = values.shape[d], shape[d] - values.shape[d]
     with _disable_current_modes():
-        if values.shape[d] < 2:
-            return None
-        tail = values.narrow(d, values.shape[d] - 2, 2)
-        if not bool((tail.narrow(d, 0, 1) == tail.narrow(d, 1, 1)).all()):
-            return None
-        extra = values.narrow(d, values.shape[d] - 1, 1).expand(
-            *[shape[k] - values.shape[k] if k == d else shape[k] for k in range(len(shape))])
-        return torch.cat([values, extra], dim=d)
+        last = values.narrow(d, length - 1, 1)
+        if values.dtype == torch.bool or values.is_floating_point() or values.is_complex():
+            if length < 2 or not bool((values.narrow(d, length - 2, 1) == last).all()):
+                return None
+            step = torch.zeros_like(last)
+        else:
+            if length < 3:
+                return None
+            step = last - values.narrow(d, length - 2, 1)
+            if not bool((values.narrow(d, length - 2, 1) - values.narrow(d, length - 3, 1)
+                         == step).all()):
+                return None
+        counts = torch.arange(1, more + 1, dtype=values.dtype).reshape(
+            [more if k == d else 1 for k in range(values.dim())])
+        return torch.cat([values, last + step * counts], dim=d)
 
 
 # -- when a loop may jump ---------------------------------------------------------------------

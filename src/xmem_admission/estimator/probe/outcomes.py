@@ -8,11 +8,21 @@ that a script's own ``except Exception`` does not swallow it.
 
 from __future__ import annotations
 
-from typing import Optional, Set
+from typing import Dict, Optional, Set
 
 
 class Refused(BaseException):
     """A job the probe does not estimate, for the reason given (status ``unsupported``)."""
+
+
+class ShortcutFailed(Refused):
+    """A shortcut of the probe's own (writing repeated steps instead of tracing them) failed
+    its check: this trace is refused, and the job is traced again with the environment ``env``
+    (the shortcut turned off), in a new process (status ``unsupported`` with ``retry_env``)."""
+
+    def __init__(self, message: str, env: Dict[str, str]) -> None:
+        super().__init__(message)
+        self.env = dict(env)
 
 
 class NotAGPUJob(Refused):

@@ -37,6 +37,7 @@ from xmem_admission.estimator.probe.outcomes import (
     NeedsRealValues,
     NotAGPUJob,
     Refused,
+    ShortcutFailed,
     StopProbe,
     gpu_only_cause,
     needs_values_cause,
@@ -47,7 +48,8 @@ MODES = ("fake", "profile")
 
 class ProbeResult:
     def __init__(self, status: str, mode: str, steps: int, seconds: float, trace: Any = None,
-                 reason: str = "", exit_code: int = 0, tb: str = "") -> None:
+                 reason: str = "", exit_code: int = 0, tb: str = "",
+                 retry_env: Optional[Dict[str, str]] = None) -> None:
         self.status = status
         self.mode = mode
         self.steps = steps
@@ -56,12 +58,16 @@ class ProbeResult:
         self.reason = reason
         self.exit_code = exit_code
         self.traceback = tb
+        # an ``unsupported`` trace that a new process with these variables set traces again
+        # (``outcomes.ShortcutFailed``)
+        self.retry_env = dict(retry_env or {})
 
     def to_dict(self) -> Dict[str, Any]:
         return {
             "status": self.status, "mode": self.mode, "steps": self.steps,
             "seconds": round(self.seconds, 3), "reason": self.reason,
             "exit_code": self.exit_code, "traceback": self.traceback,
+            "retry_env": self.retry_env,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "trace": self.trace.to_dict() if self.trace is not None else None,
         }
@@ -368,6 +374,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     started = time.perf_counter()
     status, reason, code, tb = "ok", "", 0, ""
+    retry_env: Dict[str, str] = {}
     world = None
     if not _FORK_HOOK[0] and hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_forked_child)
@@ -387,6 +394,8 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
         status, reason = "needs_real_values", str(exc)
     except NotAGPUJob as exc:
         status, reason = "not_on_gpu", str(exc)
+    except ShortcutFailed as exc:
+        status, reason, retry_env = "unsupported", str(exc), exc.env
     except Refused as exc:
         status, reason = "unsupported", str(exc)
     except SystemExit as exc:
@@ -421,7 +430,7 @@ def run(argv: Sequence[str], mode: str, steps: int, device: Dict[str, Any]) -> P
     if status == "ok" and hooks.steps == 0:
         status, reason = "no_step", "the script finished without an optimizer step"
     return ProbeResult(status, mode, hooks.steps, time.perf_counter() - started, trace, reason,
-                       code, tb)
+                       code, tb, retry_env)
 
 
 def _forget_script_module() -> None:

@@ -161,9 +161,13 @@ def _launched_program(kind: str, target: Sequence[str]) -> Optional[List[str]]:
 
 
 def _reexec_profile(argv: Sequence[str], reason: str) -> None:
-    env: Dict[str, str] = dict(os.environ)
-    env[probe_env.MODE] = "profile"
-    env[probe_env.FALLBACK] = reason[:500]
+    _reexec(argv, {probe_env.MODE: "profile", probe_env.FALLBACK: reason[:500]})
+
+
+def _reexec(argv: Sequence[str], changes: Dict[str, str]) -> None:
+    """This process's program started anew under the probe, with ``changes`` in its
+    environment."""
+    env: Dict[str, str] = {**os.environ, **changes}
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os.execve(sys.executable, [sys.executable] + list(argv[1:]), env)
@@ -244,6 +248,13 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
     print(f"xmem probe: tracing {' '.join(target)} ({first} mode, {steps} steps) as "
           f"{gpus[0].cuda_name}", file=sys.stderr, flush=True)
     result = runner.run(list(target), first, steps, json.loads(device_json(gpus[0])))
+    if result.status == "unsupported" and result.retry_env and any(
+            os.environ.get(k) != v for k, v in result.retry_env.items()):
+        # a shortcut of the probe's own failed its check: trace again without it
+        print(f"xmem probe: {result.reason}; tracing again with "
+              f"{' '.join(f'{k}={v}' for k, v in sorted(result.retry_env.items()))}",
+              file=sys.stderr, flush=True)
+        _reexec(argv, result.retry_env)
     if result.status == "needs_real_values" and mode == "auto":
         print(f"xmem probe: fake mode needs real values ({result.reason}); tracing again in "
               "profile mode", file=sys.stderr, flush=True)
