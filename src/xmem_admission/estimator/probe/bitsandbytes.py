@@ -57,6 +57,25 @@ with a fake implementation that makes its outputs, so shapes trace as they are. 
   per tensor over the driver's own page granularity). ``fill``, ``_mul`` and the prefetches
   run as their torch equivalents (no ctypes call reaches a driver).
 
+Code outside bitsandbytes may call its native library itself through ctypes (fused LoRA kernels
+dequantize NF4 weights so: ``lib.cdequantize_blockwise_fp32`` for the nested absmax, then
+``lib.cdequantize_blockwise_bf16_nf4``, with the tensors' ``data_ptr()`` and the raw current
+stream). Those entry points allocate nothing: each launches one kernel that writes into the
+buffers its caller made with torch (csrc/pythonInterface.cpp, ``cdequantize_blockwise_*`` and
+``cquantize_blockwise_*`` call ``dequantizeBlockwise`` / ``quantizeBlockwise`` in csrc/ops.cu,
+which launch ``kDequantizeBlockwise`` / ``kQuantizeBlockwise`` on ``out`` and ``absmax`` and no
+``cudaMalloc``; read at bitsandbytes 0.50.2.dev0). In fake mode they accept the call and do
+nothing (the buffers are fake; their making is traced); the library's other GPU entry points
+refuse when called (``GPUOnlyCall``: kernels not modelled here).
+``torch._C._cuda_getCurrentRawStream``, which the probe otherwise refuses (a raw stream is how
+custom CUDA extensions launch kernels), answers the default stream's handle to code that reaches
+bitsandbytes' library and no other native code: a module whose globals hold bitsandbytes (a
+module of it, its library or one of its entry points) and no ctypes library, foreign function
+or compiled extension module of another (``_patch_native``). Any other caller is refused as
+before, and bitsandbytes' own CUDA ops keep the refusing binding they took at import
+(backends/cuda/ops.py, ``_get_raw_stream``). In profile mode these kernels cannot run on the
+host: the raw stream stays refused, with that reason.
+
 The 8-bit optimizers' blockwise state (``optim/optimizer.py``, ``Optimizer2State.init_state``:
 uint8 ``state1``/``state2``, one float32 absmax each per block of 256, the two 256-entry maps
 shared by all parameters) is made with plain torch calls and traced as it is; their update
@@ -71,12 +90,14 @@ Runs inside users' images: Python >= 3.9, torch >= 2.2, no other dependency.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Dict, List, Set, Tuple
 
 import torch
 
 from xmem_admission.estimator.probe.distributed import _AfterImport
+from xmem_admission.estimator.probe.outcomes import GPUOnlyCall
 from xmem_admission.estimator.probe.tracker import AllocationTracker
 from xmem_admission.estimator.trace import Category, NoteKind
 
@@ -123,6 +144,7 @@ def _patch(probe: _Probe) -> None:
     quantized = tuple(getattr(modules, name) for name in ("Params4bit", "Int8Params")
                       if hasattr(modules, name))
     _patch_moves(probe, quantized)
+    _patch_native(probe)
     if not probe.fake:
         return
     if quantized:
@@ -526,3 +548,145 @@ def _patch_paged(probe: _Probe, functional: Any) -> None:
     probe.patches.set(functional, "fill", fill)
     probe.patches.set(functional, "_mul", mul)
     probe.patches.set(functional, "prefetch_tensor", lambda *a, **k: None)
+
+
+# -- the native library called through ctypes --------------------------------------------------
+# csrc/pythonInterface.cpp: the GPU entry points of blockwise (de)quantization, one per input or
+# output dtype and 4-bit type (the ``_cpu_`` ones are host code, left as they are)
+_NATIVE_BLOCKWISE = tuple(
+    f"c{kind}_blockwise_{dtype}{quant}" for kind in ("quantize", "dequantize")
+    for dtype in ("fp16", "bf16", "fp32") for quant in ("", "_fp4", "_nf4"))
+# CUDA's default (legacy) stream has a null cudaStream_t, and the virtual GPU's current stream is
+# its default stream (streams are inert on it): c10/cuda/CUDAStream.cpp, the default stream's
+# stream() is nullptr, which _cuda_getCurrentRawStream returns as 0
+DEFAULT_STREAM_HANDLE = 0
+_RAW_STREAM = "_cuda_getCurrentRawStream"
+_EXTENSIONS = (".so", ".pyd", ".dylib")
+
+
+def _patch_native(probe: _Probe) -> None:
+    """In fake mode, bitsandbytes' native library accepts its (de)quantization calls and refuses
+    its other GPU entry points when called, and the raw current stream is answered to code that
+    reaches that library and no other native code (the module's docstring); in profile mode,
+    the raw stream's refusal says why for that code."""
+    import ctypes
+
+    cextension = sys.modules.get(f"{MODULE}.cextension")
+    lib = getattr(cextension, "lib", None)
+    if lib is None:
+        return
+    ours: Set[int] = set()  # the entry points made here: none launches a kernel
+    if probe.fake:
+        for name in _NATIVE_BLOCKWISE:
+            entry = _accept_native(name, getattr(lib, name, None))
+            ours.add(id(entry))
+            probe.patches.set(lib, name, entry)
+        refusing = _refusing_library(type(lib), ours)
+        probe.patches.set(lib, "__class__", refusing)
+    own = getattr(lib, "_lib", None)
+    refuse = getattr(torch._C, _RAW_STREAM, None)
+    # where the standard library's extension modules are: beside ctypes' own (lib-dynload;
+    # none where the interpreter has them built in)
+    builtin = str(getattr(sys.modules.get("_ctypes"), "__file__", None) or "")
+    stdlib = os.path.dirname(builtin) + os.sep if builtin else None
+
+    def native_elsewhere(value: Any) -> bool:
+        """A native library, function or compiled extension module that is not bitsandbytes':
+        what it launches with a stream is not known."""
+        if isinstance(value, ctypes.CDLL):
+            return value is not own
+        if isinstance(value, ctypes._CFuncPtr):  # type: ignore[attr-defined]
+            return True  # a native function that would run: not one made here
+        if isinstance(value, type(sys)):
+            path = str(getattr(value, "__file__", None) or "")
+            # the standard library's extension modules (math, _ctypes) and torch's own bindings
+            # (the probe answers or refuses those) launch nothing
+            return path.endswith(_EXTENSIONS) and not (stdlib and path.startswith(stdlib)) and \
+                value.__name__.split(".")[0] not in (MODULE, "torch")
+        return False
+
+    def in_reach(scope: Dict[str, Any]) -> bool:
+        found = False
+        for value in list(scope.values()):
+            if native_elsewhere(value):
+                return False
+            if value is lib or id(value) in ours or (
+                    isinstance(value, type(sys)) and (value.__name__ == MODULE or
+                                                     value.__name__.startswith(MODULE + "."))):
+                found = True
+        return found
+
+    def raw_stream(*args: Any, **kwargs: Any) -> Any:
+        caller = sys._getframe(1)
+        if not in_reach(caller.f_globals):
+            if refuse is None:
+                raise GPUOnlyCall(f"torch._C.{_RAW_STREAM}", "a raw cudaStream_t")
+            return refuse(*args, **kwargs)
+        module = str(caller.f_globals.get("__name__", "the script"))
+        if not probe.fake:
+            raise GPUOnlyCall(
+                f"torch._C.{_RAW_STREAM}",
+                f"a raw cudaStream_t for bitsandbytes' native CUDA kernels, called through "
+                f"ctypes by {module}: profile mode runs the job on the host, where they cannot "
+                f"run; fake mode traces them")
+        probe.tracker.trace.note(
+            NoteKind.MODELLED,
+            f"{module} asks for the raw CUDA stream to call bitsandbytes' native library "
+            f"itself: answered with the default stream's handle; its (de)quantization entry "
+            f"points write into buffers made with torch (traced) and allocate nothing "
+            f"(csrc/ops.cu, dequantizeBlockwise / quantizeBlockwise)",
+            key=f"bitsandbytes raw stream {module}")
+        return DEFAULT_STREAM_HANDLE
+
+    probe.patches.set(torch._C, _RAW_STREAM, raw_stream)
+
+
+def _with_signature(entry: Callable[..., Any], name: str, real: Any) -> Callable[..., Any]:
+    """``entry`` named ``name``, with the ctypes signature the real one was given (``argtypes``,
+    set by backends/cuda/ops.py's ``_setup_ctypes``: callers test it to choose how to pass
+    pointers)."""
+    entry.__name__ = name
+    for attribute in ("argtypes", "restype"):
+        value = getattr(real, attribute, None)
+        if value is not None:
+            setattr(entry, attribute, value)
+    return entry
+
+
+def _accept_native(name: str, real: Any) -> Callable[..., None]:
+    """A stand-in for bitsandbytes' native ``name`` that accepts the call and writes nothing."""
+
+    def accept(*_args: Any) -> None:
+        return None
+
+    return _with_signature(accept, name, real)
+
+
+def _refusing_library(library: type, ours: Set[int]) -> type:
+    """``library`` (bitsandbytes' ``BNBNativeLibrary``), whose entry points other than the ones
+    set on the instance refuse when called: kernels the probe does not model. Refused on call,
+    not on lookup: modules bind entry points at import that a training run may never call. Host
+    code (the ``_cpu_`` entry points) is the library's own."""
+
+    made: Dict[str, Any] = {}  # one per name, as the library's own lookup is cached
+
+    def refusing_entry(self: Any, name: str) -> Any:
+        real = library.__getattr__(self, name)  # type: ignore[attr-defined]
+        if name.startswith("__") or "_cpu_" in name:
+            return real
+        if name in made:
+            return made[name]
+
+        def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise GPUOnlyCall(
+                f"bitsandbytes' native {name}",
+                "a CUDA kernel of bitsandbytes' library called through ctypes, whose GPU memory "
+                "the probe does not model; only its blockwise (de)quantization is")
+
+        entry = made[name] = _with_signature(refuse, name, real)
+        ours.add(id(entry))
+        return entry
+
+    return type(library.__name__, (library,), {"__getattr__": refusing_entry,
+                                              "__module__": library.__module__,
+                                              "__qualname__": library.__qualname__})
