@@ -1,6 +1,6 @@
 """Fine-tuning jobs as a cluster runs them, on the real control plane: Jobs that fine-tune a
 pretrained checkpoint with transformers' Trainer and PEFT, QLoRA through bitsandbytes, and TRL's
-SFT and DPO trainers are held, estimated by estimation pods on the process node (the torch
+SFT, DPO and GRPO (its own generation) trainers are held, estimated by estimation pods on the process node (the torch
 environment with the fine-tuning stack stands for the job's image), and released sized. The
 checkpoint (a Llama-shaped one, saved with ``save_pretrained``, with its own tokenizer) and the
 scripts come from ConfigMaps, as a small team ships them; each estimate is shape-only."""
@@ -26,6 +26,8 @@ JOBS: Dict[str, List[str]] = {
     "qlora": ["bnb_qlora_trainer.py", "/ckpt", "--out", "/tmp/xmem-e2e-qlora"],
     "sft": ["trl_sft.py", "--model", "/ckpt", *SMALL],
     "dpo": ["trl_dpo.py", "--model", "/ckpt", *SMALL],
+    # 48-token completions: the generation writes the steps that repeat (probe/generation_steps)
+    "grpo": ["trl_grpo.py", "--model", "/ckpt", "--batch-size", "4", "--seq-len", "96"],
 }
 
 
