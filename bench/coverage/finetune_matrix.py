@@ -1,10 +1,13 @@
 """The fine-tuning matrix (``tests/finetune/test_matrix.py``'s jobs) at a ~0.83B Llama shape, as
-a user estimates it: ``xmem estimate --python <torch 2.15 env> --json --gpu H100-80GB,H200`` in
-the default mode, batch 4 x 1024 tokens. Printed per job (markdown, for ``bench/coverage/README.md``): the
-mode the estimate ended in, the probe's seconds and peak RSS, trace events, the H200 total, or
-the failure's first line.
+a user estimates it: ``xmem estimate --python <torch env> --json --gpu H100-80GB,H200`` in the
+default mode, batch 4 x 1024 tokens (``--python``: the torch 2.15 environment the probe's tests
+build, or another with the same stack, e.g. torch 2.11's). Printed per job (markdown, for
+``bench/coverage/README.md``): the mode the estimate ended in, the probe's seconds, the whole
+``xmem estimate``'s seconds (the simulations included), the probe's peak RSS, trace events, the
+H200 total, or the failure's first line.
 
     .venv/bin/python bench/coverage/finetune_matrix.py [--only JOB[,JOB]] [--checkpoint DIR] [--timeout S]
+        [--python ENV/bin/python]
 
 The checkpoint (hidden 2048, 16 layers, 32 heads, 8 key/value heads, intermediate 5632, vocab
 32000: ``tests/finetune/conftest.py``, ``SHAPES["bench"]``; 1.7 GB of bf16 safetensors) is made
@@ -59,10 +62,11 @@ def checkpoint(folder: Path) -> Path:
     return folder
 
 
-def run(job: Job, model: Path, timeout: float) -> str:
-    """One markdown row: job, mode, probe s, probe RSS, events, H200 total (or the failure)."""
+def run(job: Job, model: Path, timeout: float, python: str) -> str:
+    """One markdown row: job, mode, probe s, xmem estimate's wall s, probe RSS, events, H200
+    total (or the failure)."""
     command = [sys.executable, "-m", "xmem_admission.cli", "estimate", "--python",
-               NEWEST.interpreter, "--json", "--gpu", "H100-80GB,H200", "--timeout", str(timeout),
+               python, "--json", "--gpu", "H100-80GB,H200", "--timeout", str(timeout),
                "--", "python", str(SCRIPTS / job.script), "--model", str(model),
                "--batch-size", "4", "--seq-len", "1024", *job.args]
     started = time.perf_counter()
@@ -79,14 +83,15 @@ def run(job: Job, model: Path, timeout: float) -> str:
         if retraced:  # the default mode's fallback: what fake mode lacked, then what failed
             failure = f"fake: needs real values ({retraced['reason']}); profile: {failure}"
         failure = re.sub(r"/\S*/site-packages/", "", failure).replace(f"{ROOT}/", "")
-        return f"| {job.id} | failed (exit {proc.returncode}, {wall:.0f} s) | | | | | {failure[:700]} |"
+        return (f"| {job.id} | failed (exit {proc.returncode}, {wall:.0f} s) | | | | | | "
+                f"{failure[:700]} |")
     data = json.loads(proc.stdout)
     (h200,) = [g for g in data["gpus"] if g["gpu"] == "H200"]
     note = data.get("fallback_reason", "")[:300].replace("|", "/")
     if data.get("upper_bound"):  # e.g. torch.compile traced as eager code
         kinds = ", ".join(sorted({n["kind"] for n in data.get("notes", [])}))
         note = f"{note} upper bound ({kinds})".strip()
-    return (f"| {job.id} | {data['mode']} | {data['probe_seconds']:.1f} | "
+    return (f"| {job.id} | {data['mode']} | {data['probe_seconds']:.1f} | {wall:.1f} | "
             f"{data['probe_peak_rss_bytes'] / GIB:.2f} GiB | {data['trace_events']:,} | "
             f"{h200['total_bytes'] / GIB:.2f} GiB | {note} |")
 
@@ -97,6 +102,9 @@ def main(argv: List[str]) -> None:
     parser.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds each estimate may trace for (xmem estimate --timeout)")
+    parser.add_argument("--python", default=NEWEST.interpreter,
+                        help="the torch environment's interpreter that traces the jobs (default: "
+                             "the newest torch the probe's tests build)")
     options = parser.parse_args(argv)
     only = {name for name in options.only.split(",") if name}
     unknown = only - {job.id for job in JOBS}
@@ -107,12 +115,13 @@ def main(argv: List[str]) -> None:
                             capture_output=True, text=True).stdout.strip()
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, "
           f"{os.cpu_count()} cores, checkpoint {model}")
-    print("| job | mode | probe s | probe peak RSS | trace events | H200 total | "
-          "fallback / failure |")
-    print("|---|---|---:|---:|---:|---:|---|")
+    print(f"traced with {options.python}")
+    print("| job | mode | probe s | xmem estimate s | probe peak RSS | trace events | H200 total "
+          "| fallback / failure |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     for job in JOBS:
         if not only or job.id in only:
-            print(run(job, model, options.timeout), flush=True)
+            print(run(job, model, options.timeout, options.python), flush=True)
 
 
 if __name__ == "__main__":
