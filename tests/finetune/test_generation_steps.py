@@ -145,3 +145,24 @@ def test_an_estimation_pod_traces_a_generation_that_breaks_the_rule_again_step_b
     assert run["code"] == 0, run["output"][-4000:]
     assert "tracing again with XMEM_TRACE_EVERY_GENERATION_STEP=1" in run["output"]
     assert run["result"] is not None and run["result"].status == "ok", run["text"]
+
+
+LONGER = Path(__file__).resolve().parent / "scripts" / "generation_with_longer_prompts.py"
+
+
+def test_a_reused_rule_checks_every_position_where_a_longer_prompt_reaches_more_keys(
+        tmp_path: Path) -> None:
+    """The first generation (16-token prompt, up to 63 keys) gives the rule; the second and
+    third start from 24 tokens and reach 71 keys, where one position of the period makes a
+    256 MiB buffer (at 64 keys, step 42). Past the keys the rule was checked at, the reused
+    rule leaves a period and more to trace, step 42 among them: the difference is seen and the
+    job traced again, its two buffers in the trace. Leaving 1 to 8 steps (45 to 48) wrote step
+    42 without its buffer: 72 MiB reserved instead of 328 MiB."""
+    trace = tmp_path / "longer.json"
+    out, err = start([str(LONGER)], trace, every_step=False, gpus="H200").communicate(
+        timeout=600)
+    assert "xmem: text generation: sampling step 42 of 48 differs from the rule" in err and \
+        "tracing again with XMEM_TRACE_EVERY_GENERATION_STEP=1" in err, err[-4000:]
+    assert sum(1 for e in Trace.load(str(trace)).events
+               if e.op == "alloc" and e.size == 256 << 20) == 2
+    assert json.loads(out)["gpus"][0]["peak_reserved_bytes"] > 256 << 20  # one at a time

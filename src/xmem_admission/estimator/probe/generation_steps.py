@@ -42,7 +42,9 @@ they follow:
    without a window of its own.
    Those steps were every position of the period once, and the rule was checked at every
    position in the generation it was read from, so the jump leaves 1 to p steps to trace and
-   check (the state it grew, the end of the loop).
+   check (the state it grew, the end of the loop), where this generation ends within the keys
+   at which the rule was checked at every position; one that reaches more keys (a longer
+   prompt) leaves p to 2p - 1, as a window's rule does.
 
 Anything the rule does not cover traces every step, as without this module: a cache other than
 ``DynamicCache`` of ``DynamicLayer``s, a logits processor or stopping criterion not known to
@@ -149,6 +151,9 @@ class _Rule:
                  shift: int = 0) -> None:
         self.steps, self.start, self.last, self.period = steps, start, last, period
         self.shift = shift
+        # the last step, in this rule's numbering (its number of keys), up to which the steps
+        # traced after a jump covered every position of the period and matched the rule
+        self.checked = 0
 
     def base(self, j: int) -> int:
         return self.last - ((self.last - j) % self.period)
@@ -235,6 +240,8 @@ class Loop:
         if self.rule is not None:
             self._check(index, step)
             if not more:  # every step after the jump matched: the next generation may reuse it
+                if index - self.jumped_to + 1 >= self.rule.period:
+                    self.rule.checked = max(self.rule.checked, index + self.rule.shift)
                 self.state.rule, self.state.rule_prompt = self.rule, self.prompt
             return
         if more:
@@ -286,7 +293,9 @@ class Loop:
                 relabelled = steps[base] = _Step()
                 relabelled.numbers, relabelled.ids = previous.steps[base].numbers, []
                 relabelled.shape = shape
-        return _Rule(steps, previous.start, previous.last, previous.period, shift)
+        reused = _Rule(steps, previous.start, previous.last, previous.period, shift)
+        reused.checked = previous.checked
+        return reused
 
     def _maybe_jump(self, last: int) -> None:
         start = self._regular_start(last)
@@ -313,8 +322,11 @@ class Loop:
         # (``_check``), so a size the rule got wrong at any position refuses the job instead of
         # passing as written. A reused rule was checked so at every position in the generation
         # it was read from, and this generation's own steps before the jump (a period and one
-        # more) are every position again: it leaves 1..p, which check the state the jump grew.
-        left = 1 if reused else rule.period
+        # more) are every position again: it leaves 1..p, which check the state the jump grew,
+        # where this generation ends within the keys at which every position was checked. One
+        # that goes further (a longer prompt) leaves p..2p-1: a position's steps may change past
+        # the keys seen, and only its own step there would show it.
+        left = 1 if reused and self.total + rule.shift <= rule.checked else rule.period
         jump = ((remaining - left) // rule.period) * rule.period
         if jump < MAX_LAG:
             self.done = True
