@@ -236,11 +236,13 @@ def alternatives(trace: Trace, estimates: Sequence[Any], config: AllocatorConfig
                          "mig_slice_bytes": profile.memory_bytes if profile else None})
     everything = []
     if everywhere:
+        # a catalogue GPU that is not a target is simulated once: its stream is not kept (19
+        # streams of a long trace would hold gigabytes to the end of the command)
         done = {est.gpu: est for est in estimates}
         for gpu in catalogue.all_gpus():
             est = done.get(gpu.key)
             total, fits, oom = (est.total_bytes, est.fits, est.oom is not None) \
-                if est is not None else _total(trace, gpu, config, replays)
+                if est is not None else _total(trace, gpu, config, Replays(replays.env))
             everything.append({"gpu": gpu.key, "capacity_bytes": gpu.capacity_bytes,
                                "total_bytes": total,
                                "recommended_request_bytes": request_for(total, margin),
