@@ -31,10 +31,15 @@ def estimate(tmp_path: Path, settings: Dict[str, str], *command: str) -> Dict:
 
 def test_settings_the_program_gives_itself_are_simulated_as_if_the_environment_gave_them(
         tmp_path):
-    own = estimate(tmp_path, {}, str(SCRIPTS / "sets_its_allocator.py"))
-    given = estimate(tmp_path, {"PYTORCH_ALLOC_CONF": "expandable_segments:True"},
+    import torch
+
+    # the variable this torch reads: PYTORCH_ALLOC_CONF from 2.10 (torch_releases.py)
+    release = tuple(int(n) for n in torch.__version__.split("+")[0].split(".")[:2])
+    variable = "PYTORCH_ALLOC_CONF" if release >= (2, 10) else "PYTORCH_CUDA_ALLOC_CONF"
+    own = estimate(tmp_path, {}, str(SCRIPTS / "sets_its_allocator.py"), variable)
+    given = estimate(tmp_path, {variable: "expandable_segments:True"},
                      str(SCRIPTS / "tiny_mlp.py"), *MLP)
     plain = estimate(tmp_path, {}, str(SCRIPTS / "tiny_mlp.py"), *MLP)
-    assert own["meta"]["alloc_conf_env"] == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    assert own["meta"]["alloc_conf_env"] == {variable: "expandable_segments:True"}
     assert plain["meta"]["alloc_conf_env"] == {}
     assert own["total"] == given["total"] != plain["total"]

@@ -58,7 +58,8 @@ def test_a_console_script_named_by_its_name_is_found_beside_the_python_option(tm
     trace = tmp_path / "trace.json"
     proc = xmem("estimate", "--json", "--gpu", "A100-80GB", "--trace", str(trace),
                 "--python", python, "--", "train-gpt", *TINY_GPT,
-                env={"PYTHONPATH": str(ROOT / "examples")})
+                env={"PYTHONPATH": os.pathsep.join(
+                    [str(ROOT / "examples"), *filter(None, [os.environ.get("PYTHONPATH")])])})
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["mode"] == "fake" and data["steps"] == 3 and data["gpus"][0]["total_bytes"] > 0
