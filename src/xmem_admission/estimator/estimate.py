@@ -708,8 +708,6 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
         raise EstimateError(f"tracing with {how} ({path}) needs the probe bundle: build it with "
                             f"`python -m xmem_admission.bundle DIR` and pass bundle=DIR")
     interpreter = inspect_interpreter(path, how, probe_environment(bundle), cwd)
-    # the caching allocator of the torch that will run the job (keys, parsing, defaults)
-    config = allocator_config(alloc_conf, interpreter.torch)
 
     def say(msg: str) -> None:
         if progress:
@@ -738,6 +736,8 @@ def estimate(command: Sequence[str], gpu_names: Sequence[str] = DEFAULT_GPUS, mo
     trace = Trace.from_dict(result["trace"])
     say(f"xmem: {result['steps']} steps traced in {result['seconds']:.1f} s "
         f"({len(trace)} events); simulating {len(gpus)} GPU model(s)")
+    # the caching allocator of the torch that ran the job (keys, parsing, defaults), with the
+    # settings its environment had
     config = allocator_config(alloc_conf, interpreter.torch, trace.meta)
     per_gpu = estimate_trace(trace, gpus, config, margin, replays=replays)
     est = Estimate(mode=result["mode"], steps=result["steps"],

@@ -37,9 +37,9 @@ they follow:
    (``outcomes.ShortcutFailed``: ``xmem estimate`` and the estimation pod start it anew).
 5. A later generation whose first regular steps (one period and one more) are the steps the
    previous generation's rule was read from, size for size (the same prompt length, model and
-   batch: TRL generates once per optimizer step; the labels may differ, one for another, as a
-   generation before the first optimizer step is traced in other phases), jumps on that rule
-   without a window of its own.
+   batch: TRL generates once per optimizer step; the allocations' labels may differ, as a
+   generation before the first optimizer step is traced in other phases, and each position
+   then takes this generation's own), jumps on that rule without a window of its own.
    Those steps were every position of the period once, and the rule was checked at every
    position in the generation it was read from, so the jump leaves 1 to p steps to trace and
    check (the state it grew, the end of the loop), where this generation ends within the keys
@@ -479,7 +479,7 @@ class Loop:
         real = {s[0]: int(s[2].nbytes) for s in plan["survivors"]}
         traced_ids = {step: self.steps[step].ids for step in range(last - MAX_LAG + 1, last + 1)
                       if step in self.steps}
-        append, new, where = events.append, tuple.__new__, self.where
+        append, make, where = events.append, tuple.__new__, self.where
         next_id, live, peak, forward = (blocks.next_id, blocks.live_bytes, blocks.peak_live_bytes,
                                         blocks.forward_allocations)
         kept_from = last + jump - MAX_LAG  # allocations the traced steps after the jump free
@@ -494,7 +494,7 @@ class Loop:
                     if j > kept_from:
                         where[next_id] = (j, len(mine))
                         made_at[next_id] = len(events)
-                    append(new(Alloc, (ALLOC, next_id, size) + tail))
+                    append(make(Alloc, (ALLOC, next_id, size) + tail))
                     mine.append(next_id)
                     sizes[next_id] = size
                     next_id += 1
@@ -506,7 +506,7 @@ class Loop:
                 elif kind == 1:
                     step = j - what[0]
                     freed = (ids[step] if step > last else traced_ids[step])[what[1]]
-                    append(new(Free, (FREE, freed)))
+                    append(make(Free, (FREE, freed)))
                     size = sizes.pop(freed, -1)
                     live -= size if size >= 0 else real[freed]
                 elif kind == 2:

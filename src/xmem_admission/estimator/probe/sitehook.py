@@ -232,8 +232,12 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
     torch = _torch(path)
     if torch is None:
         return 1
-    from xmem_admission.estimator.allocator.alloc_conf import config_from_env, job_environment
-    from xmem_admission.estimator.estimate import device_json, estimate_trace, resolve_gpus
+    from xmem_admission.estimator.estimate import (
+        allocator_config,
+        device_json,
+        estimate_trace,
+        resolve_gpus,
+    )
     from xmem_admission.estimator.probe import runner
     from xmem_admission.estimator.replays import Replays
     from xmem_admission.estimator.trace import allocation_digest
@@ -242,8 +246,6 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
     if not names:
         raise ValueError(f"{probe_env.GPUS} names no GPU model")
     gpus = resolve_gpus(names)
-    # the settings as the job's own torch reads them (alloc_conf: keys and rules per release)
-    config = config_from_env(os.environ, torch.__version__)
     first = "profile" if mode == "profile" else "fake"
     print(f"xmem probe: tracing {' '.join(target)} ({first} mode, {steps} steps) as "
           f"{gpus[0].cuda_name}", file=sys.stderr, flush=True)
@@ -260,7 +262,9 @@ def _probe(argv: Sequence[str], target: Sequence[str], path: str) -> int:
               "profile mode", file=sys.stderr, flush=True)
         _reexec_profile(argv, result.reason)
     if result.status == "ok":
-        config = config_from_env(job_environment(result.trace.meta, os.environ), torch.__version__)
+        # the settings as the job's own torch read them (keys and rules per release), from the
+        # environment it had at its first GPU block
+        config = allocator_config(None, torch.__version__, result.trace.meta)
         replays = Replays(dict(os.environ))  # the first GPU's simulation serves its peak too
         per_gpu = estimate_trace(result.trace, gpus, config, replays=replays)
         rows = [g.to_dict() for g in per_gpu]
