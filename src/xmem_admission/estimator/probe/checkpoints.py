@@ -31,6 +31,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from xmem_admission.estimator.probe.distributed import _AfterImport
+from xmem_admission.estimator.probe.leave import remove_at_exit
 
 # safetensors' limit on the JSON header (safetensors/src/tensor.rs, MAX_HEADER_SIZE): a longer
 # one is refused by the library itself, so it is refused here too, before it is read.
@@ -468,11 +469,8 @@ def header_file(repo_id: str, filename: str, *, subfolder: Optional[str] = None,
         total = 8 + length + max((entry[3] for entry in described), default=0)
     parse_header(raw, total, url)
     if RUN.workdir is None:
-        import atexit
-        import shutil
-
         RUN.workdir = tempfile.mkdtemp(prefix="xmem-checkpoint-headers-")
-        atexit.register(shutil.rmtree, RUN.workdir, True)
+        remove_at_exit(RUN.workdir)
     parts = [repo_type or "model", *repo_id.split("/"), revision or "main"]
     if subfolder:
         parts.append(subfolder)

@@ -542,4 +542,7 @@ if __name__ == "__main__":
     # process state (``_RUNNING``, the fork hook). One module under both names.
     if __spec__ is not None:
         sys.modules.setdefault(__spec__.name, sys.modules[__name__])
-    sys.exit(main())
+    # the result is written: nothing the script would still do at exit is wanted (``leave``)
+    from xmem_admission.estimator.probe.leave import leave
+
+    leave(main())

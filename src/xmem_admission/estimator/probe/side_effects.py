@@ -40,11 +40,9 @@ Python >= 3.9, standard library only: this module ships in the probe bundle.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import os
 import secrets
-import shutil
 import sys
 import tempfile
 from typing import Any, Callable, Dict, Optional, Set, Tuple
@@ -53,6 +51,7 @@ from urllib.parse import urlsplit
 from xmem_admission.contract import probe_env
 from xmem_admission.contract import side_effects as switches
 from xmem_admission.estimator.probe.distributed import _AfterImport
+from xmem_admission.estimator.probe.leave import remove_at_exit
 from xmem_admission.estimator.probe.outcomes import Refused
 from xmem_admission.estimator.trace import NoteKind
 
@@ -110,7 +109,7 @@ def scratch() -> str:
     if folder and os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
         return os.path.abspath(folder)
     own = os.path.join(tempfile.gettempdir(), f"xmem-probe-{os.getpid()}-{secrets.token_hex(8)}")
-    atexit.register(shutil.rmtree, own, True)
+    remove_at_exit(own)
     return own
 
 

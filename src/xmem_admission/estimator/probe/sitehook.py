@@ -49,6 +49,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from xmem_admission.contract import probe_env
+from xmem_admission.estimator.probe.leave import leave
 
 LAUNCHER_SCRIPTS = frozenset({"torchrun", "accelerate", "deepspeed", "torchx"})
 LAUNCHER_MODULES = frozenset({
@@ -125,16 +126,6 @@ def write_result(path: str, text: str) -> None:
         handle.write(text)
 
 
-def _finish(code: int) -> None:
-    """Leave now: flush what the script printed, skip the rest of the program and teardown."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a closed stream must not keep us alive
-            pass
-    os._exit(code)
-
-
 def _settings() -> Tuple[List[str], int, str]:
     gpus = [g.strip() for g in os.environ.get(probe_env.GPUS, "").split(",") if g.strip()]
     steps = int(os.environ.get(probe_env.STEPS) or 3)
@@ -185,7 +176,7 @@ def activate() -> None:
 
         print(f"xmem probe: {exc}", file=sys.stderr)
         write_result(path, termination.encode_failure("unsupported", str(exc)))
-        _finish(1)
+        leave(1)
         return
     if launched is not None:
         target = launched
@@ -194,7 +185,7 @@ def activate() -> None:
     if existing_status(path) == "ok":
         print("xmem probe: the estimate is already recorded; not running "
               f"{' '.join(target)}", file=sys.stderr)
-        _finish(0)
+        leave(0)
     from xmem_admission.contract import termination
 
     batch = os.environ.get(probe_env.BATCH)
@@ -208,7 +199,7 @@ def activate() -> None:
         write_result(path, termination.encode_failure("probe_error", f"{type(exc).__name__}: {exc}",
                                                       1, text))
         code = 1
-    _finish(code)
+    leave(code)
 
 
 def _torch(path: str) -> Any:
@@ -388,7 +379,7 @@ def _trace_forked(own: List[str], result: str, limit: float) -> str:
 
             write_result(result, termination.encode_failure(
                 "probe_error", f"{type(exc).__name__}: {exc}", 1, traceback.format_exc()))
-        _finish(code)
+        leave(code)
     started = time.monotonic()
     timed_out = False
     while True:
