@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Dict, List, Tuple
 
@@ -83,6 +84,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from xmem_admission import bundle
     from xmem_admission.contract.errors import EstimateError
+    from xmem_admission.estimator import peak
     from xmem_admission.estimator.estimate import DEFAULT_GPUS, estimate
     from xmem_admission.estimator.replays import Replays
 
@@ -97,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     # The script's own stdout must never mix with ours: it goes to stderr. Every run, with
     # whichever interpreter, imports the probe from the bundle an estimation pod gets.
     # the estimate's GPU streams and simulations, which the peak's explanation reuses
-    replays = Replays()
+    replays = Replays(workers=_cores(), variants=(peak.with_expandable_segments,))
     est, trace = estimate(command, names, mode=args.mode, steps=args.steps,
                           alloc_conf=args.alloc_conf, margin=args.margin / 100.0,
                           timeout=args.timeout, stream=sys.stderr, progress=sys.stderr,
@@ -117,6 +119,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_table(est) + "\n" + "\n".join(explained.lines()))
     return 0 if any(g.fits for g in est.gpus) else EXIT_FITS_NONE
+
+
+def _cores() -> int:
+    """The cores this process may run on: the simulations after the probe use as many."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _gib(n: int) -> str:

@@ -204,6 +204,12 @@ def request_for(total: int, margin: float) -> int:
     return int(math.ceil(total * (1.0 + margin)))
 
 
+def with_expandable_segments(config: AllocatorConfig) -> AllocatorConfig:
+    """``config`` with ``expandable_segments:True``: the alternative ``alternatives`` simulates
+    on every target GPU (a ``Replays`` variant, made beside the estimate's own replays)."""
+    return dataclasses.replace(config, expandable_segments=True)
+
+
 def alternatives(trace: Trace, estimates: Sequence[Any], config: AllocatorConfig, margin: float,
                  peaks: Sequence[Peak], env: Optional[Dict[str, str]] = None,
                  everywhere: bool = True, replays: Optional[Replays] = None) -> Alternatives:
@@ -213,7 +219,7 @@ def alternatives(trace: Trace, estimates: Sequence[Any], config: AllocatorConfig
     ``everywhere`` simulates every catalogue GPU too; ``replays`` shares the GPU streams made
     for the estimate."""
     replays = replays if replays is not None else Replays(env)
-    expandable = dataclasses.replace(config, expandable_segments=True)
+    expandable = with_expandable_segments(config)
     by_key = {g.key: g for g in catalogue.all_gpus()}
     with_expandable = []
     requests = []

@@ -115,6 +115,9 @@ class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
         self.oversize_segments = OversizeStat()
         self.num_alloc_retries = self.num_ooms = self.num_sync_all_streams = 0
         self.num_device_alloc = self.num_device_free = 0
+        # how often the capacity (or the memory fraction's limit) refused memory; not one of
+        # PyTorch's statistics: a replay whose count stays 0 ran as it would with no limit
+        self.capacity_refusals = 0
         self.on_segment_alloc: Optional[SegmentHook] = None
         self.on_segment_free: Optional[SegmentHook] = None
         self._init_expandable()
@@ -312,11 +315,13 @@ class CachingAllocator(ExpandableSegmentsMixin, CacheReleaseMixin):
             self.num_alloc_retries += 1
         if self.allowed_bytes is not None and \
                 self.total_reserved + alloc_size > self.allowed_bytes:
+            self.capacity_refusals += 1
             return None
         if self._expandable:
             return self._try_allocate_expandable_block(pool, rsize)
         if self.capacity_bytes is not None and \
                 self.total_reserved + alloc_size > self.capacity_bytes:
+            self.capacity_refusals += 1
             return None
         addr = self.device.malloc(alloc_size)
         if addr is None:

@@ -45,6 +45,7 @@ class ExpandableSegmentsMixin:
     device_total_bytes: Optional[int]
     device: DeviceAddressSpace
     total_reserved: int
+    capacity_refusals: int
     num_device_alloc: int
     num_device_free: int
     on_segment_alloc: Optional[SegmentHook]
@@ -121,6 +122,7 @@ class ExpandableSegmentsMixin:
         if nbytes == 0:
             return None
         if self.capacity_bytes is not None and self.total_reserved + nbytes > self.capacity_bytes:
+            self.capacity_refusals += 1
             return None
         pool = to_map.pool
         del pool.unmapped[to_map.addr]

@@ -64,6 +64,11 @@ class SimulationResult:
     timeline: Optional[List[Tuple[int, int, int]]]  # (event index, allocated, reserved)
     config: AllocatorConfig
     capacity_bytes: Optional[int]
+    # whether the result depends on ``capacity_bytes``: the capacity refused memory at least
+    # once (so cached blocks were released, or the replay ran out), or a memory fraction
+    # derived its limit from it. When False the replay ran as with no limit, and it is the
+    # replay under any capacity of at least ``peak_reserved_bytes`` (``replays.Replays``).
+    capacity_bound: bool = True
 
     def to_dict(self, include_stats: bool = True) -> Dict[str, Any]:
         out: Dict[str, Any] = {
@@ -207,6 +212,7 @@ def simulate(
         timeline=samples,
         config=config,
         capacity_bytes=capacity_bytes,
+        capacity_bound=alloc.capacity_refusals > 0 or alloc.allowed_bytes is not None,
     )
 
 
