@@ -38,7 +38,10 @@ def _stop_children() -> None:
     if mp is None:
         return
     try:
-        children = mp.active_children()
+        # only this process's own: a process forked without multiprocessing (a batched trace
+        # of the pod) inherits its parent's list of children
+        children = [child for child in mp.active_children()
+                    if getattr(child, "_parent_pid", None) == os.getpid()]
         for child in children:
             child.terminate()
         for child in children:
