@@ -247,14 +247,14 @@ def estimate_trace(trace: Trace, gpus: Sequence[catalogue.GPU],
     replays = replays if replays is not None else Replays(env)
     env = replays.env
     bounded = [n for n in trace.notes() if n.get("kind") in UPPER_BOUND_NOTES]
-    replays.prepare(trace, [(gpu, config, allocator_room(trace, replays.stream(trace, gpu), gpu,
-                                                         env)) for gpu in gpus])
+    rooms = {gpu.key: allocator_room(trace, replays.stream(trace, gpu), gpu, env) for gpu in gpus}
+    replays.prepare(trace, [(gpu, config, rooms[gpu.key]) for gpu in gpus])
     for gpu in gpus:
         nccl = nccl_bytes(trace, gpu, env)
         stream = replays.stream(trace, gpu)
         figures = overhead_for(stream, gpu)
         overhead = figures.total_bytes
-        capacity = allocator_room(trace, stream, gpu, env)
+        capacity = rooms[gpu.key]
         sim = replays.simulation(trace, gpu, config, capacity)
         total = sim.peak_reserved_bytes + nccl + overhead
         point = _End(total, sim.oom is not None)

@@ -120,8 +120,10 @@ class Replays:
             config = config if config is not None else AllocatorConfig()
             self.stream(trace, gpu)
             wanted.append((gpu, config, capacity))
-            wanted += [(gpu, variant(config), capacity) for variant in self.variants
-                       if variant(config) != config]
+            for variant in self.variants:
+                other = variant(config)
+                if other != config:
+                    wanted.append((gpu, other, capacity))
         first: Dict[Tuple[str, AllocatorConfig], Tuple[GPU, AllocatorConfig, Optional[int]]] = {}
         for gpu, config, capacity in wanted:
             if self._cached(gpu, config, capacity) is not None:
