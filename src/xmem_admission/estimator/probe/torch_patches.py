@@ -585,11 +585,20 @@ def _apply_to_module(self: Any, fn: Any, recurse: bool) -> Any:
     if recurse:
         for module in self.children():
             module._apply(fn)
-    for param in self._parameters.values():
+    for key, param in self._parameters.items():
         if param is None:
             continue
         with torch.no_grad():
             applied = fn(param)
+        if applied is not param and not torch._has_compatible_shallow_copy_type(param, applied):
+            # another kind of tensor (a meta parameter made real by ``to_empty``, in profile
+            # mode): a new Parameter, as module.py's ``_apply`` makes where ``set_data`` cannot
+            grad = param.grad
+            param = self._parameters[key] = torch.nn.Parameter(applied, param.requires_grad)
+            if grad is not None:
+                with torch.no_grad():
+                    param.grad = fn(grad)
+            continue
         if applied is not param:
             param.data = applied
         if param.grad is not None:

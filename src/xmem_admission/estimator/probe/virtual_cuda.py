@@ -144,10 +144,20 @@ class DeviceMode(TorchFunctionMode):  # type: ignore[misc]  # torch is read as A
             return handler(func, args, kwargs)
         device = kwargs.get("device")
         if device is not None and _is_cuda_device(device) is not None:
+            meta = str(device).startswith("meta")
+            if meta and not self.fake:
+                # With real values a meta tensor stays one, as on a GPU machine: code that
+                # builds a model under torch.device("meta") reads that device back and skips
+                # what it would do to real weights. transformers 5 skips a module's
+                # initialisation at construction there, then replaces its non-persistent
+                # buffers (rotary inv_freq) with empty ones and initialises them; on host
+                # tensors the module was initialised at construction, marked so, and the new
+                # buffers kept uninitialised memory (modeling_utils.py, init_weights and
+                # _move_missing_keys_from_meta_to_device).
+                return self._call(func, args, kwargs)
             kwargs = dict(kwargs, device="cpu")
-            # "meta": shape-only memory, never host data (see placement.host_data)
-            side = "cuda" if _is_cuda_device(device) else (
-                "meta" if str(device).startswith("meta") else "host")
+            # "meta" in fake mode: shape-only memory, never host data (placement.host_data)
+            side = "cuda" if _is_cuda_device(device) else ("meta" if meta else "host")
             with self.on(side):
                 return self._call(func, args, kwargs)
         return self._call(func, args, kwargs)
