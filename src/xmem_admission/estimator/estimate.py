@@ -42,7 +42,7 @@ from xmem_admission.estimator.allocator.alloc_conf import (
 from xmem_admission.estimator.allocator.simulate import simulate
 from xmem_admission.estimator.orchestrate import HIGH, LOW, for_gpu
 from xmem_admission.estimator.replays import Replays
-from xmem_admission.estimator.trace import UPPER_BOUND_NOTES, Category, Trace
+from xmem_admission.estimator.trace import UPPER_BOUND_NOTES, Category, Trace, gc_paused
 
 DEFAULT_GPUS = ("A100-40GB", "A100-80GB", "H100-80GB", "L40S")
 DEFAULT_MARGIN = 0.05
@@ -676,7 +676,7 @@ def run_probe(command: Sequence[str], gpu: catalogue.GPU, mode: str, steps: int,
                     f"needs GPU memory; fake mode does not)")
             raise EstimateError(f"the probe died without a result (exit status "
                                 f"{proc.returncode}); its output is above")
-        with open(out, encoding="utf-8") as fh:
+        with open(out, encoding="utf-8") as fh, gc_paused():
             result: Dict[str, Any] = json.load(fh)
             return result
 

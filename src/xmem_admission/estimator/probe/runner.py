@@ -42,6 +42,7 @@ from xmem_admission.estimator.probe.outcomes import (
     gpu_only_cause,
     needs_values_cause,
 )
+from xmem_admission.estimator.trace import gc_paused
 
 MODES = ("fake", "profile")
 
@@ -531,7 +532,7 @@ def main(args: Optional[Sequence[str]] = None) -> int:
     command = ns.command[1:] if ns.command and ns.command[0] == "--" else ns.command
     prepare_rank(command, os.environ)
     result = run(split_command(command), ns.mode, ns.steps, json.loads(ns.device_json))
-    with open(ns.out, "w", encoding="utf-8") as fh:
+    with open(ns.out, "w", encoding="utf-8") as fh, gc_paused():
         fh.write(json.dumps(result.to_dict(), separators=(",", ":")))  # json.dump: pure Python
     return 0
 
