@@ -53,6 +53,17 @@ def pods_of(cluster: Any, ns: str, jobset: str, count: int) -> List[Dict[str, An
     return wait_for(made, 60, f"{count} pods of JobSet {jobset}")
 
 
+def where_it_stands(cluster: Any, ns: str, name: str) -> str:
+    """The TrainJob's and its JobSet's conditions and each pod's phase, for a wait that failed."""
+    def conditions(obj: Optional[Dict[str, Any]]) -> List[str]:
+        return [f"{c['type']}={c['status']} ({c.get('reason', '')})"
+                for c in ((obj or {}).get("status") or {}).get("conditions") or []]
+    pods = {p["metadata"]["name"]: (p.get("status") or {}).get("phase")
+            for p in cluster.list("v1", "Pod", ns, f"{JOBSET_NAME_LABEL}={name}")}
+    return (f"TrainJob {conditions(cluster.get(TRAINER_API, 'TrainJob', name, ns))}, "
+            f"JobSet {conditions(cluster.get(JOBSET_API, 'JobSet', name, ns))}, pods {pods}")
+
+
 def env_of(pod: Dict[str, Any], container: str) -> Dict[str, Any]:
     (found,) = [c for c in pod["spec"]["containers"] if c["name"] == container]
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in found.get("env") or []}
@@ -142,8 +153,11 @@ def test_a_torch_trainjob_of_two_nodes_by_four_processes_gives_each_pod_the_torc
         assert env["PET_MASTER_PORT"] == "29500"
 
     # The pods run on the process node: each node sees its own rank.
-    complete = wait_for(lambda: (lambda o: o if condition(o, "Complete") else None)(
-        cluster.get(TRAINER_API, "TrainJob", "gpt", ns)), 120, "TrainJob gpt to complete")
+    try:
+        complete = wait_for(lambda: (lambda o: o if condition(o, "Complete") else None)(
+            cluster.get(TRAINER_API, "TrainJob", "gpt", ns)), 120, "TrainJob gpt to complete")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; {where_it_stands(cluster, ns, 'gpt')}") from None
     assert complete["metadata"]["name"] == "gpt"
     core = client.CoreV1Api(cluster.api)
     lines = sorted(core.read_namespaced_pod_log(p["metadata"]["name"], ns).strip()
