@@ -284,10 +284,6 @@ class Trace:
 
     # -- (de)serialising --------------------------------------------------------------------
     def to_dict(self) -> Dict[str, Any]:
-        with gc_paused():
-            return self._to_dict()
-
-    def _to_dict(self) -> Dict[str, Any]:
         sites: Dict[Tuple[str, str, str, str], int] = {}
         events: List[List[Any]] = []
         for e in self.events:
