@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import datetime
+import time
 
 from xmem_admission.cluster.controller import line_state
 from xmem_admission.cluster.controller.estimation_line import expected_end, human, plan, slots
+from xmem_admission.cluster.controller.waiters import Waiters
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 
@@ -77,3 +79,26 @@ def test_a_refused_pod_backs_off_doubling_and_is_said_once() -> None:
 
 def test_durations_read_in_words() -> None:
     assert [human(s) for s in (42, 425, 7800)] == ["42 s", "7m05s", "2h10m"]
+
+
+def test_a_workload_keeps_its_place_for_a_while_after_it_was_first_seen() -> None:
+    line = line_state.Line()
+    line.saw({"metadata": {"uid": "u1", "name": "first"}})
+    now = time.monotonic()
+    assert line.keeps_place("u1", now)
+    assert not line.keeps_place("u1", now + line_state.KEEP_PLACE_SECONDS)
+    assert not line.keeps_place("never-seen", now)
+    line.forget({"metadata": {"uid": "u1"}})
+    assert not line.keeps_place("u1", now)
+
+
+def test_a_workload_waits_on_an_estimate_until_it_is_dropped_from_every_one() -> None:
+    waiters = Waiters()
+    assert not waiters.waits("u1")
+    waiters.add("ns", "est-a", "Job", "first", "u1")
+    waiters.add("ns", "est-b", "Job", "first", "u1")  # one per GPU template
+    waiters.add("ns", "est-a", "Job", "first", "u1")  # again: still two estimates
+    waiters.drop("ns", "est-a", "u1")
+    assert waiters.waits("u1")
+    waiters.forget("ns", "est-b")
+    assert not waiters.waits("u1")

@@ -15,7 +15,14 @@ from typing import Any, Dict
 
 import pytest
 
-from tests.controller.support import TINY_GPT, Harness, template_annotations, training_job, wait
+from tests.controller.support import (
+    TINY_GPT,
+    Harness,
+    policy_spec,
+    template_annotations,
+    training_job,
+    wait,
+)
 from xmem_admission.cluster import labels
 from xmem_admission.cluster.controller import estimation_line, estimation_pods, records, workloads
 from xmem_admission.cluster.controller.manager import Controller
@@ -26,6 +33,10 @@ from xmem_admission.contract.errors import KubeApiError
 @pytest.fixture()
 def caches(harness: Harness) -> Controller:
     """A controller whose informers run and whose queue nobody drains."""
+    return _caches(harness)
+
+
+def _caches(harness: Harness) -> Controller:
     controller = harness.controller(start=False)
     for informer in controller.informers():
         informer.start()
@@ -81,6 +92,32 @@ def _start_step(caches: Controller, namespace: str, name: str) -> None:
     estimation_line.dispatch(caches.ctx)
     assert caches.ctx.line.granted((namespace, name))
     estimation_pods.reconcile(caches.ctx, namespace, name)
+
+
+def test_an_estimate_waits_behind_an_earlier_workload_whose_reconcile_has_not_run_yet(harness):
+    """First come, first served holds while a reconcile lags: the later workload's estimate
+    exists first, and still waits for the earlier one's."""
+    harness.use(policy_spec(estimation={"maxConcurrentPerNamespace": 1}))
+    caches = _caches(harness)
+    namespace = harness.namespace
+    for index, name in enumerate(["first", "second"]):  # a positional argument each: two
+        harness.submit(training_job(name, script="fails_before_step.py",  # trial families
+                                    args=[f"shard-{index}"]))
+    _fresh(caches, namespace, "job", "first", lambda o: True)
+    _reconcile_job(harness, caches, "second")
+    [later] = harness.gmes()
+    second = later["metadata"]["name"]
+    _fresh(caches, namespace, "gme", second, lambda o: True)
+    estimation_line.dispatch(caches.ctx)
+    assert not caches.ctx.line.granted((namespace, second))  # the first keeps its place
+
+    _reconcile_job(harness, caches, "first")
+    [first] = [g["metadata"]["name"] for g in harness.gmes()
+               if g["spec"]["workload"]["name"] == "first"]
+    _fresh(caches, namespace, "gme", first, lambda o: True)
+    estimation_line.dispatch(caches.ctx)
+    assert caches.ctx.line.granted((namespace, first))
+    assert not caches.ctx.line.granted((namespace, second))  # one at a time in the namespace
 
 
 def test_the_estimate_step_waits_its_turn_then_creates_one_pod_and_records_it_running(

@@ -8,7 +8,10 @@ in one place, the ``DISPATCH`` work item, not by whichever estimate's reconcile 
 - in a namespace, first come, first served: by when the workloads waiting on the estimate were
   created (the hold begins at CREATE), the earliest of them; creation times have whole seconds,
   so within one second by the order the controller first saw the workloads in (after a restart,
-  its first listing's: by namespace and name);
+  its first listing's: by namespace and name); a workload whose reconcile has not yet asked
+  for its estimate keeps its place for a while (``line_state.KEEP_PLACE_SECONDS`` after this
+  controller first saw it): the estimates behind it wait, so a controller that starts with a
+  line of held workloads, or two workloads created in one second, serve them in order;
 - across namespaces, round-robin: when the cluster cap is the limit, the free slots go to the
   namespaces with estimates waiting in turn, starting after the namespace served last;
 - of a family of trials (one program, different option values), only the estimates that teach
@@ -69,6 +72,7 @@ log = logging.getLogger(__name__)
 DISPATCH: Tuple[str] = ("dispatch",)
 DISPATCH_DELAY = 0.5  # seconds: the events of one moment are served by one dispatch
 GRANT_SECONDS = 120.0  # a grant whose pod was not created by then is given to the line again
+KEPT_PLACE_RECHECK = 1.0  # seconds: a line cut short by a kept place is dispatched again
 BACKLOG = "EstimationBacklog"
 QUOTA_REFUSED = "EstimationQuotaExceeded"
 POD_REFUSED = "EstimationPodRefused"
@@ -222,6 +226,32 @@ def waiting(ctx: Context, gme: Obj,
     return Waiting((m["namespace"], m["name"]), order[0], order + (m["name"],), tuple(found))
 
 
+def ahead_of(queue: Sequence[Waiting], place: Optional[Tuple[Any, ...]]) -> List[Waiting]:
+    """The part of a namespace's line ahead of ``place`` (a place kept by a workload whose
+    estimate is not asked for yet; None: the whole line)."""
+    return list(queue) if place is None else [e for e in queue if e.order < place]
+
+
+def places_kept(ctx: Context, held: Mapping[Key, List[Obj]],
+                now: float) -> Dict[str, Tuple[Any, ...]]:
+    """Each namespace's earliest place kept by a held workload whose reconcile has not asked
+    for its estimate yet: its fingerprint's estimate has no record, it waits on no other
+    estimate (a trial sized by sharing), and this controller first saw it less than
+    ``KEEP_PLACE_SECONDS`` before ``now`` (``time.monotonic()``)."""
+    kept: Dict[str, Tuple[Any, ...]] = {}
+    for (namespace, name), objs in held.items():
+        if ctx.estimates.get(namespace, name) is not None:
+            continue
+        for obj in objs:
+            uid = obj["metadata"].get("uid", "")
+            if ctx.waiters.waits(uid) or not ctx.line.keeps_place(uid, now):
+                continue
+            place = (created(obj), ctx.line.seq(uid), obj["metadata"]["name"])
+            if namespace not in kept or place < kept[namespace]:
+                kept[namespace] = place
+    return kept
+
+
 def dispatch(ctx: Context) -> Optional[float]:
     """Grant the free slots to the estimates whose turn it is (and queue them), publish the
     line's gauges, and tell the workloads the line will keep past ``maxHoldSeconds``."""
@@ -232,6 +262,8 @@ def dispatch(ctx: Context) -> Optional[float]:
     now = ctx.now()
     line.seed(ctx.estimates.items())
     held = held_by_estimate(ctx)
+    places = places_kept(ctx, held, time.monotonic())
+    cut_short = False
     # Under the line's lock, from the pods in the cache: a pod an estimate's reconcile creates
     # meanwhile is in the cache by the time its grant is gone, never neither nor both.
     with line.lock:
@@ -263,7 +295,9 @@ def dispatch(ctx: Context) -> Optional[float]:
         cluster_free = cluster_cap - len(live) - len(line.grants)
         eligible: Dict[str, List[Waiting]] = {}
         for namespace, queue in queues.items():
-            candidates = [e for e in queue if e.key not in line.grants and
+            ahead = ahead_of(queue, places.get(namespace))
+            cut_short = cut_short or len(ahead) < len(queue)
+            candidates = [e for e in ahead if e.key not in line.grants and
                           e.key not in line.riding]
             head = line.backing_off(candidates[0].key, now) if candidates else None
             if head is not None and head.quota:
@@ -302,7 +336,7 @@ def dispatch(ctx: Context) -> Optional[float]:
         for obj in by_key[key].workloads:
             ctx.queue.add(("workload", obj.get("kind", ""), key[0], obj["metadata"]["name"]))
     _size(ctx, queues, granted, caps, cluster_cap, live, now)
-    return None
+    return KEPT_PLACE_RECHECK if cut_short else None
 
 
 def _duration(ctx: Context, live: List[Obj], now: datetime.datetime) -> Tuple[float, str]:

@@ -8,6 +8,7 @@ import collections
 import datetime
 import itertools
 import threading
+import time
 from dataclasses import dataclass
 from typing import Deque, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -17,6 +18,9 @@ from xmem_admission.cluster.kube.client import Obj
 RECENT = 20  # finished estimations whose durations predict the wait
 BACKOFF_FIRST = 5.0  # seconds before a refused estimation pod is tried again, doubling ...
 BACKOFF_MAX = 60.0  # ... up to this
+# seconds a workload first seen by this controller keeps its place in its namespace's line
+# before its reconcile has asked for its estimate (the workloads after it wait for it)
+KEEP_PLACE_SECONDS = 30.0
 
 Key = Tuple[str, str]  # (namespace, estimate name)
 
@@ -45,6 +49,7 @@ class Line:
             self.grants: Dict[Key, float] = {}
             self.cursor: Optional[str] = None
             self._seen: Dict[str, int] = {}
+            self._seen_at: Dict[str, float] = {}  # uid -> time.monotonic() when first seen
             self._counter = itertools.count()
             self.refusals: Dict[Key, Refusal] = {}
             self.durations: Deque[float] = collections.deque(maxlen=RECENT)
@@ -63,15 +68,24 @@ class Line:
         uid = obj["metadata"].get("uid")
         if uid and uid not in self._seen:
             with self.lock:
-                self._seen.setdefault(uid, next(self._counter))
+                if uid not in self._seen:
+                    self._seen[uid] = next(self._counter)
+                    self._seen_at[uid] = time.monotonic()
 
     def forget(self, obj: Obj) -> None:
         with self.lock:
             self._seen.pop(obj["metadata"].get("uid", ""), None)
+            self._seen_at.pop(obj["metadata"].get("uid", ""), None)
             self.told.discard(obj["metadata"].get("uid", ""))
 
     def seq(self, uid: str) -> int:
         return self._seen.get(uid, 1 << 62)
+
+    def keeps_place(self, uid: str, now: float) -> bool:
+        """Was this workload first seen less than ``KEEP_PLACE_SECONDS`` before ``now``
+        (``time.monotonic()``)?"""
+        seen = self._seen_at.get(uid)
+        return seen is not None and now - seen < KEEP_PLACE_SECONDS
 
     # --- grants -----------------------------------------------------------------------------
 
