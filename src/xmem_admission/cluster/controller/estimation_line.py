@@ -209,6 +209,12 @@ def _time(stamp: Any) -> Optional[datetime.datetime]:
     return records.parse_time(stamp)
 
 
+def place(ctx: Context, obj: Obj) -> Tuple[Any, ...]:
+    """A workload's place in its namespace's line: its creation, then the order this
+    controller first saw it in, then its name."""
+    return (created(obj), ctx.line.seq(obj["metadata"].get("uid", "")), obj["metadata"]["name"])
+
+
 def waiting(ctx: Context, gme: Obj,
             held: Optional[Mapping[Key, List[Obj]]] = None) -> Optional[Waiting]:
     """The estimate as it waits for its pod, or None when it does not wait (running, finished,
@@ -221,8 +227,7 @@ def waiting(ctx: Context, gme: Obj,
     found = workloads_waiting(ctx, gme, held)
     if not found:
         return None
-    order = min((created(o), ctx.line.seq(o["metadata"].get("uid", "")), o["metadata"]["name"])
-                for o in found)
+    order = min(place(ctx, o) for o in found)
     return Waiting((m["namespace"], m["name"]), order[0], order + (m["name"],), tuple(found))
 
 
@@ -246,9 +251,9 @@ def places_kept(ctx: Context, held: Mapping[Key, List[Obj]],
             uid = obj["metadata"].get("uid", "")
             if ctx.waiters.waits(uid) or not ctx.line.keeps_place(uid, now):
                 continue
-            place = (created(obj), ctx.line.seq(uid), obj["metadata"]["name"])
-            if namespace not in kept or place < kept[namespace]:
-                kept[namespace] = place
+            here = place(ctx, obj)
+            if namespace not in kept or here < kept[namespace]:
+                kept[namespace] = here
     return kept
 
 
