@@ -11,6 +11,7 @@ spec carries the same switches (``contract.side_effects``).
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import json
 import os
@@ -20,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -107,11 +107,11 @@ class MLflowServer:
         while True:
             assert self.proc.poll() is None, f"mlflow server exited: {self.log.name}"
             try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
+                with urllib.request.urlopen(self.url + "/health", timeout=10) as reply:
                     if reply.status == 200:
                         return
-            except (urllib.error.URLError, ConnectionError):
-                pass
+            except (OSError, http.client.HTTPException):
+                pass  # not listening yet, or too busy starting to answer within the 10 s
             assert time.monotonic() < deadline, f"mlflow server not answering: {self.log.name}"
             time.sleep(0.5)  # polling its health endpoint until it answers
 
