@@ -333,8 +333,11 @@ def _batch(argv: Sequence[str], path: str, spec: Dict[str, Any]) -> int:
 
 
 def _preload() -> None:
-    """What every child would import: imported once, before the forks."""
+    """What every child would import: imported once, before the forks. ``torch._dynamo`` is
+    most of it: every trace imports it (``torch_patches.apply``, and ``FakeTensorMode()``), and
+    it was 2.5 s of each forked trace's 3 s on a quiet 2-core machine (py-spy, torch 2.14.1)."""
     try:
+        import torch._dynamo  # noqa: F401
         from torch._subclasses import fake_tensor  # noqa: F401
 
         from xmem_admission.estimator import estimate  # noqa: F401
