@@ -11,7 +11,6 @@ spec carries the same switches (``contract.side_effects``).
 
 from __future__ import annotations
 
-import http.client
 import http.server
 import json
 import os
@@ -20,13 +19,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 
+from localkube.controlplane import wait_while_running
 from tests.controller.support import make_policy, training_job
 from tests.support.torch_envs import NEWEST
 from xmem_admission import bundle
@@ -103,17 +102,13 @@ class MLflowServer:
             cwd=folder, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.proc.poll() is None, f"mlflow server exited: {self.log.name}"
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=10) as reply:
-                    if reply.status == 200:
-                        return
-            except (OSError, http.client.HTTPException):
-                pass  # not listening yet, or too busy starting to answer within the 10 s
-            assert time.monotonic() < deadline, f"mlflow server not answering: {self.log.name}"
-            time.sleep(0.5)  # polling its health endpoint until it answers
+        def answers() -> bool:
+            with urllib.request.urlopen(self.url + "/health", timeout=10) as reply:
+                return bool(reply.status == 200)
+
+        # a refused connection or a server too busy to answer within the 10 s is tried again
+        wait_while_running(answers, f"the mlflow server to answer (its log: {self.log.name})",
+                           self.proc, timeout=timeout, interval=0.5)
 
     def post(self, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
         request = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
