@@ -27,6 +27,11 @@ This half imports only the standard library here, and the runner only torch and 
 because the GPU machine has Python 3.12, torch, torchvision and nvidia-ml-py and no xmem.
 It prints its time plan first, and stops starting jobs when ``--budget-s`` would be exceeded.
 
+``--matrix finetune`` measures the fine-tuning jobs instead (``FINETUNE_MATRIX``: the
+``tests/finetune/scripts`` jobs on a Llama-shaped checkpoint the harness builds first, with
+``tests/finetune/conftest.py``, where the jobs run); bench/data/README.md says what travels with
+them to the GPU machine.
+
 **Estimating** (``--estimate``; here, on the CPU): for every measured job runs the real
 ``xmem estimate --json --gpu <the measured GPU>`` in a subprocess with the job's environment,
 replays each snapshot through ``xmem replay --json``, writes ``bench/data/<gpu-key>/truth.jsonl``
@@ -72,6 +77,13 @@ RUNNER = Path(__file__).resolve().with_name("gpu_truth_runner.py")
 DATA = ROOT / "bench" / "data"
 GPT_SCRIPT = "examples/train_gpt.py"
 CNN_SCRIPT = "examples/train_cnn.py"
+FINETUNE_SCRIPTS = "tests/finetune/scripts"
+# The fine-tuning jobs load a Llama-shaped checkpoint that tests/finetune/conftest.py writes
+# (``--shape tiny|bench``): built where the jobs run (on the GPU machine before the first job, in
+# the estimating half again: the estimate reads its shapes, which a rebuild gives alike), and
+# named in a job's arguments by CHECKPOINT.
+CHECKPOINT_BUILDER = ROOT / "tests" / "finetune" / "conftest.py"
+CHECKPOINT = "{checkpoint}"
 SCHEMA = "xmem-gpu-truth-measurement/1"
 TRUTH_SCHEMA = "xmem-gpu-truth/1"
 MEASUREMENTS = "measurements.jsonl"
@@ -99,6 +111,15 @@ CONV_BUDGET_S = 60.0
 # Per-process start: interpreter, `import torch` (+ torchvision), CUDA context, lazy kernel
 # loading, snapshot dump. An assumption, to be replaced by the measured wall_s of small jobs.
 PLAN_START_S = 8.0
+# The same for a fine-tuning job, whose imports (transformers, peft, trl, accelerate) and
+# checkpoint load take 12-15 s of a tiny job's 18 s on this project's 2-core machine (py-spy of
+# `xmem estimate` of tests/finetune/scripts/trainer_lora.py, bench/coverage/README.md): assumed
+# 30 s there, with the 0.83B checkpoint's load.
+PLAN_FINETUNE_START_S = 30.0
+# A GRPO step generates its completions one token at a time: 512 steps of the 0.83B model, its
+# weights read once a step (1.7 GB at about 3 TB/s, device KINDS.md's copy rate, is 0.6 ms), in
+# practice bounded by Python's per-step overhead, assumed 20 ms: about 10 s per optimizer step.
+PLAN_GENERATION_S_PER_STEP = 10.0
 # Building a model on the host (nn.Linear's init, then the example's normal_ init): 8.3 ns per
 # parameter measured here (GPT 411M built in 3.4 s with torch's 2 CPU threads); the device
 # machine has 16 cores, so this is an upper bound there.
@@ -207,20 +228,35 @@ class Job:
     env: Dict[str, str] = field(default_factory=dict)
     expect: str = "fits"
     note: str = ""
+    # How the script is told its number of optimizer steps.
+    steps_flag: str = "--steps"
+    # The shape of the checkpoint CHECKPOINT in ``args`` stands for (tests/finetune/conftest.py).
+    checkpoint: Optional[str] = None
+    # Arguments added in a dry run only (a script that needs to be told to train on the CPU).
+    dry_args: Tuple[str, ...] = ()
+    start_s: float = PLAN_START_S
+    extra_s_per_step: float = 0.0
 
     def planned_seconds(self) -> float:
         """Start + host build + copy + steps, from the planning figures above."""
         build = self.parameters * PLAN_BUILD_S_PER_PARAM
         copy = self.parameters * 4 / PLAN_H2D_BYTES_PER_S
-        steps = STEPS * self.step_flops / _plan_rate(self.amp)
+        steps = STEPS * (self.step_flops / _plan_rate(self.amp) + self.extra_s_per_step)
         if self.expect == "oom":
             # Dies in its first forward pass: a third of one step.
             steps = self.step_flops / 3 / _plan_rate(self.amp)
-        return PLAN_START_S + build + copy + steps
+        return self.start_s + build + copy + steps
+
+    def arguments(self, steps: int, checkpoint: Optional[Path] = None,
+                  dry_run: bool = False) -> List[str]:
+        """The script's arguments for ``steps`` optimizer steps, CHECKPOINT replaced by the
+        folder ``checkpoint`` where given."""
+        args = [str(checkpoint) if a == CHECKPOINT and checkpoint else a for a in self.args]
+        return args + list(self.dry_args if dry_run else ()) + [self.steps_flag, str(steps)]
 
     def command(self, steps: int) -> List[str]:
         """The training command (script relative to the repo root) as a user would type it."""
-        return ["python", self.script, *self.args, "--steps", str(steps)]
+        return ["python", self.script, *self.arguments(steps)]
 
 
 def cnn_job(model: str, batch: int, optimizer: str, amp: Optional[str] = None,
@@ -294,6 +330,46 @@ MATRIX: Tuple[Job, ...] = (
             note="estimate within 0.3 GiB of the capacity"),
 )
 
+# The fine-tuning matrix (--matrix finetune): the jobs of tests/finetune/test_matrix.py and
+# bench/coverage/finetune_matrix.py as a user runs them, on the ~0.83B checkpoint (its "bench"
+# shape: a TinyLlama-like layout) at the sizes bench/coverage/README.md times them with. Each
+# runs in the GPU machine's own Python; trl, bitsandbytes, datasets and peft travel as wheels
+# (bench/data/README.md, "Fine-tuning rows").
+FINETUNE_SHAPE = GptShape(16, 2048, 32, 32000, kv_heads=8, intermediate=5632)
+
+
+def finetune_job(name: str, script: str, *args: str, tokens: int, full: bool = False,
+                 steps_flag: str = "--max-steps", generation: bool = False,
+                 positional: bool = False, shape: str = "bench",
+                 parameters: int = FINETUNE_SHAPE.parameters) -> Job:
+    """A script of tests/finetune/scripts on the checkpoint; ``tokens`` per optimizer step.
+    A LoRA job computes no weight gradients: 4 FLOPs per parameter and token, not 6."""
+    model = [CHECKPOINT] if positional else ["--model", CHECKPOINT]
+    flops = (6 if full else 4) * parameters * tokens
+    return Job(f"ft-{name}", f"{FINETUNE_SCRIPTS}/{script}", tuple(model + list(args)),
+               parameters, flops, "bf16", steps_flag=steps_flag, checkpoint=shape,
+               dry_args=() if positional else ("--cpu",), start_s=PLAN_FINETUNE_START_S,
+               extra_s_per_step=PLAN_GENERATION_S_PER_STEP if generation else 0.0)
+
+
+FINETUNE_MATRIX: Tuple[Job, ...] = (
+    finetune_job("trainer-lora", "trainer_lora.py", "--batch-size", "4", "--seq-len", "1024",
+                 tokens=4 * 1024),
+    finetune_job("qlora-trainer", "bnb_qlora_trainer.py", "--batch-size", "2", "--seq-len",
+                 "512", tokens=2 * 512, steps_flag="--steps", positional=True),
+    finetune_job("sft-lora", "trl_sft.py", "--batch-size", "4", "--seq-len", "1024",
+                 tokens=4 * 1024),
+    finetune_job("dpo-lora", "trl_dpo.py", "--batch-size", "4", "--seq-len", "1024",
+                 tokens=2 * 4 * 1024),
+    finetune_job("grpo", "trl_grpo.py", "--batch-size", "4", "--seq-len", "1024",
+                 tokens=4 * 1024, full=True, generation=True),
+    finetune_job("trainer-full", "trainer_full.py", "--batch-size", "4", "--seq-len", "1024",
+                 tokens=4 * 1024, full=True),
+    # last: Inductor compiles the model first, a time the plan does not count
+    finetune_job("trainer-compile", "trainer_compile.py", "--batch-size", "4", "--seq-len",
+                 "1024", tokens=4 * 1024, full=True),
+)
+
 # Tiny jobs for --dry-run: every code path of the harness (plain fp32, autocast, accumulation,
 # activation checkpointing, a job environment carrying an allocator option) in a few seconds of
 # CPU each. Both are GPT jobs: the harness treats every script alike, and the CNN example's
@@ -304,6 +380,28 @@ DRY_RUN_MATRIX: Tuple[Job, ...] = (
     gpt_job(_TINY, 2, seq=32, amp="bf16", accum=2, ckpt=True, env=EXPANDABLE, family="tiny-gpt",
             suffix="-expandable"),
 )
+# The fine-tuning dry run: one Trainer + LoRA job on the tests' tiny checkpoint, on the CPU.
+DRY_RUN_FINETUNE_MATRIX: Tuple[Job, ...] = (
+    finetune_job("trainer-lora-tiny", "trainer_lora.py", "--batch-size", "2", "--seq-len", "64",
+                 tokens=2 * 64, shape="tiny", parameters=170_000),
+)
+MATRICES = {"main": (MATRIX, DRY_RUN_MATRIX), "finetune": (FINETUNE_MATRIX, DRY_RUN_FINETUNE_MATRIX)}
+
+
+def build_checkpoint(shape: str, folder: Path, python: str) -> Path:
+    """The Llama-shaped checkpoint of ``shape`` written into ``folder`` by ``python`` (which
+    needs transformers and tokenizers); a failed build is a HarnessError naming its last line."""
+    target = folder / f"llama-{shape}"
+    try:
+        proc = subprocess.run([python, str(CHECKPOINT_BUILDER), "--shape", shape, str(target)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HarnessError(f"building the {shape} checkpoint with {python} failed: {exc}") \
+            from None
+    if proc.returncode != 0:
+        raise HarnessError(f"building the {shape} checkpoint with {python} failed (exit "
+                           f"{proc.returncode}): {_error_line(proc.stderr)}")
+    return target
 
 
 def plan_table(jobs: Sequence[Job]) -> str:
@@ -458,15 +556,17 @@ def _wait_idle(nvml: Dict[str, Any]) -> float:
 
 
 def run_job(job: Job, work: Path, log: Any, *, dry_run: bool, steps: int, timeout: float,
-            interval: float) -> Dict[str, Any]:
-    """One job in a fresh process under the runner; returns its measurement row (no snapshot)."""
+            interval: float, python: str = sys.executable,
+            checkpoint: Optional[Path] = None) -> Dict[str, Any]:
+    """One job in a fresh process under the runner (started by ``python``); returns its
+    measurement row (no snapshot). ``checkpoint``: the folder CHECKPOINT stands for."""
     result_path, snapshot_path = work / f"{job.name}.json", work / f"{job.name}.pickle"
     env = dict(os.environ, PYTHONUNBUFFERED="1", **job.env)
     if dry_run:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU even on a GPU machine
-    command = [sys.executable, str(RUNNER), "--result", str(result_path), "--snapshot",
+    command = [python, str(RUNNER), "--result", str(result_path), "--snapshot",
                str(snapshot_path), "--interval", str(interval)] + (["--dry-run"] if dry_run else []) \
-        + [str(ROOT / job.script), "--", *job.args, "--steps", str(steps)]
+        + [str(ROOT / job.script), "--", *job.arguments(steps, checkpoint, dry_run)]
     started = time.perf_counter()
     try:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
@@ -480,7 +580,8 @@ def run_job(job: Job, work: Path, log: Any, *, dry_run: bool, steps: int, timeou
     row: Dict[str, Any] = {
         "job": job.name, "script": job.script, "args": list(job.args), "env": dict(job.env),
         "steps": steps, "expect": job.expect, "parameters": job.parameters,
-        "planned_s": round(job.planned_seconds(), 1),
+        "planned_s": round(job.planned_seconds(), 1), "steps_flag": job.steps_flag,
+        "checkpoint": job.checkpoint,
     }
     if result_path.is_file():
         row.update(json.loads(result_path.read_text()))
@@ -513,10 +614,11 @@ def _last_line(text: str) -> str:
 
 
 def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
-            interval: float = 0.005, conv_budget_s: float = CONV_BUDGET_S
-            ) -> List[Dict[str, Any]]:
+            interval: float = 0.005, conv_budget_s: float = CONV_BUDGET_S,
+            python: str = sys.executable) -> List[Dict[str, Any]]:
     """Run every job that fits the time budget less ``conv_budget_s``, then the convolution
-    shapes in what is left; write measurements, archives, the shapes' file and the log."""
+    shapes in what is left; write measurements, archives, the shapes' file and the log.
+    ``python`` runs the jobs (and builds the checkpoint the fine-tuning jobs load)."""
     nvml = _preflight(dry_run)
     steps = DRY_RUN_STEPS if dry_run else STEPS
     out.mkdir(parents=True, exist_ok=True)
@@ -530,7 +632,13 @@ def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
     deadline = started + max(budget_s - conv_budget_s, 0.0)
     with tempfile.TemporaryDirectory(prefix="gpu-truth-") as tmp, \
             open(out / "jobs.log", "w") as log, open(out / MEASUREMENTS, "w") as sink:
+        checkpoints: Dict[str, Path] = {}
         for index, job in enumerate(jobs, 1):
+            if job.checkpoint and job.checkpoint not in checkpoints:
+                built = time.monotonic()
+                checkpoints[job.checkpoint] = build_checkpoint(job.checkpoint, Path(tmp), python)
+                print(f"the {job.checkpoint} checkpoint built in {time.monotonic() - built:.0f} s",
+                      flush=True)
             remaining = deadline - time.monotonic()
             if job.planned_seconds() > remaining:
                 print(f"[{index}/{len(jobs)}] {job.name}: skipped, planned "
@@ -539,7 +647,8 @@ def measure(jobs: Sequence[Job], out: Path, *, dry_run: bool, budget_s: float,
                 continue
             waited = _wait_idle(nvml) if nvml else 0.0
             row = run_job(job, Path(tmp), log, dry_run=dry_run, steps=steps,
-                          timeout=deadline - time.monotonic(), interval=interval)
+                          timeout=deadline - time.monotonic(), interval=interval, python=python,
+                          checkpoint=checkpoints.get(job.checkpoint or ""))
             row["idle_wait_s"] = waited
             snapshot = Path(tmp) / f"{job.name}.pickle"
             if row.pop("snapshot_file", None) and snapshot.is_file():
@@ -663,6 +772,13 @@ def load_measurements(path: Path) -> List[Dict[str, Any]]:
             raise HarnessError(f"{where}: expect must be one of {', '.join(EXPECTS)}")
         if row["steps"] < 1:
             raise HarnessError(f"{where}: steps must be at least 1")
+        for key, kind in (("steps_flag", _STR), ("checkpoint", _STR)):
+            if row.get(key) is not None and not _type_ok(row[key], kind):
+                raise HarnessError(f"{where}: field {key!r} must be {kind} or null, got "
+                                   f"{json.dumps(row[key])[:60]}")
+        if row.get("checkpoint") and CHECKPOINT not in row["args"]:
+            raise HarnessError(f"{where}: a row with a 'checkpoint' names it in 'args' as "
+                               f"{CHECKPOINT}")
         name = row["gpu_name"] if "gpu_name" in row else None
         if not row["dry_run"] and not (isinstance(name, str) and name):
             raise HarnessError(f"{where}: a GPU row needs the measured 'gpu_name'")
@@ -697,14 +813,21 @@ def _xmem(*args: str) -> List[str]:
     return [sys.executable, "-m", "xmem_admission.cli", *args]
 
 
-def run_estimate(row: Dict[str, Any], gpu: str, python: Optional[str] = None) -> Dict[str, Any]:
+def row_arguments(row: Dict[str, Any], checkpoint: Optional[Path] = None) -> List[str]:
+    """A measured row's script arguments, its steps included; CHECKPOINT replaced by the
+    folder ``checkpoint`` where given."""
+    args = [str(checkpoint) if a == CHECKPOINT and checkpoint else a for a in row["args"]]
+    return args + [row.get("steps_flag") or "--steps", str(row["steps"])]
+
+
+def run_estimate(row: Dict[str, Any], gpu: str, python: Optional[str] = None,
+                 checkpoint: Optional[Path] = None) -> Dict[str, Any]:
     """`xmem estimate --json` on the measured job, with its environment; the GPU's entry.
     ``python``: trace with that interpreter (``xmem estimate --python``), e.g. one with the
-    torch that ran on the GPU."""
+    torch that ran on the GPU; ``checkpoint``: the folder the row's CHECKPOINT stands for."""
     interpreter = ["--python", python] if python else []
     command = _xmem("estimate", "--gpu", gpu, "--json", "--steps", str(row["steps"]),
-                    *interpreter, "--", "python", row["script"], *row["args"], "--steps",
-                    str(row["steps"]))
+                    *interpreter, "--", "python", row["script"], *row_arguments(row, checkpoint))
     env = dict(os.environ, **row["env"])
     env.pop("CUDA_VISIBLE_DEVICES", None)
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
@@ -785,16 +908,17 @@ def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
              python: Optional[str] = None) -> Tuple[List[Dict[str, Any]], int]:
     """The estimating half: truth rows written, table printed; returns (rows, exit status)."""
     rows = load_measurements(measurements)
-    if python is not None and not (os.path.isfile(python) and os.access(python, os.X_OK)):
-        raise HarnessError(f"--python {python}: not an executable file")
     all_rows = rows
     dry_run = rows[0]["dry_run"]
     target = gpu or rows[0].get("gpu_name")
     if not target:
         raise HarnessError(f"{measurements}: the rows name no GPU (a dry run): pass --gpu")
     key = gpu_key(target)
+    # The fine-tuning rows are a run of their own: their folder beside the main matrix's.
+    shapes = sorted({r["checkpoint"] for r in rows if r.get("checkpoint")})
+    folder = DATA / key / "finetune" if shapes else DATA / key
     if truth is None:
-        truth = measurements.parent / "truth.jsonl" if dry_run else DATA / key / "truth.jsonl"
+        truth = measurements.parent / "truth.jsonl" if dry_run else folder / "truth.jsonl"
     if dry_run and _under(truth, DATA):
         raise HarnessError(f"{truth}: dry-run rows are never written under {DATA}; give "
                            f"--truth elsewhere")
@@ -806,8 +930,11 @@ def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
     truth.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-truth-replay-") as tmp, \
             ThreadPoolExecutor(max_workers=workers) as pool:
+        checkpoints = {shape: build_checkpoint(shape, Path(tmp), python or sys.executable)
+                       for shape in shapes}
         # Each job is two subprocesses (xmem estimate, xmem replay): threads only wait on them.
-        futures = [pool.submit(_truth_for, row, target, measurements.parent, Path(tmp), python)
+        futures = [pool.submit(_truth_for, row, target, measurements.parent, Path(tmp), python,
+                               checkpoints.get(row.get("checkpoint") or ""))
                    for row in rows]
         out_rows = []
         for index, future in enumerate(futures, 1):
@@ -868,13 +995,14 @@ def score_leave_one_out(out_rows: List[Dict[str, Any]],
 
 
 def _truth_for(row: Dict[str, Any], target: str, folder: Path, tmp: Path,
-               python: Optional[str] = None) -> Dict[str, Any]:
+               python: Optional[str] = None, checkpoint: Optional[Path] = None
+               ) -> Dict[str, Any]:
     """One job's truth row: the measurement, the estimate, the replay, the errors."""
     out = _truth_row(row, target)
     if row.get("error") and not row["oom"]:
         out["estimate_error"] = "not estimated: the measurement failed"
     else:
-        out.update(run_estimate(row, target, python))
+        out.update(run_estimate(row, target, python, checkpoint))
     snapshot = row.get("snapshot")
     if snapshot:
         out["replay"] = run_replay(folder / snapshot["archive"], snapshot["member"], tmp)
@@ -899,7 +1027,7 @@ def _truth_row(row: Dict[str, Any], target: str) -> Dict[str, Any]:
         "measured_error": row.get("error") if not row["oom"] else None,
         "measured_device": row["device"],
         "gpu_total_memory_bytes": row.get("gpu_total_memory_bytes"),
-        "command": ["python", row["script"], *row["args"], "--steps", str(row["steps"])],
+        "command": ["python", row["script"], *row_arguments(row)],
         "env": row["env"],
         "torch_version": row.get("torch_version"),
         "cuda_version": row.get("cuda_version"),
@@ -1054,9 +1182,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--gpu", help="--estimate: GPU to estimate for (default: the measured "
                         "one; H200 for a dry run)")
     parser.add_argument("--only", help="comma-separated job names to run or estimate")
+    parser.add_argument("--matrix", choices=sorted(MATRICES), default="main",
+                        help="measuring, dry run, --plan: the examples' matrix (main) or the "
+                        "fine-tuning jobs (finetune)")
     parser.add_argument("--python", metavar="PATH",
                         help="--estimate: trace with this interpreter (xmem estimate --python), "
-                        "e.g. one with the torch that ran on the GPU")
+                        "e.g. one with the torch that ran on the GPU; a dry run: also run its "
+                        "jobs with it")
     parser.add_argument("--workers", type=int, default=1,
                         help="estimating: jobs estimated at once (default 1; each needs up "
                         "to ~2 GiB of RAM)")
@@ -1085,9 +1217,15 @@ def _select(jobs: Sequence[Job], only: Optional[str]) -> List[Job]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    jobs, dry_jobs = MATRICES[args.matrix]
+    # the convolution shapes belong to the examples' matrix
+    conv_budget_s = CONV_BUDGET_S if args.matrix == "main" else 0.0
     try:
+        if args.python is not None and not (os.path.isfile(args.python)
+                                            and os.access(args.python, os.X_OK)):
+            raise HarnessError(f"--python {args.python}: not an executable file")
         if args.plan:
-            print(plan_table(_select(MATRIX, args.only)))
+            print(plan_table(_select(jobs, args.only)))
             return 0
         if args.estimate:
             only = [n.strip() for n in args.only.split(",")] if args.only else None
@@ -1098,15 +1236,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if _under(out, DATA):
                 raise HarnessError(f"{out}: a dry run never writes under {DATA}; give --out "
                                    f"elsewhere")
-            measure(_select(DRY_RUN_MATRIX, args.only), out, dry_run=True,
-                    budget_s=args.budget_s)
+            measure(_select(dry_jobs, args.only), out, dry_run=True, budget_s=args.budget_s,
+                    conv_budget_s=conv_budget_s, python=args.python or sys.executable)
             return estimate(out / MEASUREMENTS, truth=out / "truth.jsonl",
-                            gpu=args.gpu or "H200", workers=args.workers)[1]
+                            gpu=args.gpu or "H200", workers=args.workers, python=args.python)[1]
         out = args.out or ROOT / "out" / "gpu-truth"
         if _under(out, DATA):
             raise HarnessError(f"{out}: raw measurements go to a scratch directory; --estimate "
                                f"writes bench/data/")
-        rows = measure(_select(MATRIX, args.only), out, dry_run=False, budget_s=args.budget_s)
+        rows = measure(_select(jobs, args.only), out, dry_run=False, budget_s=args.budget_s,
+                       conv_budget_s=conv_budget_s)
         return 0 if rows and any(not r.get("error") for r in rows) else 1
     except HarnessError as exc:
         print(f"gpu_truth: error: {exc}", file=sys.stderr)

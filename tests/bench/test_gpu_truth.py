@@ -153,6 +153,33 @@ def test_the_estimate_half_refuses_to_write_dry_run_rows_under_bench_data(dry_ru
     assert not target.exists()
 
 
+# --- the fine-tuning matrix's dry run ------------------------------------------------------------
+
+
+def test_the_fine_tuning_dry_run_trains_on_its_own_checkpoint_and_is_estimated_in_fake_mode(
+        tmp_path):
+    """``--matrix finetune`` with the torch environment that has the fine-tuning stack: the
+    tests' tiny Llama checkpoint is built, the Trainer + LoRA job trains its steps on the CPU
+    (told so by ``--cpu``, the dry run's own argument) and the real ``xmem estimate`` traces it
+    in fake mode on a checkpoint built again; the rows name the checkpoint, never a folder of
+    the machine that measured."""
+    from tests.support.torch_envs import NEWEST
+
+    result = harness("--dry-run", "--matrix", "finetune", "--python", NEWEST.interpreter,
+                     "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "the tiny checkpoint built in" in result.stdout
+    (measured,) = read_jsonl(tmp_path / "measurements.jsonl")
+    (job,) = truth.DRY_RUN_FINETUNE_MATRIX
+    assert measured["job"] == job.name and measured["error"] is None
+    assert measured["optimizer_steps"] == truth.DRY_RUN_STEPS and measured["device"] == "cpu"
+    assert measured["checkpoint"] == "tiny" and truth.CHECKPOINT in measured["args"]
+    (row,) = read_jsonl(tmp_path / "truth.jsonl")
+    assert row["estimate_mode"] == "fake" and row["estimated_total_bytes"] > 0, row
+    assert row["command"][-4:] == ["--seq-len", "64", "--max-steps", str(truth.DRY_RUN_STEPS)]
+    assert not [arg for arg in row["command"] if str(tmp_path) in arg or "llama-" in arg]
+
+
 # --- malformed measurement files -----------------------------------------------------------------
 
 
@@ -189,10 +216,14 @@ def _good_row(dry_run) -> Dict[str, Any]:
         (lambda row: json.dumps(dict(row, dry_run=False, gpu_name="NVIDIA H200")) + "\n"
          + json.dumps(dict(row, job="b", dry_run=False, gpu_name="NVIDIA A100-SXM4-80GB")),
          "mixes rows of several GPUs"),
+        (lambda row: json.dumps(dict(row, steps_flag=3)),
+         "field 'steps_flag' must be a string or null"),
+        (lambda row: json.dumps(dict(row, checkpoint="bench")),
+         "a row with a 'checkpoint' names it in 'args' as {checkpoint}"),
     ],
     ids=["empty", "bad-json", "not-object", "missing-field", "wrong-type", "negative",
          "schema", "expect", "gpu-row-without-gpu", "script-outside-repo", "bad-snapshot",
-         "duplicate-job", "mixed-dry-run", "mixed-gpus"],
+         "duplicate-job", "mixed-dry-run", "mixed-gpus", "steps-flag", "checkpoint-not-named"],
 )
 def test_the_estimate_half_refuses_malformed_measurements_with_the_line_and_field(
         dry_run, tmp_path, capsys, make, message):
