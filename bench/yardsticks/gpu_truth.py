@@ -251,12 +251,20 @@ class Job:
                   dry_run: bool = False) -> List[str]:
         """The script's arguments for ``steps`` optimizer steps, CHECKPOINT replaced by the
         folder ``checkpoint`` where given."""
-        args = [str(checkpoint) if a == CHECKPOINT and checkpoint else a for a in self.args]
-        return args + list(self.dry_args if dry_run else ()) + [self.steps_flag, str(steps)]
+        return script_arguments(self.args, self.steps_flag, steps, checkpoint,
+                                self.dry_args if dry_run else ())
 
     def command(self, steps: int) -> List[str]:
         """The training command (script relative to the repo root) as a user would type it."""
         return ["python", self.script, *self.arguments(steps)]
+
+
+def script_arguments(args: Sequence[str], steps_flag: str, steps: int,
+                     checkpoint: Optional[Path] = None, extra: Sequence[str] = ()) -> List[str]:
+    """A job's script arguments (a Job's or a measured row's): ``args`` with CHECKPOINT replaced
+    by the folder ``checkpoint`` where given, then ``extra``, then the steps."""
+    named = [str(checkpoint) if a == CHECKPOINT and checkpoint else a for a in args]
+    return named + list(extra) + [steps_flag, str(steps)]
 
 
 def cnn_job(model: str, batch: int, optimizer: str, amp: Optional[str] = None,
@@ -814,10 +822,10 @@ def _xmem(*args: str) -> List[str]:
 
 
 def row_arguments(row: Dict[str, Any], checkpoint: Optional[Path] = None) -> List[str]:
-    """A measured row's script arguments, its steps included; CHECKPOINT replaced by the
-    folder ``checkpoint`` where given."""
-    args = [str(checkpoint) if a == CHECKPOINT and checkpoint else a for a in row["args"]]
-    return args + [row.get("steps_flag") or "--steps", str(row["steps"])]
+    """A measured row's script arguments, its steps included (rows written before the field
+    existed were told theirs by ``--steps``)."""
+    return script_arguments(row["args"], row.get("steps_flag") or "--steps", row["steps"],
+                            checkpoint)
 
 
 def run_estimate(row: Dict[str, Any], gpu: str, python: Optional[str] = None,
@@ -915,8 +923,8 @@ def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
         raise HarnessError(f"{measurements}: the rows name no GPU (a dry run): pass --gpu")
     key = gpu_key(target)
     # The fine-tuning rows are a run of their own: their folder beside the main matrix's.
-    shapes = sorted({r["checkpoint"] for r in rows if r.get("checkpoint")})
-    folder = DATA / key / "finetune" if shapes else DATA / key
+    finetune = any(r.get("checkpoint") for r in rows)
+    folder = DATA / key / "finetune" if finetune else DATA / key
     if truth is None:
         truth = measurements.parent / "truth.jsonl" if dry_run else folder / "truth.jsonl"
     if dry_run and _under(truth, DATA):
@@ -930,6 +938,7 @@ def estimate(measurements: Path, *, truth: Optional[Path], gpu: Optional[str],
     truth.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpu-truth-replay-") as tmp, \
             ThreadPoolExecutor(max_workers=workers) as pool:
+        shapes = sorted({r["checkpoint"] for r in rows if r.get("checkpoint") and _estimated(r)})
         checkpoints = {shape: build_checkpoint(shape, Path(tmp), python or sys.executable)
                        for shape in shapes}
         # Each job is two subprocesses (xmem estimate, xmem replay): threads only wait on them.
@@ -994,12 +1003,18 @@ def score_leave_one_out(out_rows: List[Dict[str, Any]],
         _add_errors(out)
 
 
+def _estimated(row: Dict[str, Any]) -> bool:
+    """Whether a measured row is estimated: it ran, or it ran out of memory (a failed
+    measurement is not)."""
+    return bool(row["oom"] or not row.get("error"))
+
+
 def _truth_for(row: Dict[str, Any], target: str, folder: Path, tmp: Path,
                python: Optional[str] = None, checkpoint: Optional[Path] = None
                ) -> Dict[str, Any]:
     """One job's truth row: the measurement, the estimate, the replay, the errors."""
     out = _truth_row(row, target)
-    if row.get("error") and not row["oom"]:
+    if not _estimated(row):
         out["estimate_error"] = "not estimated: the measurement failed"
     else:
         out.update(run_estimate(row, target, python, checkpoint))
