@@ -6,8 +6,12 @@ build, or another with the same stack, e.g. torch 2.11's). Printed per job (mark
 ``xmem estimate``'s seconds (the simulations included), the probe's peak RSS, trace events, the
 H200 total, or the failure's first line.
 
-    .venv/bin/python bench/coverage/finetune_matrix.py [--only JOB[,JOB]] [--checkpoint DIR] [--timeout S]
-        [--python ENV/bin/python]
+    .venv/bin/python bench/coverage/finetune_matrix.py [--jobs matrix|options] [--only JOB[,JOB]]
+        [--checkpoint DIR] [--timeout S] [--python ENV/bin/python]
+
+``--jobs options``: instead of the matrix, the options users set most on the same stack, one
+job each (``OPTIONS``: ``scripts/trainer_options.py``'s optimizers, precisions, adapters and
+``Trainer`` flags; ``scripts/trl_trainers.py``'s reward, KTO, RLOO and IPO trainers).
 
 The checkpoint (hidden 2048, 16 layers, 32 heads, 8 key/value heads, intermediate 5632, vocab
 32000: ``tests/finetune/conftest.py``, ``SHAPES["bench"]``; 1.7 GB of bf16 safetensors) is made
@@ -44,6 +48,41 @@ RETRACED = re.compile(r"^xmem: fake mode needs real values \((?P<reason>.*)\); t
 # torch, Triton or the standard library under them
 MACHINERY = ("site-packages/torch/", "site-packages/triton/", "/concurrent/", "/contextlib.py",
              "<frozen")
+
+
+def _option(name: str, *args: str, script: str = "trainer_options.py") -> Job:
+    return Job(name, script, args)
+
+
+def _trl(name: str, *args: str) -> Job:
+    return _option(name, *args, script="trl_trainers.py")
+
+
+OPTIONS = [
+    _option("accumulation_checkpointing", "--lora", "--accumulation", "4", "--checkpointing"),
+    _option("fp16_lora", "--lora", "--fp16"),
+    _option("fp32_full", "--fp32"),
+    _option("dora", "--dora"),
+    _option("rslora", "--rslora"),
+    _option("lora_all_linear", "--lora", "--all-linear"),
+    _option("neftune", "--lora", "--neftune", "5"),
+    _option("eager_attention", "--lora", "--attention", "eager"),
+    _option("torch_compile_flag", "--lora", "--torch-compile"),
+    _option("adamw_torch", "--optim", "adamw_torch"),
+    _option("adamw_bnb_8bit", "--optim", "adamw_bnb_8bit"),
+    _option("paged_adamw_32bit", "--lora", "--optim", "paged_adamw_32bit"),
+    _option("lion_8bit", "--optim", "lion_8bit"),
+    _option("adafactor", "--optim", "adafactor"),
+    _option("sgd", "--optim", "sgd"),
+    _option("qlora_checkpointing", "--qlora", "--checkpointing"),
+    _option("qlora_bf16_storage", "--qlora", "--storage-bf16", "--checkpointing"),
+    _trl("reward_lora", "--trainer", "reward", "--peft"),
+    _trl("reward_full", "--trainer", "reward"),
+    _trl("kto_lora", "--trainer", "kto", "--peft"),
+    _trl("rloo_lora", "--trainer", "rloo", "--peft"),
+    _trl("dpo_ipo_lora", "--trainer", "dpo-ipo", "--peft"),
+]
+SETS = {"matrix": JOBS, "options": OPTIONS}
 
 
 def failing_frame(stderr: str) -> str:
@@ -98,6 +137,8 @@ def run(job: Job, model: Path, timeout: float, python: str) -> str:
 
 def main(argv: List[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", choices=sorted(SETS), default="matrix",
+                        help="the matrix's jobs, or the options users set most (default: matrix)")
     parser.add_argument("--only", default="", help="job ids, comma-separated (default: all)")
     parser.add_argument("--checkpoint", type=Path, default=CHECKPOINT)
     parser.add_argument("--timeout", type=float, default=300.0,
@@ -106,8 +147,9 @@ def main(argv: List[str]) -> None:
                         help="the torch environment's interpreter that traces the jobs (default: "
                              "the newest torch the probe's tests build)")
     options = parser.parse_args(argv)
+    jobs = SETS[options.jobs]
     only = {name for name in options.only.split(",") if name}
-    unknown = only - {job.id for job in JOBS}
+    unknown = only - {job.id for job in jobs}
     if unknown:
         parser.error(f"unknown job(s): {', '.join(sorted(unknown))}")
     model = checkpoint(options.checkpoint)
@@ -119,7 +161,7 @@ def main(argv: List[str]) -> None:
     print("| job | mode | probe s | xmem estimate s | probe peak RSS | trace events | H200 total "
           "| fallback / failure |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
-    for job in JOBS:
+    for job in jobs:
         if not only or job.id in only:
             print(run(job, model, options.timeout, options.python), flush=True)
 
